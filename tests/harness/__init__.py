@@ -1,0 +1,1 @@
+"""Test harness: the podman cluster the cluster tests and playbook runs use (podcluster)."""
