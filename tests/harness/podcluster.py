@@ -492,6 +492,9 @@ def render_inventory(cluster: Cluster) -> str:
             "ansible_ssh_private_key_file": str(cluster.key),
             "ansible_python_interpreter": "/usr/bin/python3",
             "ansible_ssh_common_args": ssh_args,
+            # Wins over a host_key_checking=False in some ansible.cfg, whose
+            # "-o StrictHostKeyChecking=no" would come before ours and take effect.
+            "ansible_host_key_checking": True,
         },
         "hosts": {n.name: {"ansible_host": n.ip, "slots": 1} for n in cluster.nodes},
         "children": {
@@ -668,14 +671,12 @@ def ip(k: int, name: str = DEFAULT_NAME) -> str:
 
 def status(name: str = DEFAULT_NAME) -> list[tuple[str, str, str]]:
     """(container, state, ip) for each container podman knows for cluster `name`."""
-    out = _podman("ps", "-a", "--filter", f"label={LABEL}={name}",
-                  "--format", "{{.Names}}\t{{.State}}").stdout
+    # JSON because the text {{.State}} of podman 4.3 is "Up 3 seconds ago", not "running".
+    out = _podman("ps", "-a", "--filter", f"label={LABEL}={name}", "--format", "json").stdout
     rows = []
-    for line in sorted(out.splitlines()):
-        cname, state = line.split("\t")
-        addr = ""
-        if state == "running":
-            addr = _container_ip(cname, f"{name}-net")
+    for entry in sorted(json.loads(out or "[]"), key=lambda e: e["Names"][0]):
+        cname, state = entry["Names"][0], entry["State"]
+        addr = _container_ip(cname, f"{name}-net") if state == "running" else ""
         rows.append((cname, state, addr))
     return rows
 

@@ -1,0 +1,95 @@
+"""Shared pytest setup: the repo root on sys.path and the podman test-cluster fixtures.
+
+Cluster fixtures (any test that uses them is marked ``cluster`` automatically):
+
+* ``cluster3`` — session-scoped 3-node cluster (node1 = head, node1..3 = workers), inventory
+  written to ``inventory/test/hosts.yml`` so ``inventory/test/group_vars`` apply to it.
+* ``cluster_factory(n, name=None, wheelhouse=...)`` — more clusters of any size; each gets its
+  own inventory file under pytest's tmp dir; all are torn down at session end.
+
+``DISTRUN_SKIP_CLUSTER=1`` skips them (quick local unit runs only). Where podman cannot run
+containers they FAIL with the reason: a CI machine without a working podman is broken, and
+a silent skip would report a green run that tested nothing.
+``DISTRUN_CLUSTER_NAME`` renames ``cluster3`` (default ``distrun-pytest``) so two people on one
+machine do not tear down each other's clusters: up() first removes leftovers of its name.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_repo_importable() -> Path:
+    """Put the repo root first on sys.path so ``tests.harness`` and the in-tree ``runner``
+    sources import without installing anything; returns the repo root."""
+    for path in (REPO_ROOT, REPO_ROOT / "runner"):
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
+    return REPO_ROOT
+
+
+make_repo_importable()
+
+from tests.harness import podcluster  # noqa: E402  (needs the sys.path entry above)
+
+CLUSTER_FIXTURES = {"cluster3", "cluster_factory"}
+HOST_WHEELHOUSE = Path("/opt/wheels")
+ClusterFactory = Callable[..., podcluster.Cluster]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Marking by fixture use, not by folder, keeps `-m "not cluster"` right wherever a
+    # cluster test lives.
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _require_podman() -> None:
+    if os.environ.get("DISTRUN_SKIP_CLUSTER") == "1":
+        pytest.skip("cluster tests disabled by DISTRUN_SKIP_CLUSTER")
+    try:
+        podcluster.ensure_podman()
+    except podcluster.HarnessError as exc:
+        pytest.fail(f"podman cannot run the test cluster on this machine: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterFactory]:
+    _require_podman()
+    created: list[podcluster.Cluster] = []
+
+    def make(n: int, name: str | None = None, wheelhouse: Path | None | str = "default",
+             inventory: Path | None = None) -> podcluster.Cluster:
+        name = name or f"distrun-pytest-f{len(created) + 1}"
+        if wheelhouse == "default":
+            wheelhouse = HOST_WHEELHOUSE if HOST_WHEELHOUSE.is_dir() else None
+        inv = inventory or tmp_path_factory.mktemp(name) / "hosts.yml"
+        try:
+            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv)
+        except podcluster.HarnessError as exc:
+            pytest.fail(f"test cluster {name!r} did not come up: {exc}", pytrace=False)
+        created.append(cluster)
+        return cluster
+
+    yield make
+    errors = []
+    for cluster in created:
+        try:
+            cluster.down()
+        except podcluster.HarnessError as exc:
+            errors.append(str(exc))
+    if errors:
+        pytest.fail("tearing down test clusters failed: " + "; ".join(errors), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cluster3(cluster_factory: ClusterFactory) -> podcluster.Cluster:
+    return cluster_factory(3, name=os.environ.get("DISTRUN_CLUSTER_NAME", "distrun-pytest"),
+                           inventory=podcluster.DEFAULT_INVENTORY)
