@@ -1,0 +1,190 @@
+"""Run distrun's playbooks through ansible-runner and turn its events into host progress.
+
+Each call gets a private data directory inside the run directory (0700): ansible-runner records
+the full environment in ``artifacts/<id>/command``, so nothing secret is passed as extravars and
+the directory is readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import paths
+
+
+@dataclass
+class HostProgress:
+    name: str
+    task: str = ""
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    unreachable: bool = False
+    last_error: str = ""
+
+    @property
+    def state(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "ok"
+
+
+@dataclass
+class PlaybookEvent:
+    kind: str  # "play", "task", "ok", "changed", "failed", "unreachable", "skipped", "stats"
+    host: str | None
+    task: str
+    message: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PlaybookResult:
+    playbook: str
+    rc: int
+    status: str
+    hosts: dict[str, HostProgress]
+    artifact_dir: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and self.status == "successful"
+
+    @property
+    def changed(self) -> int:
+        return sum(h.changed for h in self.hosts.values())
+
+    def failures(self) -> list[HostProgress]:
+        return [h for h in self.hosts.values() if h.failed or h.unreachable]
+
+
+def _message(res: Mapping[str, Any]) -> str:
+    for key in ("msg", "stderr", "module_stderr", "stdout"):
+        value = res.get(key)
+        if value:
+            text = str(value).strip().splitlines()
+            if text:
+                return text[-1] if key != "msg" else " ".join(text)[:400]
+    return ""
+
+
+def ansible_env() -> dict[str, str]:
+    """Environment for ansible-playbook: our venv's tools first, our config, a fact cache.
+
+    The fact cache lets ``--dry-run`` show detected GPUs and interfaces without contacting nodes.
+    """
+    venv_bin = str(Path(sys.executable).parent)
+    project = paths.project_dir()
+    return {
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"),
+        "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(project / "roles"),
+        "ANSIBLE_CACHE_PLUGIN": "jsonfile",
+        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(paths.fact_cache_dir()),
+        "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+    }
+
+
+def run_playbook(
+    playbook: str,
+    inventory: Path,
+    run_dir: Path,
+    *,
+    extravars: Mapping[str, Any] | None = None,
+    on_event: Callable[[PlaybookEvent], None] | None = None,
+    limit: str | None = None,
+    tags: str | None = None,
+    check: bool = False,
+    ident: str | None = None,
+) -> PlaybookResult:
+    import ansible_runner  # imported late: it is slow, and --help should stay fast
+
+    project = paths.project_dir()
+    playbook_path = project / playbook
+    private = run_dir / "ansible"
+    private.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private.chmod(0o700)
+    hosts: dict[str, HostProgress] = {}
+    current_task = {"name": ""}
+
+    def host(name: str) -> HostProgress:
+        return hosts.setdefault(name, HostProgress(name))
+
+    def emit(ev: PlaybookEvent) -> None:
+        if on_event is not None:
+            on_event(ev)
+
+    def handler(event: Mapping[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        name = data.get("host")
+        task = str(data.get("task") or current_task["name"])
+        res = data.get("res") or {}
+        if kind == "playbook_on_play_start":
+            emit(PlaybookEvent("play", None, str(data.get("play", ""))))
+        elif kind == "playbook_on_task_start":
+            current_task["name"] = task
+            emit(PlaybookEvent("task", None, task))
+        elif kind == "runner_on_start" and name:
+            host(name).task = task
+            emit(PlaybookEvent("start", name, task))
+        elif kind == "runner_on_ok" and name:
+            h = host(name)
+            h.ok += 1
+            changed = bool(res.get("changed"))
+            h.changed += int(changed)
+            emit(PlaybookEvent("changed" if changed else "ok", name, task, data=res))
+        elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
+            h = host(name)
+            h.failed += 1
+            h.last_error = f"{task}: {_message(res)}"
+            emit(PlaybookEvent("failed", name, task, _message(res), res))
+        elif kind == "runner_on_unreachable" and name:
+            h = host(name)
+            h.unreachable = True
+            h.last_error = f"{task}: {_message(res)}"
+            emit(PlaybookEvent("unreachable", name, task, _message(res), res))
+        elif kind == "runner_on_skipped" and name:
+            host(name).skipped += 1
+            emit(PlaybookEvent("skipped", name, task))
+        elif kind == "playbook_on_stats":
+            emit(PlaybookEvent("stats", None, "", data=data))
+        return True
+
+    cmdline: list[str] = []
+    if check:
+        cmdline.append("--check")
+    runner = ansible_runner.run(
+        private_data_dir=str(private),
+        project_dir=str(project),
+        playbook=str(playbook_path),
+        inventory=str(inventory),
+        extravars=dict(extravars or {}),
+        envvars=ansible_env(),
+        limit=limit,
+        tags=tags,
+        cmdline=" ".join(cmdline) or None,
+        ident=ident,
+        event_handler=handler,
+        quiet=True,
+        suppress_env_files=True,
+    )
+    artifact_dir = Path(runner.config.artifact_dir)
+    return PlaybookResult(
+        playbook=playbook,
+        rc=int(runner.rc if runner.rc is not None else 1),
+        status=str(runner.status),
+        hosts=hosts,
+        artifact_dir=artifact_dir,
+    )

@@ -1,0 +1,190 @@
+"""The distrun command line. Owns output and exit codes; the logic lives in the modules."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from . import __version__, paths
+from .errors import UserError
+from .ui import console, fatal
+
+
+class _Group(click.Group):
+    """Turns UserError into one line and an exit code, never a traceback."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            fatal(str(exc))
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            fatal("interrupted")
+            sys.exit(130)
+
+
+inventory_option = click.option(
+    "--inventory", "-i", "inventory", required=True, metavar="NAME|PATH",
+    help="A name under inventory/ (e.g. local, test, prod) or a path to an inventory file or directory.",
+)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="distrun")
+def main() -> None:
+    """Provision a distributed-training cluster with Ansible and run jobs on it.
+
+    \b
+    Typical day:
+      distrun setup --inventory prod        provision every node (idempotent)
+      distrun check --inventory prod        preflight: ssh, versions, network, shared folder
+      distrun train --inventory prod        partition, launch on every rank, follow progress
+      distrun logs last --rank 1            one rank's log of the last run
+    """
+
+
+@main.command()
+@inventory_option
+@click.option("--check", "check_mode", is_flag=True, help="Ansible check mode: report what would change, change nothing.")
+@click.option("--tags", default=None, help="Only run roles/steps with these Ansible tags (comma-separated).")
+@click.option("--limit", default=None, help="Only these hosts (Ansible --limit pattern).")
+def setup(inventory: str, check_mode: bool, tags: str | None, limit: str | None) -> None:
+    """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
+    from .ansible_bridge import run_playbook
+    from .inventory import load_cluster
+    from .runs import new_run
+    from .ui import PlaybookProgress, print_summary
+
+    inv = paths.resolve_inventory(inventory)
+    cluster = load_cluster(inv)
+    run = new_run("setup", inv)
+    started = time.monotonic()
+    with PlaybookProgress(f"setup.yml on {len(cluster.nodes)} node(s) from {inv}", [n.name for n in cluster.nodes]) as progress:
+        result = run_playbook("setup.yml", inv, run.dir, on_event=progress, tags=tags, limit=limit, check=check_mode)
+    print_summary(result, time.monotonic() - started)
+    run.finish(0 if result.ok else 1, f"changed={result.changed}")
+    console.print(f"run record: {run.dir}")
+    if not result.ok:
+        sys.exit(1)
+
+
+@main.command()
+@inventory_option
+def hostfile(inventory: str) -> None:
+    """Print the MPI hostfile the inventory describes (head first, `host slots=N`)."""
+    from .inventory import load_cluster, render_hostfile
+
+    cluster = load_cluster(paths.resolve_inventory(inventory), paths.fact_cache_dir())
+    click.echo(render_hostfile(cluster), nl=False)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@inventory_option
+@click.option("--launcher", type=click.Choice(["mpirun", "torchrun", "slurm"]), default="mpirun", show_default=True)
+@click.option("--np", "np", type=int, default=None, help="Number of ranks (default: the sum of the workers' slots).")
+@click.option("--workload", type=click.Choice(["gcn", "gcn-tp", "ddp"]), default="gcn", show_default=True,
+              help="A reference workload; ignored with --script.")
+@click.option("--script", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Your own program: copied to the run directory and started on every rank.")
+@click.option("--dataset", type=click.Choice(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
+@click.option("--data-dir", default=None, help="Directory holding the dataset files on the head node.")
+@click.option("--epochs", type=int, default=None, help="Training epochs for the reference workloads.")
+@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra variable for every rank (repeatable).")
+@click.option("--port", type=int, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the exact commands; touch no node.")
+@click.option("--skip-preflight", is_flag=True, help="Do not run the preflight checks before launching.")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
+          data_dir: str | None, epochs: int | None, env_pairs: tuple[str, ...], port: int, dry_run: bool,
+          skip_preflight: bool, script_args: tuple[str, ...]) -> None:
+    """Run a training job on every rank of the cluster and follow it to the end.
+
+    Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
+    """
+    from . import job
+
+    extra_env: dict[str, str] = {}
+    for pair in env_pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--env {pair!r}: write it as KEY=VALUE")
+        extra_env[key] = value
+    if script is not None and not script.is_file():
+        raise UserError(f"--script {script}: no such file; pass the path of your training program")
+    request = job.JobRequest(
+        inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
+        script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
+        env=extra_env, port=port, preflight=not skip_preflight,
+    )
+    if dry_run:
+        click.echo(job.dry_run_text(request), nl=False)
+        return
+    sys.exit(job.run_job(request))
+
+
+@main.command()
+@inventory_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+def check(inventory: str, as_json: bool) -> None:
+    """Preflight: reachability, ssh between nodes, versions, network, shared folder."""
+    from . import job
+
+    sys.exit(job.run_check(paths.resolve_inventory(inventory), as_json=as_json))
+
+
+@main.command()
+@inventory_option
+@click.option("--dataset", type=click.Choice(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
+@click.option("--data-dir", default=None, help="Directory holding the dataset files on the head node.")
+@click.option("--np", "np", type=int, default=None, help="Parts (default: the world size the inventory gives).")
+def partition(inventory: str, dataset: str, data_dir: str | None, np: int | None) -> None:
+    """Partition a graph with Metis on the head node into one part per rank."""
+    from . import job
+
+    request = job.JobRequest(inventory=paths.resolve_inventory(inventory), np=np, dataset=dataset, data_dir=data_dir)
+    sys.exit(job.run_partition_only(request))
+
+
+@main.command()
+def runs() -> None:
+    """List run records, newest last."""
+    from rich.table import Table
+
+    from .runs import list_runs
+
+    table = Table(show_edge=False)
+    for col in ("run", "verb", "status", "rc", "duration", "inventory", "summary"):
+        table.add_column(col)
+    for r in list_runs():
+        d = r.meta.duration
+        table.add_row(r.id, r.meta.verb, r.meta.status, "" if r.meta.rc is None else str(r.meta.rc),
+                      "" if d is None else f"{d:.1f}s", r.meta.inventory, r.meta.summary)
+    console.print(table)
+
+
+@main.command()
+@click.argument("run_id", default="last")
+@click.option("--rank", type=int, default=None, help="Show this rank's log (default: the launcher's log).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the run ends.")
+def logs(run_id: str, rank: int | None, follow: bool) -> None:
+    """Print a run's logs: the launcher's, or one rank's with --rank."""
+    from . import job
+
+    job.print_logs(run_id, rank, follow)
+
+
+@main.command()
+@click.argument("run_id", default="last")
+def stop(run_id: str) -> None:
+    """Stop a run: every process of it on every node."""
+    from . import job
+
+    sys.exit(job.stop_run(run_id))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

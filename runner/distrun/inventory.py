@@ -1,0 +1,236 @@
+"""The cluster as the inventory describes it, read through Ansible itself.
+
+Every inventory form Ansible accepts (YAML, INI, directories with group_vars, plugins) works,
+because we ask ``ansible-inventory --list`` instead of parsing files ourselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import contract
+from .errors import InventoryError
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+    slots: int
+    slots_source: str  # "inventory", "gpus" or "default": shown by dry-run so users see why
+    gpus: int
+    is_head: bool
+    is_worker: bool
+    hostvars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def connection(self) -> str:
+        return str(self.hostvars.get("ansible_connection", "ssh"))
+
+    @property
+    def iface(self) -> str | None:
+        value = self.hostvars.get("distrun_iface")
+        return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    source: Path
+    head: Node
+    workers: tuple[Node, ...]  # rank hosts: the head first when it is a worker, then by name
+    user: str
+    shared_dir: str
+    mpi_provider: str
+    env_prefix: str
+    hostfile_path: str
+    group_vars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every host once: head first, then the workers."""
+        rest = tuple(n for n in self.workers if n.name != self.head.name)
+        return (self.head, *rest)
+
+    @property
+    def total_slots(self) -> int:
+        return sum(n.slots for n in self.workers)
+
+    @property
+    def mpi_prefix(self) -> str:
+        return contract.mpi_prefix(self.mpi_provider, self.env_prefix)
+
+    @property
+    def python(self) -> str:
+        return f"{self.env_prefix.rstrip('/')}/bin/python"
+
+
+def ansible_bin(tool: str) -> str:
+    """Find an Ansible tool next to this interpreter first: the venv need not be activated."""
+    beside = Path(sys.executable).parent / tool
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(tool)
+    if not found:
+        raise InventoryError(f"{tool} was not found next to {sys.executable} or on PATH; install distrun with pip")
+    return found
+
+
+def read_inventory_json(path: Path) -> dict[str, Any]:
+    env = dict(os.environ)
+    # Unparseable sources are warnings by default, which would turn a typo into an empty cluster.
+    env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"
+    env["ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED"] = "True"
+    env.setdefault("ANSIBLE_NOCOLOR", "1")
+    proc = subprocess.run(
+        [ansible_bin("ansible-inventory"), "-i", str(path), "--list"],
+        capture_output=True, text=True, env=env, check=False,
+    )
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        detail = next((ln for ln in lines if "ERROR" in ln), lines[-1] if lines else "no output")
+        raise InventoryError(f"inventory {path}: Ansible cannot parse it: {detail.removeprefix('[ERROR]: ')}")
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON ({exc})") from exc
+
+
+def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
+    """Hosts of a group including those of its child groups."""
+    seen: list[str] = []
+    pending = [group]
+    visited: set[str] = set()
+    while pending:
+        g = pending.pop()
+        if g in visited:
+            continue
+        visited.add(g)
+        entry = data.get(g) or {}
+        for h in entry.get("hosts", []):
+            if h not in seen:
+                seen.append(h)
+        pending.extend(entry.get("children", []))
+    return seen
+
+
+def _gpus_from_facts(facts: Mapping[str, Any] | None) -> int:
+    if not facts:
+        return 0
+    local = (facts.get("ansible_local") or {}).get("distrun") or {}
+    try:
+        return max(0, int(local.get("gpus", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _slots(path: Path, host: str, hv: Mapping[str, Any], gpus: int) -> tuple[int, str]:
+    raw = hv.get("slots")
+    if raw is None or raw == "":
+        return (gpus, "gpus") if gpus > 0 else (contract.DEFAULT_SLOTS, "default")
+    try:
+        value = int(str(raw))
+    except ValueError:
+        raise InventoryError(
+            f"inventory {path}: host {host} has slots={raw!r}; set slots to a whole number of ranks (1 or more)"
+        ) from None
+    if value < 1:
+        raise InventoryError(
+            f"inventory {path}: host {host} has slots={value}; every worker needs slots >= 1 "
+            "(remove the host from [workers] to leave it out)"
+        )
+    return value, "inventory"
+
+
+def load_facts(cache_dir: Path | None, host: str) -> dict[str, Any] | None:
+    """Facts Ansible cached for a host (jsonfile cache), or None: plans never contact nodes."""
+    if cache_dir is None:
+        return None
+    f = cache_dir / host
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | None = None) -> Cluster:
+    hostvars: Mapping[str, Mapping[str, Any]] = (data.get("_meta") or {}).get("hostvars") or {}
+    groups = {k for k in data if k != "_meta"}
+    heads = _group_hosts(data, contract.HEAD_GROUP) if contract.HEAD_GROUP in groups else []
+    if not heads:
+        raise InventoryError(
+            f"inventory {path}: no host in group '{contract.HEAD_GROUP}'; "
+            f"add a [{contract.HEAD_GROUP}] group with exactly one host (the node that launches jobs)"
+        )
+    if len(heads) > 1:
+        raise InventoryError(
+            f"inventory {path}: group '{contract.HEAD_GROUP}' has {len(heads)} hosts ({', '.join(heads)}); "
+            "keep exactly one head node"
+        )
+    workers = _group_hosts(data, contract.WORKER_GROUP) if contract.WORKER_GROUP in groups else []
+    if not workers:
+        raise InventoryError(
+            f"inventory {path}: no host in group '{contract.WORKER_GROUP}'; "
+            f"list the hosts that run ranks under [{contract.WORKER_GROUP}] (the head may be one of them)"
+        )
+    head_name = heads[0]
+    ordered = sorted(workers, key=lambda h: (h != head_name, h))
+
+    def make(name: str) -> Node:
+        hv = hostvars.get(name, {})
+        gpus = _gpus_from_facts(load_facts(fact_cache, name))
+        slots, source = _slots(path, name, hv, gpus)
+        return Node(
+            name=name,
+            address=str(hv.get("ansible_host") or name),
+            slots=slots,
+            slots_source=source,
+            gpus=gpus,
+            is_head=name == head_name,
+            is_worker=name in workers,
+            hostvars=hv,
+        )
+
+    nodes = {name: make(name) for name in dict.fromkeys([head_name, *ordered])}
+    hv_head = hostvars.get(head_name, {})
+    provider = str(hv_head.get("distrun_mpi_provider") or contract.DEFAULT_MPI_PROVIDER)
+    if provider not in contract.MPI_PROVIDERS:
+        raise InventoryError(
+            f"inventory {path}: distrun_mpi_provider={provider!r}; choose one of {', '.join(contract.MPI_PROVIDERS)}"
+        )
+    shared_dir = str(hv_head.get("distrun_shared_dir") or contract.DEFAULT_SHARED_DIR)
+    if not shared_dir.startswith("/"):
+        raise InventoryError(f"inventory {path}: distrun_shared_dir={shared_dir!r} must be an absolute path")
+    env_prefix = str(hv_head.get("distrun_env_prefix") or contract.env_prefix_default(provider))
+    hostfile = str(hv_head.get("distrun_hostfile") or contract.hostfile_default(shared_dir))
+    return Cluster(
+        source=path,
+        head=nodes[head_name],
+        workers=tuple(nodes[n] for n in ordered),
+        user=str(hv_head.get("distrun_user") or contract.DEFAULT_USER),
+        shared_dir=shared_dir,
+        mpi_provider=provider,
+        env_prefix=env_prefix,
+        hostfile_path=hostfile,
+        group_vars=hv_head,
+    )
+
+
+def load_cluster(path: Path, fact_cache: Path | None = None) -> Cluster:
+    return cluster_from_json(path, read_inventory_json(path), fact_cache)
+
+
+def render_hostfile(cluster: Cluster) -> str:
+    """Open MPI / DeepSpeed hostfile: ``host slots=N``, head first, every host once."""
+    lines = ["# Generated by distrun from the inventory; edits are overwritten."]
+    lines += [f"{n.name} slots={n.slots}" for n in cluster.workers]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,442 @@
+"""Train, check, partition, logs and stop: the flows behind the CLI verbs.
+
+Plan first, then act: a JobRequest and the inventory become a JobPlan (pure), the launchers
+turn it into commands (pure), and the playbooks execute exactly those commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import paths
+from .ansible_bridge import PlaybookResult, run_playbook
+from .errors import UserError
+from .inventory import Cluster, load_cluster, load_facts
+from .launchers import mpirun_argv, sbatch_script, torchrun_argv
+from .launchers.torchrun import torchrun_env
+from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
+from .plan import JobPlan, build_plan, render_hostfile, render_rank_wrapper
+from .remote import shell_argv
+from .runs import Run, load_run, new_run
+from .ui import PlaybookProgress, console, err_console, print_summary
+
+EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
+RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
+EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
+
+# Known error texts of failed runs and what fixes them (shown in the run's summary).
+DIAGNOSES: tuple[tuple[str, str], ...] = (
+    ("orted: command not found", "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
+    ("Permission denied (publickey", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
+    ("Host key verification failed", "a node's host key is not in known_hosts (a node was rebuilt?): run 'distrun setup --tags ssh_mesh'"),
+    ("RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
+    ("RendezvousConnectionError", "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
+    ("There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
+    ("ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
+    ("does not match the number of MPI ranks", "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
+)
+
+
+@dataclass
+class JobRequest:
+    inventory: Path
+    launcher: str = "mpirun"
+    np: int | None = None
+    workload: str = "gcn"
+    script: Path | None = None
+    script_args: tuple[str, ...] = ()
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    epochs: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 29500
+    preflight: bool = True
+
+
+def _network(cluster: Cluster) -> NetworkChoice | None:
+    """The interface per node from cached facts, or None when no facts were gathered yet."""
+    cache = paths.fact_cache_dir()
+    facts = {n.name: load_facts(cache, n.name) for n in cluster.workers}
+    if any(f is None for f in facts.values()):
+        return None
+    addresses = {n.name: n.address for n in cluster.workers}
+    ifaces = {h: ifaces_from_facts(f or {}) for h, f in facts.items()}
+    default_ipv4 = {h: ((f or {}).get("ansible_default_ipv4") or {}).get("address", "") for h, f in facts.items()}
+    overrides = {n.name: n.iface for n in cluster.workers if n.iface}
+    if all(n.connection == "local" for n in cluster.workers):
+        return None  # one machine: loopback is the network, nothing to choose
+    return choose_interfaces(addresses, ifaces, overrides, default_ipv4)
+
+
+def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
+    return build_plan(
+        cluster,
+        run_id=run_id,
+        launcher=request.launcher,
+        np=request.np,
+        workload=None if request.script else request.workload,
+        script=str(request.script) if request.script else None,
+        script_args=request.script_args,
+        dataset=request.dataset,
+        data_dir=request.data_dir,
+        epochs=request.epochs,
+        extra_env=request.env,
+        network=_network(cluster),
+        master_port=request.port,
+    )
+
+
+def launch_scripts(plan: JobPlan) -> dict[str, str]:
+    """Host name -> the launch script that host runs (mpirun and slurm: only the head).
+
+    Files carry the host's name: on a shared folder every node writes into the same run dir.
+    """
+
+    def script(host: str, body: list[str]) -> str:
+        return (
+            "#!/bin/bash\n"
+            f"# distrun run {plan.run_id}: generated launch script for {host}\n"
+            f"cd {shlex.quote(plan.run_dir)}\n"
+            f"echo $$ > launcher-{host}.pid\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in launcher_env(plan, host))
+            + shlex.join(body) + f" > launcher-{host}.log 2>&1 < /dev/null\n"
+            "rc=$?\n"
+            f"echo $rc > exitcode-{host}.tmp && mv exitcode-{host}.tmp exitcode-{host}\n"
+            "exit $rc\n"
+        )
+
+    if plan.launcher == "mpirun":
+        return {plan.head.name: script(plan.head.name, mpirun_argv(plan))}
+    if plan.launcher == "torchrun":
+        return {h.name: script(h.name, torchrun_argv(plan, h)) for h in plan.hosts}
+    return {plan.head.name: script(plan.head.name, ["sbatch", "--wait", f"{plan.run_dir}/job.sbatch"])}
+
+
+def launcher_env(plan: JobPlan, host: str) -> list[tuple[str, str]]:
+    """Variables of the launcher process. DISTRUN_RUN_ID tags it (and every child) for 'distrun stop'."""
+    if plan.launcher == "torchrun":
+        rank_host = next(h for h in plan.hosts if h.name == host)
+        return sorted(torchrun_env(plan, rank_host).items())
+    return [("DISTRUN_RUN_ID", plan.run_id)]
+
+
+def plan_files(plan: JobPlan) -> dict[str, str]:
+    files = {"hostfile": render_hostfile(plan), "rank-env.sh": render_rank_wrapper(plan)}
+    if plan.launcher == "slurm":
+        files["job.sbatch"] = sbatch_script(plan)
+    return files
+
+
+def dry_run_text(request: JobRequest) -> str:
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+    plan = make_plan(request, cluster, "DRYRUN")
+    out: list[str] = []
+    out.append(f"# distrun train --dry-run  (inventory: {request.inventory})")
+    out.append(f"launcher:    {plan.launcher}")
+    out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
+    out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")
+    out.append(f"run dir:     {plan.run_dir}")
+    net = plan.cidr or "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)"
+    out.append(f"network:     {net}")
+    out.append("hosts:")
+    for h in plan.hosts:
+        node = next(n for n in cluster.workers if n.name == h.name)
+        out.append(f"  {h.name:<16} {h.address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
+    if plan.partition:
+        out.append("")
+        out.append("# partition (on the head node, skipped when its manifest already matches)")
+        out.append(shlex.join(plan.partition))
+    for name, text in plan_files(plan).items():
+        out.append("")
+        out.append(f"# {plan.run_dir}/{name}")
+        out.append(text.rstrip("\n"))
+    for host, text in launch_scripts(plan).items():
+        out.append("")
+        out.append(f"# launch on {host}")
+        out.append(text.rstrip("\n"))
+    return "\n".join(out) + "\n"
+
+
+# --- acting ------------------------------------------------------------------------------
+
+
+def _playbook(title: str, playbook: str, request_inv: Path, run: Run, hosts: list[str], extravars: dict,
+              limit: str | None = None) -> PlaybookResult:
+    started = time.monotonic()
+    with PlaybookProgress(title, hosts) as progress:
+        result = run_playbook(playbook, request_inv, run.dir, extravars=extravars, on_event=progress, limit=limit)
+    if not result.ok:
+        print_summary(result, time.monotonic() - started)
+    return result
+
+
+def _common_vars(plan: JobPlan) -> dict:
+    return {
+        "distrun_run_id": plan.run_id,
+        "distrun_run_dir": plan.run_dir,
+        "distrun_rank_hosts": [h.name for h in plan.hosts],
+    }
+
+
+def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
+    result = _playbook("preflight", "playbooks/preflight.yml", request.inventory, run,
+                       [n.name for n in cluster.nodes], {})
+    if not result.ok:
+        first = result.failures()[0] if result.failures() else None
+        where = f" on {first.name}: {first.last_error}" if first else ""
+        run.finish(3, "preflight failed")
+        raise UserError(f"preflight failed{where}; nothing was started (see 'distrun check --inventory {request.inventory}')",
+                        exit_code=3)
+
+
+def run_job(request: JobRequest) -> int:
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+    run = new_run("train", request.inventory)
+    console.print(f"run {run.id}: record in {run.dir}")
+    if request.preflight:
+        _preflight(request, cluster, run)
+        cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # facts now fresh
+    plan = make_plan(request, cluster, run.id)
+    run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
+    files = plan_files(plan)
+    scripts = launch_scripts(plan)
+    commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
+    if plan.partition:
+        commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
+    run.write("commands.txt", "\n".join(commands))
+    rank_hosts = [h.name for h in plan.hosts]
+    limit = ",".join(dict.fromkeys([cluster.head.name, *rank_hosts]))
+    base_vars = {**_common_vars(plan), "distrun_run_files": files, "distrun_launch_scripts": scripts,
+                 "distrun_user_script": str(request.script.resolve()) if request.script else ""}
+
+    result = _playbook("stage the run", "playbooks/stage.yml", request.inventory, run, limit.split(","),
+                       {**base_vars, "distrun_partition_argv": list(plan.partition or []),
+                        "distrun_partition_dir": plan.partition_dir or ""}, limit=limit)
+    if not result.ok:
+        run.finish(4, "staging failed")
+        return 4
+
+    started = time.monotonic()
+    rc: int | None = None
+    interrupted = False
+    lines: list[str] = []
+    try:
+        result = _playbook(f"launch {plan.world_size} rank(s) with {plan.launcher}", "playbooks/launch.yml",
+                           request.inventory, run, limit.split(","), base_vars, limit=limit)
+        if not result.ok:
+            rc = 5
+        else:
+            rc = _follow(cluster, plan, run, lines)
+    except KeyboardInterrupt:
+        interrupted = True
+        err_console.print("[yellow]interrupted: stopping every rank on every node[/yellow]")
+    finally:
+        if interrupted or rc is None or rc != 0:
+            _stop(request.inventory, run, plan.run_id, limit)
+        _collect(request.inventory, run, plan, limit)
+    elapsed = time.monotonic() - started
+    if interrupted:
+        run.finish(130, "interrupted", status="stopped")
+        return 130
+    assert rc is not None
+    summary = _summarise(run, plan, rc, elapsed, lines)
+    run.finish(0 if rc == 0 else 1, summary)
+    return 0 if rc == 0 else 1
+
+
+def _follow(cluster: Cluster, plan: JobPlan, run: Run, lines: list[str]) -> int:
+    """Stream the head's launcher log until the launcher exits; return its exit code."""
+    d = shlex.quote(plan.run_dir)
+    h = plan.head.name
+    command = (
+        f"cd {d} && for i in $(seq 600); do [ -s launcher-{h}.pid ] && break; sleep 0.1; done; "
+        f"tail -n +1 -F -s 0.5 --pid=$(cat launcher-{h}.pid) launcher-{h}.log 2>/dev/null; "
+        f"for i in $(seq 50); do [ -e exitcode-{h} ] && break; sleep 0.1; done; "
+        f'echo; echo "DISTRUN_EXIT $(cat exitcode-{h} 2>/dev/null || echo 255)"'
+    )
+    argv = shell_argv(cluster.head, command)
+    log = (run.dir / "launcher.log").open("w")
+    rc = 255
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            text = line.rstrip("\n")
+            m = EXIT_RE.match(text.strip())
+            if m:
+                rc = int(m.group(1))
+                continue
+            log.write(line)
+            log.flush()
+            lines.append(text)
+            if len(lines) > 2000:
+                del lines[:1000]
+            _show_line(text, plan)
+        proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGTERM)
+        raise
+    finally:
+        log.close()
+    return rc
+
+
+def _show_line(text: str, plan: JobPlan) -> None:
+    m = EPOCH_RE.search(text)
+    if m:
+        try:
+            e = json.loads(m.group(1))
+            console.print(
+                f"epoch {e.get('epoch')}/{e.get('epochs')}  loss {e.get('loss', 0):.4f}  "
+                f"train_acc {e.get('train_acc', 0):.3f}  val_acc {e.get('val_acc', 0):.3f}  "
+                f"{e.get('epoch_time_s', 0) * 1000:.0f} ms/epoch"
+            )
+            return
+        except (ValueError, TypeError):
+            pass
+    console.print(text, markup=False)
+
+
+def _stop(inventory: Path, run: Run, run_id: str, limit: str | None) -> None:
+    run_playbook("playbooks/stop.yml", inventory, run.dir, extravars={"distrun_run_id": run_id}, limit=limit)
+
+
+def _collect(inventory: Path, run: Run, plan: JobPlan, limit: str) -> None:
+    dest = run.dir / "nodes"
+    dest.mkdir(exist_ok=True, mode=0o700)
+    result = run_playbook("playbooks/collect.yml", inventory, run.dir,
+                          extravars={**_common_vars(plan), "distrun_collect_dest": str(dest)}, limit=limit)
+    if not result.ok:
+        err_console.print(f"[yellow]some logs could not be collected: {[h.name for h in result.failures()]}[/yellow]")
+
+
+def rank_logs(run: Run) -> dict[int, Path]:
+    """Rank -> its stdout file in the collected run, from the header line every rank prints."""
+    found: dict[int, Path] = {}
+    for f in sorted((run.dir / "nodes").rglob("*")):
+        if not f.is_file() or f.name not in ("stdout", "stdout.log"):
+            continue
+        try:
+            with f.open(errors="replace") as fh:
+                head = fh.readline()
+        except OSError:
+            continue
+        m = re.search(r"DISTRUN_RANK rank=(\d+)", head)
+        if m:
+            found.setdefault(int(m.group(1)), f)
+    return found
+
+
+def _summarise(run: Run, plan: JobPlan, rc: int, elapsed: float, lines: list[str]) -> str:
+    result = None
+    for text in reversed(lines):
+        m = RESULT_RE.search(text)
+        if m:
+            try:
+                result = json.loads(m.group(1))
+            except ValueError:
+                result = None
+            break
+    if result is not None:
+        run.write("result.json", json.dumps(result, indent=2) + "\n")
+    logs = rank_logs(run)
+    console.print(f"per-rank logs: {len(logs)} of {plan.world_size} collected under {run.dir / 'nodes'}")
+    if rc == 0:
+        acc = f" test_acc={result.get('test_acc')}" if result else ""
+        console.print(f"[green]run {run.id} succeeded[/green] in {elapsed:.1f}s{acc}")
+        return f"ok{acc}"
+    first_bad = _first_failed_rank(lines)
+    console.print(f"[red]run {run.id} failed[/red] (launcher exit {rc}) after {elapsed:.1f}s{first_bad}")
+    text = "\n".join(lines)
+    for needle, fix in DIAGNOSES:
+        if needle in text:
+            console.print(f"  hint: {fix}")
+    return f"failed rc={rc}{first_bad}"
+
+
+def _first_failed_rank(lines: list[str]) -> str:
+    for text in lines:
+        m = re.search(r"Process name: \[\[\d+,\d+\],(\d+)\]", text) or re.search(r"rank (\d+) .*exited on signal", text)
+        if m:
+            rank = m.group(1)
+            host = next((re.search(r"Exit code|on node (\S+)", t) for t in lines if "on node" in t), None)
+            where = f" on {host.group(1)}" if host and host.group(1) else ""
+            return f"; first failing rank {rank}{where}"
+    return ""
+
+
+def run_partition_only(request: JobRequest) -> int:
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+    run = new_run("partition", request.inventory)
+    plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id)
+    assert plan.partition is not None
+    result = _playbook("partition", "playbooks/stage.yml", request.inventory, run, [cluster.head.name],
+                       {**_common_vars(plan), "distrun_run_files": {}, "distrun_launch_scripts": {},
+                        "distrun_user_script": "", "distrun_partition_argv": list(plan.partition),
+                        "distrun_partition_dir": plan.partition_dir or ""},
+                       limit=cluster.head.name)
+    run.finish(0 if result.ok else 1)
+    return 0 if result.ok else 1
+
+
+def run_check(inventory: Path, as_json: bool) -> int:
+    cluster = load_cluster(inventory, paths.fact_cache_dir())
+    run = new_run("check", inventory)
+    started = time.monotonic()
+    result = run_playbook("playbooks/preflight.yml", inventory, run.dir,
+                          on_event=None if as_json else PlaybookProgress("preflight", [n.name for n in cluster.nodes]))
+    report = {
+        "ok": result.ok,
+        "hosts": {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()},
+        "elapsed_s": round(time.monotonic() - started, 2),
+    }
+    for node in cluster.nodes:
+        report["hosts"].setdefault(node.name, {"state": "not reached", "error": ""})
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_summary(result, time.monotonic() - started)
+    run.finish(0 if result.ok else 1)
+    return 0 if result.ok else 1
+
+
+def print_logs(run_id: str, rank: int | None, follow: bool) -> None:
+    run = load_run(run_id)
+    if rank is None:
+        path = run.dir / "launcher.log"
+    else:
+        logs = rank_logs(run)
+        if rank not in logs:
+            have = ", ".join(str(r) for r in sorted(logs)) or "none"
+            raise UserError(f"run {run.id}: no log for rank {rank} (ranks with logs: {have})")
+        path = logs[rank]
+    if not path.is_file():
+        raise UserError(f"run {run.id}: {path.name} does not exist yet")
+    with path.open(errors="replace") as fh:
+        while True:
+            chunk = fh.read()
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            if not follow or load_run(run.id).meta.status != "running":
+                break
+            time.sleep(0.5)
+
+
+def stop_run(run_id: str) -> int:
+    run = load_run(run_id)
+    inv = Path(run.meta.inventory)
+    _stop(inv, run, run.id, None)
+    if run.meta.status == "running":
+        run.finish(130, "stopped by 'distrun stop'", status="stopped")
+    console.print(f"run {run.id}: stopped on every node")
+    return 0

@@ -1,0 +1,85 @@
+"""Where distrun's Ansible content lives: the repo checkout, or inside the installed wheel."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import UserError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def project_dir() -> Path:
+    """The directory holding setup.yml, playbooks/, roles/ and workloads/.
+
+    A wheel carries them in ``distrun/_project``; an editable install or a checkout has them at
+    the repository root, two levels above this package. DISTRUN_PROJECT_DIR overrides both, so a
+    site can run its own fork of the playbooks with the installed CLI.
+    """
+    override = os.environ.get("DISTRUN_PROJECT_DIR")
+    candidates = [Path(override)] if override else []
+    candidates += [_PACKAGE_DIR / "_project", _PACKAGE_DIR.parent.parent]
+    for candidate in candidates:
+        if (candidate / "setup.yml").is_file() and (candidate / "roles").is_dir():
+            return candidate
+    where = ", ".join(str(c) for c in candidates)
+    raise UserError(
+        f"distrun's playbooks were not found (looked in {where}); reinstall distrun or set "
+        "DISTRUN_PROJECT_DIR to a checkout"
+    )
+
+
+def state_dir() -> Path:
+    """Per-user state: run directories and the fact cache. Kept private (0700)."""
+    base = os.environ.get("DISTRUN_HOME") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "distrun"
+    )
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def runs_dir() -> Path:
+    path = state_dir() / "runs"
+    path.mkdir(exist_ok=True, mode=0o700)
+    return path
+
+
+def fact_cache_dir() -> Path:
+    path = state_dir() / "facts"
+    path.mkdir(exist_ok=True, mode=0o700)
+    return path
+
+
+def inventory_search_dirs() -> list[Path]:
+    """Named inventories are looked up in ./inventory first, then in the project's."""
+    dirs = [Path.cwd() / "inventory"]
+    try:
+        dirs.append(project_dir() / "inventory")
+    except UserError:
+        pass
+    unique: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:
+            unique.append(d)
+    return unique
+
+
+def resolve_inventory(name_or_path: str) -> Path:
+    """``--inventory`` takes a name under inventory/ or a path to a file or directory."""
+    as_path = Path(name_or_path).expanduser()
+    if as_path.exists():
+        return as_path.resolve()
+    if "/" not in name_or_path:
+        for d in inventory_search_dirs():
+            candidate = d / name_or_path
+            if candidate.exists():
+                return candidate.resolve()
+    known = sorted({p.name for d in inventory_search_dirs() for p in d.iterdir() if not p.name.startswith(".")})
+    listing = ", ".join(known) if known else "none found"
+    raise UserError(
+        f"--inventory {name_or_path!r}: no such inventory (known: {listing}); "
+        "pass a name under inventory/ or a path to an inventory file or directory"
+    )

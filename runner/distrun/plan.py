@@ -1,0 +1,238 @@
+"""The job plan: one object saying what runs where. Launchers are pure functions of it."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from . import contract
+from .errors import PlanError
+from .inventory import Cluster
+from .network import NetworkChoice
+
+LAUNCHERS = ("mpirun", "torchrun", "slurm")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    program: str  # file under workloads/
+    needs_partition: bool
+    framework: str  # jittor, torch or any
+    description: str
+
+
+WORKLOADS: Mapping[str, Workload] = {
+    "gcn": Workload("gcn", "gcn_jittor.py", True, "jittor", "2-layer GCN, Jittor + MPI halo exchange over Metis parts"),
+    "gcn-tp": Workload("gcn-tp", "gcn_tp.py", False, "jittor", "2-layer GCN, weights sharded across ranks"),
+    "ddp": Workload("ddp", "gcn_ddp.py", False, "torch", "2-layer GCN, PyTorch DistributedDataParallel"),
+}
+
+
+@dataclass(frozen=True)
+class RankHost:
+    name: str
+    address: str
+    slots: int  # ranks placed on this host by this job
+    gpus: int
+    iface: str | None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    run_id: str
+    launcher: str
+    hosts: tuple[RankHost, ...]
+    world_size: int
+    user: str
+    run_as_root: bool
+    mpi_prefix: str
+    env_prefix: str
+    shared_dir: str
+    program: tuple[str, ...]  # argv after the interpreter wrapper, e.g. (python, script, args...)
+    env: tuple[tuple[str, str], ...]
+    master_addr: str
+    master_port: int
+    cidr: str | None
+    workload: str | None = None
+    partition: tuple[str, ...] | None = None  # the partitioner's argv, when the workload needs one
+    partition_dir: str | None = None
+    slurm: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.shared_dir.rstrip('/')}/runs/{self.run_id}"
+
+    @property
+    def hostfile(self) -> str:
+        return f"{self.run_dir}/hostfile"
+
+    @property
+    def wrapper(self) -> str:
+        return f"{self.run_dir}/rank-env.sh"
+
+    @property
+    def python(self) -> str:
+        return f"{self.env_prefix.rstrip('/')}/bin/python"
+
+    @property
+    def has_gpus(self) -> bool:
+        return any(h.gpus > 0 for h in self.hosts)
+
+    @property
+    def head(self) -> RankHost:
+        return self.hosts[0]
+
+
+def allocate(cluster: Cluster, np: int | None) -> list[tuple[str, int]]:
+    """Place ``np`` ranks on the workers in hostfile order, filling each host's slots."""
+    total = cluster.total_slots
+    if np is None:
+        np = total
+    if np < 1:
+        raise PlanError(f"--np {np}: a job needs at least 1 rank")
+    if np > total:
+        detail = ", ".join(f"{n.name}={n.slots}" for n in cluster.workers)
+        raise PlanError(
+            f"--np {np} is more than the {total} slots in {cluster.source} ({detail}); "
+            "lower --np or raise 'slots' on the workers"
+        )
+    placed: list[tuple[str, int]] = []
+    left = np
+    for node in cluster.workers:
+        take = min(node.slots, left)
+        if take:
+            placed.append((node.name, take))
+        left -= take
+    return placed
+
+
+def build_plan(
+    cluster: Cluster,
+    *,
+    run_id: str,
+    launcher: str = "mpirun",
+    np: int | None = None,
+    workload: str | None = "gcn",
+    script: str | None = None,
+    script_args: Sequence[str] = (),
+    dataset: str = "synthetic",
+    data_dir: str | None = None,
+    epochs: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    network: NetworkChoice | None = None,
+    master_port: int = contract.DEFAULT_MASTER_PORT,
+    slurm: Mapping[str, str] | None = None,
+) -> JobPlan:
+    if launcher not in LAUNCHERS:
+        raise PlanError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    placed = allocate(cluster, np)
+    world = sum(n for _, n in placed)
+    by_name = {n.name: n for n in cluster.workers}
+    run_dir = f"{cluster.shared_dir.rstrip('/')}/runs/{run_id}"
+    python = f"{cluster.env_prefix.rstrip('/')}/bin/python"
+
+    def iface_of(name: str) -> str | None:
+        if network is not None and name in network.per_host:
+            return network.per_host[name].name
+        return by_name[name].iface
+
+    hosts = tuple(
+        RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name)) for name, n in placed
+    )
+    head_node = cluster.head
+    master_addr = head_node.address
+    if network is not None and head_node.name in network.per_host:
+        master_addr = network.per_host[head_node.name].address
+
+    partition: tuple[str, ...] | None = None
+    part_dir: str | None = None
+    if script:
+        program = (python, f"{run_dir}/{PurePosixPath(script).name}", *script_args)
+        workload_name = None
+    else:
+        if workload not in WORKLOADS:
+            raise PlanError(f"--workload {workload!r}: choose one of {', '.join(WORKLOADS)} or pass --script PATH")
+        wl = WORKLOADS[workload]
+        workloads_dir = f"{cluster.shared_dir.rstrip('/')}/workloads"
+        data_args: list[str] = ["--dataset", dataset]
+        if data_dir:
+            data_args += ["--data-dir", data_dir]
+        program_args = [*data_args]
+        if wl.needs_partition:
+            part_dir = f"{cluster.shared_dir.rstrip('/')}/partitions/{dataset}-{world}parts"
+            partition = (python, f"{workloads_dir}/partition.py", *data_args, "--num-parts", str(world), "--out", part_dir)
+            program_args += ["--part-dir", part_dir, "--num-parts", str(world)]
+        if epochs is not None:
+            program_args += ["--epochs", str(epochs)]
+        program_args += ["--result-file", f"{run_dir}/result.json"]
+        program = (python, f"{workloads_dir}/{wl.program}", *program_args, *script_args)
+        workload_name = wl.name
+
+    env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
+    if extra_env:
+        for key in extra_env:
+            if not key.replace("_", "").isalnum() or key[0].isdigit():
+                raise PlanError(f"--env {key}=...: not a valid environment variable name")
+        env.update(extra_env)
+    return JobPlan(
+        run_id=run_id,
+        launcher=launcher,
+        hosts=hosts,
+        world_size=world,
+        user=cluster.user,
+        run_as_root=cluster.user == "root",
+        mpi_prefix=cluster.mpi_prefix,
+        env_prefix=cluster.env_prefix,
+        shared_dir=cluster.shared_dir,
+        program=program,
+        env=tuple(sorted(env.items())),
+        master_addr=master_addr,
+        master_port=master_port,
+        cidr=network.cidr if network else None,
+        workload=workload_name,
+        partition=partition,
+        partition_dir=part_dir,
+        slurm=dict(slurm or {}),
+    )
+
+
+def render_hostfile(plan: JobPlan) -> str:
+    lines = ["# Generated by distrun for run " + plan.run_id]
+    lines += [f"{h.name} slots={h.slots}" for h in plan.hosts]
+    return "\n".join(lines) + "\n"
+
+
+def render_rank_wrapper(plan: JobPlan) -> str:
+    """Every rank starts through this script, whichever launcher placed it.
+
+    It maps the launcher's variables to the RANK/WORLD_SIZE/LOCAL_RANK that torch and user
+    scripts read, sets the node's own interface for NCCL/Gloo (names can differ per node), and
+    prints one header line so per-rank logs can be matched to ranks afterwards.
+    """
+    cases = "\n".join(
+        f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface
+    )
+    iface_block = (
+        'case "$(hostname -s)" in\n' + cases + "\n  *) IFACE= ;;\nesac\n"
+        if cases
+        else "IFACE=\n"
+    )
+    return f"""#!/bin/bash
+# Rank wrapper for distrun run {plan.run_id}. Generated; do not edit.
+set -euo pipefail
+export RANK="${{RANK:-${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-${{SLURM_PROCID:-0}}}}}}}}"
+export WORLD_SIZE="${{WORLD_SIZE:-${{OMPI_COMM_WORLD_SIZE:-${{PMI_SIZE:-${{SLURM_NTASKS:-1}}}}}}}}"
+export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALID:-0}}}}}}"
+export MASTER_ADDR="${{MASTER_ADDR:-{plan.master_addr}}}"
+export MASTER_PORT="${{MASTER_PORT:-{plan.master_port}}}"
+{iface_block}if [ -n "$IFACE" ]; then
+  export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
+  export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
+fi
+echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$(hostname -s) pid=$$"
+cd {shlex.quote(plan.run_dir)}
+exec "$@"
+"""

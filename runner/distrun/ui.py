@@ -1,0 +1,95 @@
+"""Terminal output for the CLI: live per-host progress and summaries (the CLI owns all output)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class PlaybookProgress:
+    """Live table on a terminal; one line per finished host task elsewhere (CI logs, pipes)."""
+
+    def __init__(self, title: str, hosts: list[str]) -> None:
+        self.title = title
+        self.hosts = {h: HostProgress(h) for h in hosts}
+        self.started = time.monotonic()
+        self.live: Live | None = None
+        self.interactive = console.is_terminal
+
+    def __enter__(self) -> PlaybookProgress:
+        console.print(f"[bold]{self.title}[/bold]")
+        if self.interactive:
+            self.live = Live(self._table(), console=console, refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("host", "ok", "changed", "failed", "task"):
+            table.add_column(col)
+        for h in self.hosts.values():
+            style = {"ok": "", "failed": "red", "unreachable": "red"}[h.state]
+            table.add_row(h.name, str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)), h.task[:60], style=style)
+        return table
+
+    def __call__(self, ev: PlaybookEvent) -> None:
+        if ev.host is not None:
+            h = self.hosts.setdefault(ev.host, HostProgress(ev.host))
+            if ev.kind == "start":
+                h.task = ev.task
+            elif ev.kind in ("ok", "changed"):
+                h.ok += 1
+                h.changed += ev.kind == "changed"
+            elif ev.kind == "failed":
+                h.failed += 1
+            elif ev.kind == "unreachable":
+                h.unreachable = True
+        if self.live is not None:
+            self.live.update(self._table())
+            return
+        elapsed = time.monotonic() - self.started
+        if ev.kind == "task":
+            console.print(f"  [{elapsed:6.1f}s] {ev.task}")
+        elif ev.kind == "changed":
+            console.print(f"           changed: {ev.host}")
+        elif ev.kind in ("failed", "unreachable"):
+            console.print(f"           [red]{ev.kind}: {ev.host}: {ev.message}[/red]")
+
+
+def print_summary(result: PlaybookResult, elapsed: float) -> None:
+    table = Table(title=f"{result.playbook}: {result.status} in {elapsed:.1f}s", show_edge=False)
+    for col in ("host", "ok", "changed", "failed", "unreachable", "skipped"):
+        table.add_column(col)
+    for h in sorted(result.hosts.values(), key=lambda x: x.name):
+        table.add_row(h.name, str(h.ok), str(h.changed), str(h.failed), str(int(h.unreachable)), str(h.skipped))
+    console.print(table)
+    # Parseable line: scripts and tests read it instead of the table.
+    console.print(
+        f"PLAY RECAP {result.playbook}: hosts={len(result.hosts)} changed={result.changed} "
+        f"failed={sum(h.failed for h in result.hosts.values())} "
+        f"unreachable={sum(int(h.unreachable) for h in result.hosts.values())} rc={result.rc}"
+    )
+    for h in result.failures():
+        err_console.print(f"[red]{h.name}: {h.last_error}[/red]")
+
+
+def fatal(message: str) -> None:
+    err_console.print(f"[red]distrun: error:[/red] {message}", soft_wrap=True)
+
+
+def flush() -> None:
+    sys.stdout.flush()
