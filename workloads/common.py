@@ -1,0 +1,206 @@
+"""What the three GCN trainers share: flags, the output protocol, metrics and error handling.
+
+Output protocol (parsed by the distrun runner), printed by rank 0 only, one line each, flushed:
+  DISTRUN_EPOCH {"epoch", "epochs", "loss", "train_acc", "val_acc", "epoch_time_s"}
+  DISTRUN_RESULT {"workload", "dataset", "ranks", "epochs", "loss", "train_acc", "val_acc",
+                  "test_acc", "epoch_time_s" (mean), "first_epoch_time_s", "wall_s", ...}
+  DISTRUN_CHECK {"loss", "path"}      only with --check-exact
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import datasets
+import partition
+from datasets import DatasetError
+from graph import SparseRows, gcn_norm_local
+
+UserError = DatasetError  # one exception type for every mistake a user can fix
+
+
+class CollectiveError(UserError):
+    """A mistake every rank detects alike (rank count, flags): only rank 0 prints it."""
+
+
+def parser(description: str, partitioned: bool) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    partition.add_dataset_args(ap)
+    ap.add_argument("--epochs", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0, help="weights, dropout and synthetic data")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--hidden", type=int, default=16)
+    ap.add_argument("--dropout", type=float, default=0.5)
+    ap.add_argument("--weight-decay", type=float, default=5e-4, help="L2 on the first layer (Kipf & Welling)")
+    ap.add_argument("--num-parts", "--num_parts", dest="num_parts", type=int, default=None,
+                    help="expected number of ranks; checked against the MPI world size")
+    ap.add_argument("--result-file", type=Path, default=None,
+                    help="write the DISTRUN_RESULT JSON here (default $DISTRUN_RUN_DIR/result.json)")
+    ap.add_argument("--check-exact", type=Path, default=None, metavar="NPZ",
+                    help="no training: write logits, loss and gradients of the initial model (dropout off) and exit")
+    if partitioned:
+        ap.add_argument("--part-dir", type=Path, default=None,
+                        help="partition folder written by partition.py (default partitions/<dataset>-<ranks>)")
+    return ap
+
+
+def validate(args: argparse.Namespace) -> None:
+    if args.epochs < 1:
+        raise UserError("--epochs must be at least 1")
+    if args.hidden < 1:
+        raise UserError("--hidden must be at least 1")
+    if not 0.0 <= args.dropout < 1.0:
+        raise UserError("--dropout must lie in [0, 1)")
+
+
+def check_world(args: argparse.Namespace, world: int) -> None:
+    if args.num_parts is not None and args.num_parts != world:
+        raise CollectiveError(f"--num-parts {args.num_parts} but MPI started {world} ranks; they must be equal (mpirun -n {args.num_parts})")
+
+
+@dataclass
+class FullGraph:
+    """The whole graph on one process: what tensor parallelism and DDP use."""
+
+    adj: SparseRows
+    features: np.ndarray
+    labels: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    num_classes: int
+    name: str
+
+
+def load_full_graph(args: argparse.Namespace) -> FullGraph:
+    g = datasets.load(args.dataset, args.data_dir, partition.synthetic_spec(args))
+    indptr = np.zeros(g.num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(g.src, minlength=g.num_nodes), out=indptr[1:])
+    degree = np.diff(indptr)
+    adj = gcn_norm_local(indptr, g.dst, degree, g.num_nodes)
+    return FullGraph(adj, g.features, g.labels, g.train_mask, g.val_mask, g.test_mask, g.num_classes, g.name)
+
+
+def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
+    z = logits - logits.max(1, keepdims=True)
+    return float(-(z[np.arange(len(labels)), labels] - np.log(np.exp(z).sum(1))).sum())
+
+
+def counts(pred: np.ndarray, labels: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
+    """[correct, total] per mask, as float64 so one allreduce sums them all."""
+    hit = pred == labels
+    return np.array([[hit[m].sum(), m.sum()] for m in masks], dtype=np.float64).ravel()
+
+
+def accuracies(c: np.ndarray) -> list[float]:
+    return [float(c[i] / c[i + 1]) if c[i + 1] else 0.0 for i in range(0, len(c), 2)]
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    epochs: int
+    loss: float
+    train_acc: float
+    val_acc: float
+    epoch_time_s: float
+
+
+class Reporter:
+    """Prints the protocol lines on rank 0 and assembles the final result."""
+
+    def __init__(self, workload: str, args: argparse.Namespace, rank: int, ranks: int) -> None:
+        self.workload, self.args, self.rank, self.ranks = workload, args, rank, ranks
+        self.t0 = time.perf_counter()
+        self.history: list[EpochStats] = []
+
+    def epoch(self, stats: EpochStats) -> None:
+        self.history.append(stats)
+        if self.rank == 0:
+            emit("DISTRUN_EPOCH", asdict(stats))
+
+    def result(self, test_acc: float, extra: dict | None = None) -> dict:
+        last = self.history[-1]
+        times = [h.epoch_time_s for h in self.history]
+        res = {
+            "workload": self.workload,
+            "dataset": self.args.dataset,
+            "ranks": self.ranks,
+            "epochs": last.epochs,
+            "loss": last.loss,
+            "train_acc": last.train_acc,
+            "val_acc": last.val_acc,
+            "test_acc": test_acc,
+            "epoch_time_s": float(np.mean(times)),
+            # The first epoch includes one-time work (Jittor kernel compilation, allocator
+            # warm-up), so it is reported apart rather than hidden in the mean.
+            "first_epoch_time_s": times[0],
+            "wall_s": time.perf_counter() - self.t0,
+            **(extra or {}),
+        }
+        if self.rank == 0:
+            emit("DISTRUN_RESULT", res)
+            path = self.args.result_file
+            if path is None and os.environ.get("DISTRUN_RUN_DIR"):
+                path = Path(os.environ["DISTRUN_RUN_DIR"]) / "result.json"
+            if path is not None:
+                write_json_atomic(Path(path), res)
+        return res
+
+
+def emit(tag: str, payload: dict) -> None:
+    print(f"{tag} {json.dumps(payload, sort_keys=True)}", flush=True)
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def write_check(path: Path, logits: np.ndarray, loss: float, grads: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, logits=logits, loss=np.float64(loss), **{f"grad_{k}": v for k, v in grads.items()})
+    emit("DISTRUN_CHECK", {"loss": float(loss), "path": str(path)})
+
+
+def run_main(prog: str, body: Callable[[], int]) -> None:
+    """Run ``body``; a user error becomes one line on stderr and exit status 2, no traceback."""
+    try:
+        code = body()
+    except UserError as exc:
+        if not (isinstance(exc, CollectiveError) and env_rank() != 0):
+            print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        if mpi_env_size() > 1:
+            # Other ranks may be waiting in a collective: skip MPI_Finalize (which would wait
+            # for them) and let mpirun see the non-zero status and stop the job.
+            sys.stdout.flush()
+            os._exit(2)
+        sys.exit(2)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def mpi_env_size() -> int:
+    """World size as the launcher announced it, read before any MPI library is loaded."""
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 1
+
+
+def env_rank() -> int:
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 0
