@@ -7,6 +7,7 @@ turn it into commands (pure), and the playbooks execute exactly those commands.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import signal
@@ -139,7 +140,8 @@ def dry_run_text(request: JobRequest) -> str:
     cluster = load_cluster(request.inventory, paths.fact_cache_dir())
     plan = make_plan(request, cluster, "DRYRUN")
     out: list[str] = []
-    out.append(f"# distrun train --dry-run  (inventory: {request.inventory})")
+    shown = os.path.relpath(request.inventory) if str(request.inventory).startswith(os.getcwd()) else request.inventory
+    out.append(f"# distrun train --dry-run  (inventory: {shown})")
     out.append(f"launcher:    {plan.launcher}")
     out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
     out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")

@@ -212,14 +212,20 @@ def render_rank_wrapper(plan: JobPlan) -> str:
     scripts read, sets the node's own interface for NCCL/Gloo (names can differ per node), and
     prints one header line so per-rank logs can be matched to ranks afterwards.
     """
+    # Explicit per-host choices first (keyed by host name), then whatever interface this node
+    # has on the shared subnet: names may differ per node, the subnet does not.
     cases = "\n".join(
         f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface
     )
-    iface_block = (
-        'case "$(hostname -s)" in\n' + cases + "\n  *) IFACE= ;;\nesac\n"
-        if cases
-        else "IFACE=\n"
-    )
+    iface_block = "IFACE=\n"
+    if cases:
+        iface_block = 'case "$(hostname -s)" in\n' + cases + "\n  *) IFACE= ;;\nesac\n"
+    if plan.cidr:
+        iface_block += (
+            'if [ -z "$IFACE" ]; then\n'
+            f"  IFACE=\"$(ip -o -4 addr show to {plan.cidr} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
+            "fi\n"
+        )
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {plan.run_id}. Generated; do not edit.
 set -euo pipefail

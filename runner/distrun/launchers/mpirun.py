@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ..plan import JobPlan
 
-# Variables forwarded to every rank. PATH/LD_LIBRARY_PATH keep remote ranks on the same env.
-_FORWARD = ("PATH", "LD_LIBRARY_PATH")
+# Variables forwarded to every rank from the launcher's environment. --prefix already sets
+# LD_LIBRARY_PATH for remote daemons; forwarding an unset one only makes mpirun warn.
+_FORWARD = ("PATH",)
 
 
 def mpirun_argv(plan: JobPlan) -> list[str]:

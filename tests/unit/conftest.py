@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path, monkeypatch):
+    """Each test gets its own run directories and fact cache."""
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def write_inventory(tmp_path):
+    def write(text: str, name: str = "hosts.yml") -> Path:
+        path = tmp_path / "inv" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    return write
+
+
+def distrun_bin() -> str:
+    return str(Path(sys.executable).parent / "distrun")
+
+
+@pytest.fixture
+def cli_env(private_state):
+    env = dict(os.environ)
+    env["DISTRUN_HOME"] = str(private_state)
+    env["COLUMNS"] = "200"
+    return env

@@ -1,0 +1,141 @@
+"""Command builders are pure functions of the plan: tested without any host."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distrun.errors import PlanError
+from distrun.inventory import cluster_from_json
+from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
+from distrun.network import Iface, NetworkChoice
+from distrun.plan import allocate, build_plan, render_hostfile, render_rank_wrapper
+from pathlib import Path
+
+
+def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:
+    return {
+        "_meta": {"hostvars": {h: {**group_vars, **hv} for h, hv in hosts.items()}},
+        "all": {"children": ["head", "workers"]},
+        "head": {"hosts": [head]},
+        "workers": {"hosts": list(hosts)},
+    }
+
+
+def cluster(hosts, head="n1", fact_cache=None, **gv):
+    return cluster_from_json(Path("/inv/hosts.yml"), inv(hosts, head, **gv), fact_cache)
+
+
+def net(**per_host):
+    return NetworkChoice("10.0.0.0/24", {h: Iface(i, f"10.0.0.{k + 1}", "10.0.0.0/24") for k, (h, i) in enumerate(per_host.items())})
+
+
+MIXED = {"n1": {"ansible_host": "10.0.0.1", "slots": 2}, "n2": {"ansible_host": "10.0.0.2", "slots": 1}, "n3": {"ansible_host": "10.0.0.3", "slots": 3}}
+
+
+def test_mpirun_non_root_cpu_mixed_slots_with_interfaces():
+    plan = build_plan(cluster(MIXED), run_id="r1", network=net(n1="eth0", n2="ens5", n3="eth0"))
+    argv = mpirun_argv(plan)
+    assert argv[:3] == ["/usr/bin/mpirun", "-np", "6"]
+    assert argv[argv.index("--prefix") + 1] == "/usr"
+    assert "--allow-run-as-root" not in argv
+    assert "opal_cuda_support" not in argv
+    # The subnet, not names: names differ between nodes.
+    i = argv.index("btl_tcp_if_include")
+    assert argv[i + 1] == "10.0.0.0/24"
+    assert argv[argv.index("oob_tcp_if_include") + 1] == "10.0.0.0/24"
+    assert "DISTRUN_RUN_ID=r1" in argv
+    assert argv[argv.index("--output-filename") + 1] == "/srv/distrun/runs/r1/ranks"
+    assert argv[argv.index("--hostfile") + 1] == "/srv/distrun/runs/r1/hostfile"
+    assert render_hostfile(plan).splitlines()[1:] == ["n1 slots=2", "n2 slots=1", "n3 slots=3"]
+    wrapper = render_rank_wrapper(plan)
+    assert "n2) IFACE=ens5 ;;" in wrapper and "n1) IFACE=eth0 ;;" in wrapper
+    assert 'export RANK="${RANK:-${OMPI_COMM_WORLD_RANK:-' in wrapper
+
+
+def test_mpirun_root_gpu_conda():
+    hosts = {"g1": {"ansible_host": "10.0.0.1"}, "g2": {"ansible_host": "10.0.0.2"}}
+    facts = {"g1": 4, "g2": 4}
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        for h, n in facts.items():
+            (Path(d) / h).write_text(json.dumps({"ansible_local": {"distrun": {"gpus": n}}}))
+        c = cluster(hosts, head="g1", fact_cache=Path(d), distrun_user="root", distrun_mpi_provider="conda")
+    plan = build_plan(c, run_id="r2", workload="ddp")
+    argv = mpirun_argv(plan)
+    assert argv[0] == "/opt/miniforge3/envs/jittor/bin/mpirun"
+    assert argv[:3][1:] == ["-np", "8"]
+    assert argv[argv.index("--prefix") + 1] == "/opt/miniforge3/envs/jittor"
+    assert "--allow-run-as-root" in argv
+    assert argv[argv.index("opal_cuda_support") + 1] == "1"
+    # No facts about interfaces were given: no include list is invented.
+    assert "btl_tcp_if_include" not in argv
+    assert plan.program[0] == "/opt/miniforge3/envs/jittor/bin/python"
+    assert plan.program[1].endswith("/workloads/gcn_ddp.py")
+
+
+def test_np_fills_hosts_in_order_and_refuses_more_than_slots():
+    c = cluster(MIXED)
+    assert allocate(c, 4) == [("n1", 2), ("n2", 1), ("n3", 1)]
+    assert allocate(c, None) == [("n1", 2), ("n2", 1), ("n3", 3)]
+    with pytest.raises(PlanError, match=r"--np 7 is more than the 6 slots in /inv/hosts.yml \(n1=2, n2=1, n3=3\)"):
+        allocate(c, 7)
+    with pytest.raises(PlanError, match="--np 0"):
+        allocate(c, 0)
+
+
+def test_partition_parts_always_equal_the_world_size():
+    plan = build_plan(cluster(MIXED), run_id="r3", np=4, workload="gcn", dataset="cora", data_dir="/data/cora")
+    assert plan.partition is not None
+    p = list(plan.partition)
+    assert p[p.index("--num-parts") + 1] == "4"
+    prog = list(plan.program)
+    assert prog[prog.index("--num-parts") + 1] == "4"
+    assert prog[prog.index("--part-dir") + 1] == p[p.index("--out") + 1] == plan.partition_dir
+    assert prog[prog.index("--data-dir") + 1] == "/data/cora"
+    # A workload without a partition step gets none.
+    assert build_plan(cluster(MIXED), run_id="r4", workload="gcn-tp").partition is None
+
+
+def test_torchrun_one_agent_per_node_with_its_own_slot_count():
+    plan = build_plan(cluster(MIXED), run_id="r5", launcher="torchrun", workload="ddp", network=net(n1="eth0", n2="ens5", n3="eth1"))
+    cmds = {h.name: torchrun_argv(plan, h) for h in plan.hosts}
+    assert cmds["n2"][1:3] == ["--nnodes=3", "--nproc-per-node=1"]
+    assert cmds["n3"][2] == "--nproc-per-node=3"
+    for argv in cmds.values():
+        assert "--rdzv-backend=c10d" in argv
+        assert "--rdzv-endpoint=10.0.0.1:29500" in argv
+        assert "--rdzv-id=r5" in argv
+        assert "--max-restarts=0" in argv
+    from distrun.launchers.torchrun import torchrun_env
+    assert torchrun_env(plan, plan.hosts[1])["GLOO_SOCKET_IFNAME"] == "ens5"
+    assert torchrun_env(plan, plan.hosts[1])["NCCL_SOCKET_IFNAME"] == "ens5"
+
+
+def test_user_script_runs_from_the_run_dir_with_its_arguments():
+    plan = build_plan(cluster(MIXED), run_id="r6", script="/home/me/train.py", script_args=["--lr", "0.1"])
+    assert plan.program == ("/opt/distrun/venv/bin/python", "/srv/distrun/runs/r6/train.py", "--lr", "0.1")
+    assert plan.partition is None
+
+
+def test_bad_env_names_and_launchers_are_refused():
+    with pytest.raises(PlanError, match="--env 1BAD=...: not a valid"):
+        build_plan(cluster(MIXED), run_id="x", extra_env={"1BAD": "v"})
+    with pytest.raises(PlanError, match="--launcher 'pdsh'"):
+        build_plan(cluster(MIXED), run_id="x", launcher="pdsh")
+    with pytest.raises(PlanError, match="--workload 'bert'"):
+        build_plan(cluster(MIXED), run_id="x", workload="bert")
+
+
+def test_sbatch_script_uniform_and_uneven_slots():
+    even = {h: {**v, "slots": 2} for h, v in MIXED.items()}
+    script = sbatch_script(build_plan(cluster(even), run_id="r7", launcher="slurm", slurm={"partition": "gpu1", "time": "01:00:00"}))
+    assert "#SBATCH --nodes=3" in script
+    assert "#SBATCH --ntasks-per-node=2" in script
+    assert "#SBATCH --partition=gpu1" in script
+    assert "#SBATCH --time=01:00:00" in script
+    assert "--gres" not in script
+    assert "srun --kill-on-bad-exit=1" in script
+    uneven = sbatch_script(build_plan(cluster(MIXED), run_id="r8", launcher="slurm"))
+    assert "#SBATCH --ntasks=6" in uneven
