@@ -693,6 +693,10 @@ def cluster(n: int, **kwargs: Any) -> Iterator[Cluster]:
 
 # --------------------------------------------------------------------------- CLI
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="podcluster.py", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -714,7 +718,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     # SIGTERM ends like Ctrl-C so the same cleanup paths run.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still tear down.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if args.cmd == "image":
             ensure_podman()
