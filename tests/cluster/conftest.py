@@ -1,0 +1,55 @@
+"""A provisioned 3-node cluster: the harness's containers after `distrun setup --inventory test`."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RECAP = re.compile(r"PLAY RECAP (\S+): hosts=(\d+) changed=(\d+) failed=(\d+) unreachable=(\d+) rc=(-?\d+)")
+
+
+@dataclass
+class CliResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    def recap(self) -> dict[str, int]:
+        m = RECAP.search(self.stdout)
+        assert m, f"no PLAY RECAP line in:\n{self.stdout[-3000:]}\n{self.stderr[-2000:]}"
+        return {"hosts": int(m[2]), "changed": int(m[3]), "failed": int(m[4]), "unreachable": int(m[5]), "rc": int(m[6])}
+
+
+def distrun(*args: str, env_extra: dict | None = None, timeout: int = 1500) -> CliResult:
+    env = dict(os.environ)
+    env["COLUMNS"] = "200"
+    env.update(env_extra or {})
+    proc = subprocess.run([str(Path(sys.executable).parent / "distrun"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(scope="session")
+def distrun_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("distrun-home")
+    os.environ["DISTRUN_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def first_setup(cluster3, distrun_home) -> CliResult:
+    """The first converge of setup.yml on fresh containers, through the real CLI."""
+    return distrun("setup", "--inventory", "test")
+
+
+@pytest.fixture(scope="session")
+def provisioned(first_setup, cluster3):
+    assert first_setup.rc == 0, first_setup.stdout[-4000:] + first_setup.stderr[-2000:]
+    return cluster3

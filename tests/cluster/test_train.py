@@ -1,0 +1,111 @@
+"""`distrun train` on the provisioned 3-node cluster: the user's own script, every launcher."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+from tests.harness import podcluster
+
+from .conftest import distrun
+
+MPI_SCRIPT = textwrap.dedent("""
+    import os, socket, sys
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    total = comm.allreduce(comm.Get_rank() + 1)
+    print(f"SCRIPT rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} "
+          f"mpi_rank={comm.Get_rank()} host={socket.gethostname()} sum={total} args={sys.argv[1:]}", flush=True)
+    fail_rank = os.environ.get("FAIL_RANK")
+    if fail_rank is not None and int(fail_rank) == comm.Get_rank():
+        sys.exit(3)
+    if os.environ.get("SLEEP"):
+        import time
+        time.sleep(float(os.environ["SLEEP"]))
+""")
+
+TORCH_SCRIPT = textwrap.dedent("""
+    import os, socket
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"SCRIPT rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} local={os.environ['LOCAL_RANK']} "
+          f"host={socket.gethostname()} sum={int(t.item())} gloo_if={os.environ.get('GLOO_SOCKET_IFNAME')}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+LINE = re.compile(r"SCRIPT rank=(\d+) world=(\d+) \S+ host=(\S+) sum=(\d+)")
+
+
+def _latest_run(home: Path) -> Path:
+    runs = sorted((home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)
+    assert runs, "no train run recorded"
+    return runs[-1]
+
+
+def _rank_lines(run: Path) -> dict[int, tuple[int, str, int]]:
+    """Rank -> (world, host, sum) read from the collected per-rank logs."""
+    found: dict[int, tuple[int, str, int]] = {}
+    for f in (run / "nodes").rglob("*"):
+        if f.is_file() and f.name in ("stdout", "stdout.log"):
+            for m in LINE.finditer(f.read_text(errors="replace")):
+                found[int(m[1])] = (int(m[2]), m[3], int(m[4]))
+    return found
+
+
+def _job_processes(cluster: podcluster.Cluster, run_id: str) -> list[str]:
+    """Processes tagged with the run id still alive on any node."""
+    alive = []
+    for k in (1, 2, 3):
+        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | "
+                              f"grep -qxF 'DISTRUN_RUN_ID={run_id}' && echo $f; done; true", check=False)
+        alive += [f"node{k}:{line}" for line in out.stdout.split() if line.strip()]
+    return alive
+
+
+def test_user_script_runs_on_every_rank_with_the_right_rank_and_world_size(provisioned, distrun_home, tmp_path):
+    script = tmp_path / "allreduce.py"
+    script.write_text(MPI_SCRIPT)
+    result = distrun("train", "--inventory", "test", "--script", str(script), "--", "--lr", "0.1")
+    assert result.rc == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    run = _latest_run(distrun_home)
+    lines = _rank_lines(run)
+    assert sorted(lines) == [0, 1, 2], f"per-rank logs found: {lines}"
+    assert {w for w, _, _ in lines.values()} == {3}
+    assert {s for _, _, s in lines.values()} == {6}
+    assert {h for _, h, _ in lines.values()} == {"node1", "node2", "node3"}
+    assert "--lr" in result.stdout and "0.1" in result.stdout
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "succeeded" and meta["rc"] == 0
+    assert (run / "plan.json").is_file() and (run / "commands.txt").is_file()
+    assert not _job_processes(provisioned, run.name)
+
+
+def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, distrun_home, tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(MPI_SCRIPT)
+    result = distrun("train", "--inventory", "test", "--script", str(script), "--env", "FAIL_RANK=1", "--env", "SLEEP=120",
+                     timeout=300)
+    assert result.rc != 0
+    run = _latest_run(distrun_home)
+    assert json.loads((run / "meta.json").read_text())["status"] == "failed"
+    # Every rank's log is kept, the failed one included.
+    assert sorted(_rank_lines(run)) == [0, 1, 2]
+    assert not _job_processes(provisioned, run.name)
+
+
+def test_torchrun_launcher_gives_each_node_its_ranks(provisioned, distrun_home, tmp_path):
+    script = tmp_path / "torch_allreduce.py"
+    script.write_text(TORCH_SCRIPT)
+    result = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script))
+    assert result.rc == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    run = _latest_run(distrun_home)
+    lines = _rank_lines(run)
+    assert sorted(lines) == [0, 1, 2], lines
+    assert {s for _, _, s in lines.values()} == {6}
+    assert {h for _, h, _ in lines.values()} == {"node1", "node2", "node3"}
