@@ -93,6 +93,8 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        # A stopped node must fail fast (preflight names it within seconds), not hang on connect.
+        "ANSIBLE_TIMEOUT": os.environ.get("ANSIBLE_TIMEOUT", "10"),
     }
 
 

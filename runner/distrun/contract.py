@@ -12,6 +12,8 @@ WORKER_GROUP = "workers"
 DEFAULT_USER = "distrun"
 DEFAULT_SHARED_DIR = "/srv/distrun"
 DEFAULT_MPI_PROVIDER = "venv"
+DEFAULT_SHARED_FS_MODE = "sync"
+SHARED_FS_MODES = ("nfs", "sshfs", "sync")
 DEFAULT_ENV_PREFIX = {
     "venv": "/opt/distrun/venv",
     "conda": "/opt/miniforge3/envs/jittor",
