@@ -221,7 +221,11 @@ def load_cora(data_dir: Path | None = None, download: bool = True) -> Graph:
     val[y.shape[0] : y.shape[0] + 500] = True
     test = np.zeros(n, bool)
     test[test_idx] = True
-    digest = hashlib.sha256("".join(sorted(CORA_SHA256.values())).encode()).hexdigest()
+    # Row-normalise the bag-of-words features, as Kipf & Welling's preprocessing (and PyG's
+    # NormalizeFeatures) does: the published 81.5% is measured with it.
+    rowsum = feats.sum(1, keepdims=True)
+    feats = np.divide(feats, rowsum, out=np.zeros_like(feats), where=rowsum > 0)
+    digest = hashlib.sha256(("".join(sorted(CORA_SHA256.values())) + "|rownorm").encode()).hexdigest()
     return Graph("cora", digest, n, src, dst, feats, labels, train, val, test)
 
 
