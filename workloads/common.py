@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -25,6 +25,7 @@ import partition
 from datasets import DatasetError
 from graph import SparseRows, gcn_norm_local
 
+T = TypeVar("T")
 UserError = DatasetError  # one exception type for every mistake a user can fix
 
 
@@ -179,8 +180,13 @@ def run_main(prog: str, body: Callable[[], int]) -> None:
     try:
         code = body()
     except UserError as exc:
-        if not (isinstance(exc, CollectiveError) and env_rank() != 0):
+        quiet = isinstance(exc, CollectiveError) and env_rank() != 0
+        if not quiet:
             print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        if quiet and launcher_world_size() > 1:
+            # mpirun stops the whole job as soon as any rank exits non-zero; give rank 0 the
+            # moment it needs to print the message everyone agreed on.
+            time.sleep(3)
         if mpi_env_size() > 1:
             # Other ranks may be waiting in a collective: skip MPI_Finalize (which would wait
             # for them) and let mpirun see the non-zero status and stop the job.
@@ -197,6 +203,24 @@ def mpi_env_size() -> int:
         if os.environ.get(var):
             return int(os.environ[var])
     return 1
+
+
+def launcher_world_size() -> int:
+    return max(mpi_env_size(), int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def agree(fn: Callable[[], T], allgather: Callable[[object], list]) -> T:
+    """Run a step that may fail on some ranks only (a file missing on one node) and turn any
+    failure into the same CollectiveError on every rank, so exactly one line is printed."""
+    try:
+        value, err = fn(), None
+    except UserError as exc:
+        value, err = None, str(exc)
+    errors = allgather(err)
+    for r, e in enumerate(errors):
+        if e:
+            raise CollectiveError(e if r == 0 else f"rank {r}: {e}")
+    return value  # type: ignore[return-value]
 
 
 def env_rank() -> int:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 import common
-from common import CollectiveError, EpochStats, Reporter, UserError
+from common import CollectiveError, EpochStats, Reporter
 from graph import init_params
 
 PROG = "gcn_ddp.py"
@@ -82,16 +82,22 @@ def main() -> int:
     else:
         torch.cuda.set_device(device)
 
-    g = common.load_full_graph(args)
-    n = g.features.shape[0]
-    train_idx = np.flatnonzero(g.train_mask)
-    if train_idx.size == 0:
-        raise CollectiveError(f"dataset {g.name} has no training nodes")
-    mine = np.array_split(train_idx, world)[rank]
-
     if distributed:
         dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world)
     try:
+        def allgather(obj: object) -> list:
+            if not distributed:
+                return [obj]
+            out: list = [None] * world
+            dist.all_gather_object(out, obj)
+            return out
+
+        g = common.agree(lambda: common.load_full_graph(args), allgather)
+        n = g.features.shape[0]
+        train_idx = np.flatnonzero(g.train_mask)
+        if train_idx.size == 0:
+            raise CollectiveError(f"dataset {g.name} has no training nodes")
+        mine = np.array_split(train_idx, world)[rank]
         return train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, dist, F, DDP)
     finally:
         if distributed:

@@ -77,7 +77,7 @@ def main() -> int:
     rank, world = comm.Get_rank(), comm.Get_size()
     common.check_world(args, world)
     part_dir = args.part_dir or partition.default_out(args.dataset, world)
-    man, p = partition.load_part(part_dir, rank)
+    man, p = common.agree(lambda: partition.load_part(part_dir, rank), comm.allgather)
     if man["num_parts"] != world:
         raise CollectiveError(
             f"{part_dir} has {man['num_parts']} parts but MPI started {world} ranks; "

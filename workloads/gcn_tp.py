@@ -32,7 +32,7 @@ os.environ.setdefault("use_mkl", "0")
 import numpy as np
 
 import common
-from common import EpochStats, Reporter, UserError
+from common import EpochStats, Reporter
 from graph import SparseRows, init_params
 
 PROG = "gcn_tp.py"
@@ -54,7 +54,7 @@ def main() -> int:
     rank, world = comm.Get_rank(), comm.Get_size()
     common.check_world(args, world)
     cols = shard_columns(args.hidden, world)[rank]
-    g = common.load_full_graph(args)
+    g = common.agree(lambda: common.load_full_graph(args), comm.allgather)
     n = g.features.shape[0]
     num_train = int(g.train_mask.sum())
     if num_train == 0:

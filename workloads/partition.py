@@ -174,15 +174,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def write_partition(out: Path, graph: Graph, num_parts: int, params: dict) -> dict:
-    """Build and write the partition; returns the manifest. Safe against being killed midway."""
-    key = input_key(graph, num_parts)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Leftovers of killed runs: never read, removed once their writer is gone.
+def remove_stale_temps(out: Path) -> None:
+    """Temp folders of killed runs are never read; remove them once their writer is gone."""
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         pid = stale.name.rsplit("-", 1)[-1]
         if not (pid.isdigit() and _pid_alive(int(pid))):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def write_partition(out: Path, graph: Graph, num_parts: int, params: dict) -> dict:
+    """Build and write the partition; returns the manifest. Safe against being killed midway."""
+    key = input_key(graph, num_parts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     tmp.mkdir()
     try:
@@ -290,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             raise DatasetError(f"--num-parts {args.num_parts} exceeds the {graph.num_nodes} nodes of {graph.name}")
         key = input_key(graph, args.num_parts)
         if existing_is_valid(out, key):
+            remove_stale_temps(out)
             print(f"reusing existing partition in {out} (same dataset digest and --num-parts)", flush=True)
             return 0
         params = {"dataset": args.dataset, "num_parts": args.num_parts}
