@@ -52,7 +52,11 @@ LABEL = "distrun.cluster"
 INSTALL_HINT = "apt-get install podman runc mmdebstrap (or run tests/harness/install-host-deps)"
 
 # Bump when the build procedure changes in a way the other recipe inputs do not capture.
-RECIPE_VERSION = "1"
+RECIPE_VERSION = "2"
+# CAs the host trusts beyond Debian's bundle (a TLS-intercepting proxy on the way to PyPI, a
+# site CA). Nodes must trust them too, as a site's own base image would; their bytes are part
+# of the recipe digest.
+HOST_EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
 SUITE = "bookworm"
 PACKAGES: tuple[str, ...] = (
     "openssh-server", "openssh-client", "python3", "sudo", "iproute2", "rsync",
@@ -91,6 +95,12 @@ ln -sf ../ssh-hostkeys.service "$root/etc/systemd/system/ssh.service.wants/ssh-h
 # An empty machine-id makes systemd create a distinct one per container at boot.
 : > "$root/etc/machine-id"
 rm -f "$root/var/lib/dbus/machine-id"
+# The host's extra CAs ($2 holds copies of them), so pip and apt on the nodes trust what the host trusts.
+if [ -n "${2:-}" ] && ls "$2"/*.crt >/dev/null 2>&1; then
+    mkdir -p "$root/usr/local/share/ca-certificates/host"
+    cp "$2"/*.crt "$root/usr/local/share/ca-certificates/host/"
+    chroot "$root" update-ca-certificates >/dev/null
+fi
 # Units that only make sense on real hardware or a console; in a container they fail and
 # leave systemd "degraded", hiding failures of the units under test.
 for unit in getty@tty1.service console-getty.service systemd-remount-fs.service \
@@ -329,9 +339,18 @@ def debian_sources(etc_apt: Path = Path("/etc/apt")) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
-def recipe_digest(sources: Sequence[str]) -> str:
+def host_extra_cas(ca_dir: Path = HOST_EXTRA_CA_DIR) -> dict[str, bytes]:
+    """File name -> bytes of every extra CA certificate the host trusts."""
+    if not ca_dir.is_dir():
+        return {}
+    return {f"{i:02d}-{p.name}": p.read_bytes() for i, p in enumerate(sorted(ca_dir.rglob("*.crt")))}
+
+
+def recipe_digest(sources: Sequence[str], cas: dict[str, bytes] | None = None) -> str:
+    ca_digests = {name: hashlib.sha256(data).hexdigest() for name, data in (cas or {}).items()}
     recipe = json.dumps({"version": RECIPE_VERSION, "suite": SUITE, "sources": list(sources),
-                         "packages": list(PACKAGES), "customize": CUSTOMIZE_SCRIPT},
+                         "packages": list(PACKAGES), "customize": CUSTOMIZE_SCRIPT,
+                         "cas": ca_digests},
                         sort_keys=True)
     return hashlib.sha256(recipe.encode()).hexdigest()
 
@@ -340,14 +359,14 @@ def image_exists(ref: str) -> bool:
     return _podman("image", "exists", ref, check=False).returncode == 0
 
 
-def _run_mmdebstrap(sources: Sequence[str], tarball: Path, hook: Path) -> None:
+def _run_mmdebstrap(sources: Sequence[str], tarball: Path, hook: Path, ca_dir: Path) -> None:
     if shutil.which("mmdebstrap") is None:
         raise HarnessError(f"mmdebstrap is not installed: {INSTALL_HINT}")
     cmd = ["mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
            f"--include={','.join(PACKAGES)}",
            # Keep the package lists so roles can apt-get install from a fresh node at once.
            "--skip=cleanup/apt/lists",
-           f"--customize-hook=sh {shlex.quote(str(hook))} \"$1\"",
+           f"--customize-hook=sh {shlex.quote(str(hook))} \"$1\" {shlex.quote(str(ca_dir))}",
            SUITE, str(tarball), *sources]
     _run(cmd, timeout=1800, what="mmdebstrap (building the node rootfs)")
 
@@ -358,7 +377,8 @@ def build_image(force: bool = False, log: Log = _stderr) -> ImageResult:
     if shutil.which("podman") is None:
         raise HarnessError(f"podman is not installed: {INSTALL_HINT}")
     sources = debian_sources()
-    digest = recipe_digest(sources)
+    cas = host_extra_cas()
+    digest = recipe_digest(sources, cas)
     ref = f"{IMAGE_REPO}:{digest[:12]}"
     images = CACHE_DIR / "images"
     images.mkdir(parents=True, exist_ok=True)
@@ -373,9 +393,13 @@ def build_image(force: bool = False, log: Log = _stderr) -> ImageResult:
         with tempfile.TemporaryDirectory(dir=images) as tmp:
             hook = Path(tmp) / "customize.sh"
             hook.write_text(CUSTOMIZE_SCRIPT)
+            ca_dir = Path(tmp) / "cas"
+            ca_dir.mkdir()
+            for name, data in cas.items():
+                (ca_dir / name).write_bytes(data)
             tarball = Path(tmp) / "rootfs.tar"
             log(f"podcluster: building {ref} with mmdebstrap from {sources[0].split()[1]}")
-            _run_mmdebstrap(sources, tarball, hook)
+            _run_mmdebstrap(sources, tarball, hook, ca_dir)
             t1 = time.monotonic()
             _podman("import", "--change", 'CMD ["/sbin/init"]',
                     "--change", "STOPSIGNAL SIGRTMIN+3",
