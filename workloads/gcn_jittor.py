@@ -73,6 +73,9 @@ def main() -> int:
     import jittor as jt
     from mpi4py import MPI
 
+    # Dense matmuls run on the GPU when Jittor found CUDA (nvcc_path set by the user); the
+    # sparse propagation and the MPI exchanges run in numpy on the host either way.
+    jt.flags.use_cuda = 1 if jt.has_cuda else 0
     comm = MPI.COMM_WORLD
     rank, world = comm.Get_rank(), comm.Get_size()
     common.check_world(args, world)
