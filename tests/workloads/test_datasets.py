@@ -111,3 +111,43 @@ def test_synthetic_is_deterministic_sized_and_homophilous():
     # Features carry the class: class means are far apart relative to their spread.
     means = np.stack([a.features[a.labels == k].mean(0) for k in range(5)])
     assert np.linalg.norm(means[0] - means[1]) > 0.5
+
+
+class _FakeResponse:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self) -> bytes:
+        return self.data
+
+    def __enter__(self) -> "_FakeResponse":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_cora_download_is_verified_against_the_embedded_digests(tmp_path: Path, cora_raw: Path, monkeypatch):
+    # The upstream host is unreachable here: serve the same bytes from the shared copy, once
+    # intact and once with one file altered, through the loader's real download path.
+    served: list[str] = []
+
+    def fake_urlopen(url: str, timeout: float = 0) -> _FakeResponse:
+        name = url.rsplit("/", 1)[-1]
+        served.append(url)
+        data = (cora_raw / name).read_bytes()
+        if tamper and name == "ind.cora.tx":
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        return _FakeResponse(data)
+
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setenv("DISTRUN_DATA_DIR", str(tmp_path / "cache"))
+    tamper = True
+    with pytest.raises(datasets.DatasetError, match=r"ind\.cora\.tx has sha256 .* expected"):
+        datasets.load_cora()
+    assert not (tmp_path / "cache" / "cora" / "raw" / "ind.cora.tx").exists()
+    tamper = False
+    g = datasets.load_cora()
+    assert g.num_nodes == 2708
+    assert all(u.startswith("https://github.com/kimiyoung/planetoid/raw/master/data/ind.cora.") for u in served)
+    assert sorted(p.name for p in (tmp_path / "cache" / "cora" / "raw").iterdir()) == sorted(datasets.CORA_SHA256)
