@@ -8,6 +8,7 @@ the directory is readable by its owner only.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -87,15 +88,29 @@ def ansible_env() -> dict[str, str]:
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin"),
         "ANSIBLE_CONFIG": str(project / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(project / "roles"),
-        "ANSIBLE_CACHE_PLUGIN": "jsonfile",
-        "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(paths.fact_cache_dir()),
-        "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400",
+        # ansible-runner turns host key checking off unless told otherwise: nodes are trusted
+        # through known_hosts, never blindly.
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         # A stopped node must fail fast (preflight names it within seconds), not hang on connect.
         "ANSIBLE_TIMEOUT": os.environ.get("ANSIBLE_TIMEOUT", "10"),
     }
+
+
+def _keep_facts(run_cache: Path) -> None:
+    """ansible-runner caches facts per run; keep the newest per host for plans and dry runs."""
+    if not run_cache.is_dir():
+        return
+    keep = paths.fact_cache_dir()
+    for f in run_cache.iterdir():
+        if f.is_file():
+            target = keep / f.name
+            tmp = keep / f".{f.name}.tmp"
+            shutil.copyfile(f, tmp)
+            tmp.chmod(0o600)
+            os.replace(tmp, target)
 
 
 def run_playbook(
@@ -183,6 +198,7 @@ def run_playbook(
         suppress_env_files=True,
     )
     artifact_dir = Path(runner.config.artifact_dir)
+    _keep_facts(artifact_dir / "fact_cache")
     return PlaybookResult(
         playbook=playbook,
         rc=int(runner.rc if runner.rc is not None else 1),

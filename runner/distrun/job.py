@@ -6,13 +6,13 @@ turn it into commands (pure), and the playbooks execute exactly those commands.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,13 +25,12 @@ from .launchers import mpirun_argv, sbatch_script, torchrun_argv
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .plan import JobPlan, build_plan, render_hostfile, render_rank_wrapper
-from .remote import shell_argv
+from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
 from .ui import PlaybookProgress, console, err_console, print_summary
 
 EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
 RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
-EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
 
 # Known error texts of failed runs and what fixes them (shown in the run's summary).
 DIAGNOSES: tuple[tuple[str, str], ...] = (
@@ -180,6 +179,29 @@ def _playbook(title: str, playbook: str, request_inv: Path, run: Run, hosts: lis
     return result
 
 
+def workloads_archive(run: Run) -> tuple[str, str]:
+    """Pack the reference workloads once per run: one transfer instead of one per file.
+
+    The digest of their contents names a marker on the nodes, so unchanged workloads are not
+    sent again.
+    """
+    src = paths.project_dir() / "workloads"
+    files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
+    archive = run.dir / "workloads.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for f in files:
+            info = tar.gettarinfo(str(f), arcname=str(f.relative_to(src)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mode = 0o644
+            with f.open("rb") as fh:
+                tar.addfile(info, fh)
+    return str(archive), digest.hexdigest()[:16]
+
+
 def _common_vars(plan: JobPlan) -> dict:
     return {
         "distrun_run_id": plan.run_id,
@@ -216,7 +238,9 @@ def run_job(request: JobRequest) -> int:
     run.write("commands.txt", "\n".join(commands))
     rank_hosts = [h.name for h in plan.hosts]
     limit = ",".join(dict.fromkeys([cluster.head.name, *rank_hosts]))
+    archive, digest = workloads_archive(run)
     base_vars = {**_common_vars(plan), "distrun_run_files": files, "distrun_launch_scripts": scripts,
+                 "distrun_workloads_archive": archive, "distrun_workloads_digest": digest,
                  "distrun_user_script": str(request.script.resolve()) if request.script else ""}
 
     result = _playbook("stage the run", "playbooks/stage.yml", request.inventory, run, limit.split(","),
@@ -236,7 +260,11 @@ def run_job(request: JobRequest) -> int:
         if not result.ok:
             rc = 5
         else:
-            rc = _follow(cluster, plan, run, lines)
+            outcome = _follow(cluster, plan, run, scripts, lines)
+            rc = outcome.rc
+            if outcome.host and outcome.rc != 0:
+                err_console.print(f"[red]{outcome.reason}: stopping every rank on every node[/red]")
+                lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
     except KeyboardInterrupt:
         interrupted = True
         err_console.print("[yellow]interrupted: stopping every rank on every node[/yellow]")
@@ -254,42 +282,18 @@ def run_job(request: JobRequest) -> int:
     return 0 if rc == 0 else 1
 
 
-def _follow(cluster: Cluster, plan: JobPlan, run: Run, lines: list[str]) -> int:
-    """Stream the head's launcher log until the launcher exits; return its exit code."""
-    d = shlex.quote(plan.run_dir)
-    h = plan.head.name
-    command = (
-        f"cd {d} && for i in $(seq 600); do [ -s launcher-{h}.pid ] && break; sleep 0.1; done; "
-        f"tail -n +1 -F -s 0.5 --pid=$(cat launcher-{h}.pid) launcher-{h}.log 2>/dev/null; "
-        f"for i in $(seq 50); do [ -e exitcode-{h} ] && break; sleep 0.1; done; "
-        f'echo; echo "DISTRUN_EXIT $(cat exitcode-{h} 2>/dev/null || echo 255)"'
-    )
-    argv = shell_argv(cluster.head, command)
-    log = (run.dir / "launcher.log").open("w")
-    rc = 255
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            start_new_session=True)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            text = line.rstrip("\n")
-            m = EXIT_RE.match(text.strip())
-            if m:
-                rc = int(m.group(1))
-                continue
-            log.write(line)
+def _follow(cluster: Cluster, plan: JobPlan, run: Run, scripts: dict[str, str], lines: list[str]) -> Outcome:
+    with (run.dir / "launcher.log").open("w") as log:
+
+        def on_line(text: str) -> None:
+            log.write(text + "\n")
             log.flush()
             lines.append(text)
-            if len(lines) > 2000:
-                del lines[:1000]
+            if len(lines) > 4000:
+                del lines[:2000]
             _show_line(text, plan)
-        proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGTERM)
-        raise
-    finally:
-        log.close()
-    return rc
+
+        return follow(cluster, plan, list(scripts), on_line)
 
 
 def _show_line(text: str, plan: JobPlan) -> None:
@@ -366,13 +370,23 @@ def _summarise(run: Run, plan: JobPlan, rc: int, elapsed: float, lines: list[str
 
 
 def _first_failed_rank(lines: list[str]) -> str:
-    for text in lines:
-        m = re.search(r"Process name: \[\[\d+,\d+\],(\d+)\]", text) or re.search(r"rank (\d+) .*exited on signal", text)
+    """The first failing rank and its host, from what the launchers and the wrapper printed."""
+    text = "\n".join(lines)
+    hosts = {int(m[1]): m[2] for m in re.finditer(r"DISTRUN_RANK rank=(\d+) \S+ \S+ host=(\S+)", text)}
+    patterns = (
+        r"MPI_ABORT was invoked on rank (\d+)",
+        r"Process name: \[\[\d+,\d+\],(\d+)\]",
+        r"rank\s*:\s*(\d+) \(local_rank",  # torchrun's "Root Cause" block
+    )
+    for pattern in patterns:
+        m = re.search(pattern, text)
         if m:
-            rank = m.group(1)
-            host = next((re.search(r"Exit code|on node (\S+)", t) for t in lines if "on node" in t), None)
-            where = f" on {host.group(1)}" if host and host.group(1) else ""
-            return f"; first failing rank {rank}{where}"
+            rank = int(m.group(1))
+            host = hosts.get(rank)
+            return f"; first failing rank {rank}" + (f" on {host}" if host else "")
+    m = re.search(r"DISTRUN_FAILED_HOST (\S+) (.*)", text)
+    if m:
+        return f"; {m.group(2)}"
     return ""
 
 
@@ -381,8 +395,10 @@ def run_partition_only(request: JobRequest) -> int:
     run = new_run("partition", request.inventory)
     plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id)
     assert plan.partition is not None
+    archive, digest = workloads_archive(run)
     result = _playbook("partition", "playbooks/stage.yml", request.inventory, run, [cluster.head.name],
                        {**_common_vars(plan), "distrun_run_files": {}, "distrun_launch_scripts": {},
+                        "distrun_workloads_archive": archive, "distrun_workloads_digest": digest,
                         "distrun_user_script": "", "distrun_partition_argv": list(plan.partition),
                         "distrun_partition_dir": plan.partition_dir or ""},
                        limit=cluster.head.name)

@@ -171,6 +171,11 @@ def build_plan(
         program = (python, f"{workloads_dir}/{wl.program}", *program_args, *script_args)
         workload_name = wl.name
 
+    if launcher in ("mpirun", "slurm"):
+        # Under MPI, run Python through mpi4py's runner: a rank that raises or exits non-zero
+        # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
+        # at exit and Open MPI waits for every other rank before it reports the failure.
+        program = (program[0], "-m", "mpi4py", *program[1:])
     env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
     if extra_env:
         for key in extra_env:

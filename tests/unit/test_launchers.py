@@ -71,8 +71,9 @@ def test_mpirun_root_gpu_conda():
     assert argv[argv.index("opal_cuda_support") + 1] == "1"
     # No facts about interfaces were given: no include list is invented.
     assert "btl_tcp_if_include" not in argv
-    assert plan.program[0] == "/opt/miniforge3/envs/jittor/bin/python"
-    assert plan.program[1].endswith("/workloads/gcn_ddp.py")
+    # Python ranks run under mpi4py's runner so a failing rank aborts the whole job at once.
+    assert plan.program[:3] == ("/opt/miniforge3/envs/jittor/bin/python", "-m", "mpi4py")
+    assert plan.program[3].endswith("/workloads/gcn_ddp.py")
 
 
 def test_np_fills_hosts_in_order_and_refuses_more_than_slots():
@@ -115,8 +116,11 @@ def test_torchrun_one_agent_per_node_with_its_own_slot_count():
 
 def test_user_script_runs_from_the_run_dir_with_its_arguments():
     plan = build_plan(cluster(MIXED), run_id="r6", script="/home/me/train.py", script_args=["--lr", "0.1"])
-    assert plan.program == ("/opt/distrun/venv/bin/python", "/srv/distrun/runs/r6/train.py", "--lr", "0.1")
+    assert plan.program == ("/opt/distrun/venv/bin/python", "-m", "mpi4py", "/srv/distrun/runs/r6/train.py", "--lr", "0.1")
     assert plan.partition is None
+    # torchrun starts plain Python: there is no MPI job to abort.
+    plan = build_plan(cluster(MIXED), run_id="r6", launcher="torchrun", script="/home/me/train.py")
+    assert plan.program == ("/opt/distrun/venv/bin/python", "/srv/distrun/runs/r6/train.py")
 
 
 def test_bad_env_names_and_launchers_are_refused():
