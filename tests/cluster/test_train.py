@@ -89,9 +89,11 @@ def test_user_script_runs_on_every_rank_with_the_right_rank_and_world_size(provi
 def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, distrun_home, tmp_path):
     script = tmp_path / "fails.py"
     script.write_text(MPI_SCRIPT)
-    result = distrun("train", "--inventory", "test", "--script", str(script), "--env", "FAIL_RANK=1", "--env", "SLEEP=120",
+    # The other ranks would sleep 10 minutes: the run ends only if they are stopped.
+    result = distrun("train", "--inventory", "test", "--script", str(script), "--env", "FAIL_RANK=1", "--env", "SLEEP=600",
                      timeout=300)
-    assert result.rc != 0
+    assert result.rc == 1
+    assert "first failing rank 1 on node2" in result.stdout.replace("\n", " "), result.stdout[-3000:]
     run = _latest_run(distrun_home)
     assert json.loads((run / "meta.json").read_text())["status"] == "failed"
     # Every rank's log is kept, the failed one included.

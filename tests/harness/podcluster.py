@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -597,6 +598,20 @@ def _remove_leftovers(name: str) -> None:
         _podman("network", "rm", "-f", f"{name}-net")
 
 
+def _node_mac(ip: ipaddress.IPv4Address) -> str:
+    """A locally administered MAC derived from the node's address."""
+    return "0a:58:" + ":".join(f"{b:02x}" for b in ip.packed)
+
+
+def _network_subnet(network: str) -> ipaddress.IPv4Network:
+    out = _podman("network", "inspect", network, "--format", "{{range .Subnets}}{{.Subnet}} {{end}}").stdout
+    for item in out.split():
+        net = ipaddress.ip_network(item, strict=False)
+        if isinstance(net, ipaddress.IPv4Network):
+            return net
+    raise HarnessError(f"podman network {network} has no IPv4 subnet ({out.strip() or 'none'})")
+
+
 def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
        inventory: Path | str | None = None, image: str | None = None,
        wait_s: float = 120, log: Log = _stderr) -> Cluster:
@@ -623,6 +638,7 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
               "-f", str(cluster.key)])
         pubkey = cluster.key.with_suffix(".pub").read_text()
         _podman("network", "create", "--label", f"{LABEL}={name}", cluster.network)
+        subnet = _network_subnet(cluster.network)
         for k in range(1, n + 1):
             node = Node(index=k, name=f"node{k}", container=f"{name}-node{k}", ip="")
             args = ["run", "-d", "--name", node.container, "--hostname", node.name,
@@ -632,7 +648,12 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
                     "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
                     # Debian's ping carries file capability cap_net_raw; without it in the
                     # bounding set exec fails with EPERM, unlike on a real host.
-                    "--cap-add", "NET_RAW"]
+                    "--cap-add", "NET_RAW",
+                    # A fixed address per node: a node stopped and started again (failure
+                    # tests) comes back where every other node's /etc/hosts expects it.
+                    # ... and with its old MAC, or the others' ARP caches point at a dead veth.
+                    "--ip", str(subnet.network_address + 10 + k),
+                    "--mac-address", _node_mac(subnet.network_address + 10 + k)]
             if wheel_dir is not None:
                 args += ["-v", f"{wheel_dir}:/opt/wheelhouse:ro"]
             _podman(*args, ref)

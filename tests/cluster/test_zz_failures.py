@@ -1,0 +1,97 @@
+"""Failure handling on the 3-node cluster: a stopped node, a node lost mid-run (issue 6).
+
+The file name makes pytest run it after the other cluster tests: a restarted container may come
+back with another address, which the nodes' /etc/hosts would not know until the next setup.
+Each test still brings its node back.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from .conftest import distrun
+from .test_train import _latest_run
+
+LONG_SCRIPT = """
+import os, socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"SCRIPT rank={os.environ['RANK']} host={socket.gethostname()}", flush=True)
+for _ in range(600):
+    comm.Barrier()
+    time.sleep(1)
+"""
+
+
+def _restore(cluster, k: int) -> None:
+    cluster.start_node(k)  # waits for its sshd
+
+
+def test_check_names_a_stopped_node_fast_and_train_refuses_to_start(provisioned, distrun_home, tmp_path):
+    provisioned.stop_node(2)
+    try:
+        started = time.monotonic()
+        check = distrun("check", "--inventory", "test", "--json", timeout=120)
+        elapsed = time.monotonic() - started
+        assert check.rc != 0
+        report = json.loads(check.stdout)
+        assert report["hosts"]["node2"]["state"] in ("unreachable", "not reached"), report
+        assert report["hosts"]["node1"]["state"] == "ok"
+        assert elapsed < 15, f"distrun check took {elapsed:.1f}s to notice a stopped node"
+
+        script = tmp_path / "noop.py"
+        script.write_text("print('should not run')\n")
+        train = distrun("train", "--inventory", "test", "--script", str(script), timeout=120)
+        assert train.rc == 3
+        assert "preflight failed on node2" in train.stderr.replace("\n", " ")
+        assert "nothing was started" in train.stderr.replace("\n", " ")
+    finally:
+        _restore(provisioned, 2)
+
+
+def test_losing_a_node_mid_run_stops_everything_within_30s(provisioned, distrun_home, tmp_path):
+    script = tmp_path / "long.py"
+    script.write_text(LONG_SCRIPT)
+    box: dict = {}
+
+    def run() -> None:
+        box["result"] = distrun("train", "--inventory", "test", "--script", str(script), timeout=600)
+        box["ended"] = time.monotonic()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        # Wait until every rank is running, then pull the plug on node3.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            runs = sorted((distrun_home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)
+            log = runs[-1] / "launcher.log" if runs else None
+            if log and log.is_file() and "SCRIPT rank=2" in log.read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the job never started on every rank")
+        killed = time.monotonic()
+        provisioned.kill_node(3)
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "distrun did not return after a node was lost"
+        result = box["result"]
+        assert result.rc != 0
+        assert box["ended"] - killed < 30, f"distrun took {box['ended'] - killed:.1f}s to end the run"
+        assert "node3" in result.stdout
+        run = _latest_run(distrun_home)
+        assert not _job_processes_on(provisioned, run.name, (1, 2))
+    finally:
+        worker.join(timeout=300)
+        _restore(provisioned, 3)
+
+
+def _job_processes_on(cluster, run_id: str, nodes: tuple[int, ...]) -> list[str]:
+    alive = []
+    for k in nodes:
+        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do grep -qzxF 'DISTRUN_RUN_ID={run_id}' $f 2>/dev/null "
+                              f"&& echo $f; done; true", check=False)
+        alive += [f"node{k}:{line}" for line in out.stdout.split()]
+    return alive
