@@ -24,7 +24,7 @@ from .inventory import Cluster, load_cluster, load_facts
 from .launchers import mpirun_argv, sbatch_script, torchrun_argv
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
-from .plan import JobPlan, build_plan, render_hostfile, render_rank_wrapper
+from .plan import WORKLOADS, JobPlan, build_plan, render_hostfile, render_rank_wrapper
 from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
 from .ui import PlaybookProgress, console, err_console, print_summary
@@ -179,6 +179,10 @@ def _playbook(title: str, playbook: str, request_inv: Path, run: Run, hosts: lis
     return result
 
 
+def _needs_jittor(plan: JobPlan) -> bool:
+    return plan.workload is not None and WORKLOADS[plan.workload].framework == "jittor"
+
+
 def workloads_archive(run: Run) -> tuple[str, str]:
     """Pack the reference workloads once per run: one transfer instead of one per file.
 
@@ -241,7 +245,8 @@ def run_job(request: JobRequest) -> int:
     archive, digest = workloads_archive(run)
     base_vars = {**_common_vars(plan), "distrun_run_files": files, "distrun_launch_scripts": scripts,
                  "distrun_workloads_archive": archive, "distrun_workloads_digest": digest,
-                 "distrun_user_script": str(request.script.resolve()) if request.script else ""}
+                 "distrun_user_script": str(request.script.resolve()) if request.script else "",
+                 "distrun_jittor_warm": _needs_jittor(plan)}
 
     result = _playbook("stage the run", "playbooks/stage.yml", request.inventory, run, limit.split(","),
                        {**base_vars, "distrun_partition_argv": list(plan.partition or []),
