@@ -1,0 +1,70 @@
+"""Helpers shared by the benchmark scripts: timing, subprocess, machine description.
+
+Benchmarks print numbers and write JSON; they assert nothing (they are not tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+DISTRUN = str(VENV_BIN / "distrun")
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run(cmd: list[str], *, env: dict | None = None, timeout: float = 1800, cwd: Path = REPO,
+        input: str | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run cmd and return (result, wall seconds)."""
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                          input=input, check=False)
+    return proc, time.monotonic() - t0
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def machine() -> dict:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = float("nan")
+    os_name = "unknown"
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                os_name = line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "os": os_name,
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "mem_gib": round(mem_gib, 1),
+        "python": platform.python_version(),
+        "load_1min_at_start": round(load, 2),
+    }
+
+
+def child_maxrss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Cluster benchmarks on a 3-node podman cluster: setup.yml converge/re-run and launch overhead.
+
+    .venv/bin/python bench/cluster.py [--quick] [--json OUT]
+
+Starts its own cluster ``distrun-bench`` (inventory: a temporary copy of inventory/test/group_vars
+plus the generated hosts.yml), always tears it down (try/finally). Every ansible run gets a fresh
+ControlPath directory, so no run profits from ssh masters a previous run left open.
+
+Measured:
+  setup     first converge, then re-runs: default ansible.cfg (pipelining on, ControlPersist 60s,
+            forks 20), pipelining off, ControlPersist off, forks=1, smart gathering with a
+            persistent fact cache, and (full run) the mitogen strategy when it installs.
+  launch    `distrun train --script sleep10.py` (an mpi4py program: barrier, sleep 10 s, barrier)
+            vs the same program by hand: ssh root@head, su - distrun, /usr/bin/mpirun -np 3
+            --hostfile <run dir>/hostfile /opt/distrun/venv/bin/python <run dir>/sleep10.py.
+            Phases of distrun's run come from ansible-runner's job events (artifacts).
+This is a benchmark, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DISTRUN, REPO, median, run, say, write_json  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+from tests.harness import podcluster  # noqa: E402
+
+NAME = "distrun-bench"
+RECAP = re.compile(r"PLAY RECAP (\S+): hosts=(\d+) changed=(\d+) failed=(\d+) unreachable=(\d+) rc=(-?\d+)")
+RUN_ID = re.compile(r"run (\S+): record in (\S+)")
+
+SLEEP_PROGRAM = '''\
+"""mpi4py: every rank meets, sleeps 10 s, meets again (the launch-overhead probe)."""
+import socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+t0 = time.time()
+time.sleep(10)
+comm.Barrier()
+print(f"rank {comm.Get_rank()}/{comm.Get_size()} on {socket.gethostname()} slept {time.time() - t0:.2f}s", flush=True)
+'''
+
+
+class Bench:
+    def __init__(self, tmp: Path, quick: bool) -> None:
+        self.tmp = tmp
+        self.quick = quick
+        self.inv_dir = tmp / "inv"
+        self.hosts = self.inv_dir / "hosts.yml"
+        self.home = tmp / "home"
+        self.home.mkdir(mode=0o700)
+        self.n_cp = 0
+
+    def env(self, extra: dict | None = None) -> dict:
+        self.n_cp += 1
+        cp = self.tmp / f"cp{self.n_cp}"
+        cp.mkdir()
+        env = dict(os.environ)
+        env.update({"COLUMNS": "200", "DISTRUN_HOME": str(self.home),
+                    "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)})
+        env.update(extra or {})
+        return env
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, label: str, extra: dict | None = None) -> dict:
+        proc, wall = run([DISTRUN, "setup", "--inventory", str(self.hosts)], env=self.env(extra), timeout=1800)
+        m = RECAP.search(proc.stdout)
+        row = {"label": label, "env": extra or {}, "wall_s": round(wall, 1), "rc": proc.returncode,
+               "changed": int(m[3]) if m else None, "failed": int(m[4]) if m else None,
+               "unreachable": int(m[5]) if m else None}
+        if proc.returncode != 0:
+            row["error"] = (proc.stdout[-1500:] + proc.stderr[-1500:]).strip()
+        say(f"setup {label:<38} {wall:7.1f} s  changed={row['changed']} rc={proc.returncode}")
+        return row
+
+    def setup_suite(self) -> dict:
+        rows = [self.setup("first converge")]
+        first = rows[0]
+        if first["rc"] != 0:
+            say(first.get("error", ""))
+            return {"rows": rows}
+        rows.append(self.setup("re-run: default (ansible.cfg)"))
+        if not self.quick:
+            rows.append(self.setup("re-run: default, again"))
+        rows.append(self.setup("re-run: pipelining off", {"ANSIBLE_PIPELINING": "False"}))
+        rows.append(self.setup("re-run: ControlPersist off",
+                               {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=15"}))
+        if not self.quick:
+            rows.append(self.setup("re-run: forks=1", {"ANSIBLE_FORKS": "1"}))
+            cache = self.tmp / "factcache"
+            fc = {"ANSIBLE_GATHERING": "smart", "ANSIBLE_CACHE_PLUGIN": "jsonfile",
+                  "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache), "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400"}
+            rows.append(self.setup("re-run: smart gathering, cache filling", fc))
+            rows.append(self.setup("re-run: smart gathering, cache warm", fc))
+            rows[-1]["note"] = f"fact files in cache: {len(list(cache.glob('*'))) if cache.is_dir() else 0}"
+            rows.append(self.mitogen())
+        reruns = [r for r in rows[1:] if r["label"].startswith("re-run: default")]
+        base = median([r["wall_s"] for r in reruns])
+        return {"rows": rows, "first_s": first["wall_s"], "rerun_default_s": base,
+                "rerun_share": round(base / first["wall_s"], 3) if first["wall_s"] else None,
+                "rerun_changed": [r["changed"] for r in reruns]}
+
+    def mitogen(self) -> dict:
+        target = self.tmp / "mitogen"
+        proc, _ = run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), "mitogen"], timeout=300)
+        if proc.returncode != 0:
+            return {"label": "re-run: mitogen strategy", "rc": proc.returncode, "wall_s": None, "changed": None,
+                    "error": "pip install mitogen failed: " + proc.stderr.strip()[-300:]}
+        version = next((p.name.split("-")[1] for p in target.glob("mitogen-*.dist-info")), "?")
+        row = self.setup(f"re-run: mitogen {version} (mitogen_linear)", {
+            "PYTHONPATH": str(target),
+            "ANSIBLE_STRATEGY_PLUGINS": str(target / "ansible_mitogen" / "plugins" / "strategy"),
+            "ANSIBLE_STRATEGY": "mitogen_linear"})
+        if row["rc"] != 0:
+            err = row.get("error", "")
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            row["error"] = " / ".join(lines[-3:])[-400:]
+        return row
+
+    # ------------------------------------------------------------------ launch
+    def phases(self, run_dir: Path, t_start: float, t_end: float) -> dict:
+        """Seconds per playbook (first to last job event) and the rest, from the run's artifacts."""
+        spans = []
+        for art in (run_dir / "ansible" / "artifacts").glob("*"):
+            times = []
+            for ev in (art / "job_events").glob("*.json"):
+                try:
+                    created = json.loads(ev.read_text()).get("created")
+                except (OSError, ValueError):
+                    continue
+                if created:
+                    times.append(dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
+                                 .replace(tzinfo=dt.timezone.utc).timestamp())
+            cmd = (art / "command").read_text() if (art / "command").exists() else ""
+            m = re.search(r"playbooks/(\w+)\.yml", cmd)
+            if times and m:
+                spans.append((min(times), max(times), m.group(1)))
+        spans.sort()
+        out: dict[str, float] = {}
+        prev = t_start
+        for i, (a, b, name) in enumerate(spans):
+            gap_name = "cli start" if i == 0 else f"between {spans[i - 1][2]} and {name}"
+            if spans and i > 0 and spans[i - 1][2] == "launch" and name in ("collect", "stop"):
+                gap_name = "follow (ranks run, launcher exits)"
+            out[gap_name] = round(a - prev, 2)
+            out[name] = round(b - a, 2)
+            prev = b
+        out["cli exit"] = round(t_end - prev, 2)
+        return out
+
+    def distrun_train(self, script: Path, extra_args: tuple[str, ...] = ()) -> dict:
+        t0 = time.time()
+        proc, wall = run([DISTRUN, "train", "--inventory", str(self.hosts), "--script", str(script), *extra_args],
+                         env=self.env(), timeout=600)
+        t1 = time.time()
+        m = RUN_ID.search(proc.stdout)
+        row = {"wall_s": round(wall, 2), "rc": proc.returncode, "run_id": m[1] if m else None}
+        if m:
+            run_dir = Path(m[2])
+            row["phases"] = self.phases(run_dir, t0, t1)
+            plan = json.loads((run_dir / "plan.json").read_text())
+            row["remote_run_dir"] = plan.get("run_dir")
+        if proc.returncode != 0:
+            row["error"] = (proc.stdout[-1500:] + proc.stderr[-800:]).strip()
+        say(f"distrun train --script {script.name} {' '.join(extra_args):<17} {wall:6.2f} s rc={proc.returncode}")
+        return row
+
+    def by_hand(self, cluster: podcluster.Cluster, remote_dir: str) -> dict:
+        inner = (f"cd {shlex.quote(remote_dir)} && t0=$(date +%s.%N) && /usr/bin/mpirun -np 3 --hostfile "
+                 f"{shlex.quote(remote_dir)}/hostfile /opt/distrun/venv/bin/python {shlex.quote(remote_dir)}/sleep10.py"
+                 f" && t1=$(date +%s.%N) && echo MPIRUN_S $(echo \"$t1 - $t0\" | python3 -c 'print(round(eval(input()),2))')")
+        cmd = f"su - distrun -c {shlex.quote(inner)}"
+        t0 = time.monotonic()
+        proc = cluster.ssh(1, cmd, check=False, timeout=300)
+        wall = time.monotonic() - t0
+        m = re.search(r"MPIRUN_S (\S+)", proc.stdout)
+        row = {"wall_s": round(wall, 2), "rc": proc.returncode, "mpirun_s": float(m[1]) if m else None}
+        if proc.returncode != 0:
+            row["error"] = (proc.stdout[-800:] + proc.stderr[-800:]).strip()
+        say(f"by hand: ssh + su + mpirun -np 3 sleep10.py   {wall:6.2f} s (mpirun alone {row['mpirun_s']} s) rc={proc.returncode}")
+        return row
+
+    def launch_suite(self, cluster: podcluster.Cluster) -> dict:
+        script = self.tmp / "sleep10.py"
+        script.write_text(SLEEP_PROGRAM)
+        t0 = time.monotonic()
+        ssh_probe = cluster.ssh(1, "true", check=False)
+        ssh_s = time.monotonic() - t0
+        cold = self.distrun_train(script)
+        if cold["rc"] != 0 or not cold.get("remote_run_dir"):
+            say(cold.get("error", ""))
+            return {"cold": cold}
+        reps = 1 if self.quick else 3
+        warm, hand = [], []
+        for _ in range(reps):
+            hand.append(self.by_hand(cluster, cold["remote_run_dir"]))
+            warm.append(self.distrun_train(script))
+        skip = self.distrun_train(script, ("--skip-preflight",))
+        ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
+        ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]
+        return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm,
+                "hand": hand, "skip_preflight": skip, "distrun_median_s": median(ok_w),
+                "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="distrun-bench-"))
+    tmp.chmod(0o700)
+    result: dict = {"quick": args.quick}
+    bench = Bench(tmp, args.quick)
+    shutil.copytree(REPO / "inventory" / "test" / "group_vars", bench.inv_dir / "group_vars")
+    t0 = time.monotonic()
+    cluster = None
+    try:
+        cluster = podcluster.up(3, name=NAME, wheelhouse=Path("/opt/wheels"), inventory=bench.hosts)
+        result["cluster_up_s"] = round(time.monotonic() - t0, 1)
+        say(f"cluster {NAME}: 3 nodes up in {result['cluster_up_s']} s")
+        result["setup"] = bench.setup_suite()
+        if result["setup"]["rows"][0]["rc"] == 0:
+            result["launch"] = bench.launch_suite(cluster)
+    finally:
+        if cluster is not None:
+            cluster.down()
+        else:
+            podcluster.down(NAME)
+        say(f"cluster {NAME} removed")
+        if args.json:
+            write_json(args.json, result)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
