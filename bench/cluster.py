@@ -9,8 +9,8 @@ ControlPath directory, so no run profits from ssh masters a previous run left op
 
 Measured:
   setup     first converge, then re-runs: default ansible.cfg (pipelining on, ControlPersist 60s,
-            forks 20), pipelining off, ControlPersist off, forks=1, smart gathering with a
-            persistent fact cache, and (full run) the mitogen strategy when it installs.
+            forks 20), and in the full run: pipelining off, ControlPersist off, forks=1, smart
+            gathering (facts once per run), the mitogen strategy when it installs.
   launch    `distrun train --script sleep10.py` (an mpi4py program: barrier, sleep 10 s, barrier)
             vs the same program by hand: ssh root@head, su - distrun, /usr/bin/mpirun -np 3
             --hostfile <run dir>/hostfile /opt/distrun/venv/bin/python <run dir>/sleep10.py.
@@ -27,6 +27,8 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +54,21 @@ t0 = time.time()
 time.sleep(10)
 comm.Barrier()
 print(f"rank {comm.Get_rank()}/{comm.Get_size()} on {socket.gethostname()} slept {time.time() - t0:.2f}s", flush=True)
+'''
+
+
+TORCH_PROGRAM = '''\
+"""torch.distributed (gloo): every rank meets, sleeps 10 s, meets again (torchrun probe)."""
+import socket, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+t0 = time.time()
+time.sleep(10)
+dist.barrier()
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} on {socket.gethostname()} slept {time.time() - t0:.2f}s", flush=True)
+dist.barrier()
+dist.destroy_process_group()
 '''
 
 
@@ -88,26 +105,31 @@ class Bench:
         return row
 
     def setup_suite(self) -> dict:
+        """First converge and the default re-run(s); the variants come later (setup_variants)."""
         rows = [self.setup("first converge")]
         first = rows[0]
         if first["rc"] != 0:
             say(first.get("error", ""))
             return {"rows": rows}
         rows.append(self.setup("re-run: default (ansible.cfg)"))
-        if not self.quick:
-            rows.append(self.setup("re-run: default, again"))
+        return self.summarise(rows)
+
+    def setup_variants(self, suite: dict) -> dict:
+        rows = suite["rows"]
+        rows.append(self.setup("re-run: default, again"))
         rows.append(self.setup("re-run: pipelining off", {"ANSIBLE_PIPELINING": "False"}))
         rows.append(self.setup("re-run: ControlPersist off",
                                {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=15"}))
-        if not self.quick:
-            rows.append(self.setup("re-run: forks=1", {"ANSIBLE_FORKS": "1"}))
-            cache = self.tmp / "factcache"
-            fc = {"ANSIBLE_GATHERING": "smart", "ANSIBLE_CACHE_PLUGIN": "jsonfile",
-                  "ANSIBLE_CACHE_PLUGIN_CONNECTION": str(cache), "ANSIBLE_CACHE_PLUGIN_TIMEOUT": "86400"}
-            rows.append(self.setup("re-run: smart gathering, cache filling", fc))
-            rows.append(self.setup("re-run: smart gathering, cache warm", fc))
-            rows[-1]["note"] = f"fact files in cache: {len(list(cache.glob('*'))) if cache.is_dir() else 0}"
-            rows.append(self.mitogen())
+        rows.append(self.setup("re-run: forks=1", {"ANSIBLE_FORKS": "1"}))
+        # ansible-runner points ANSIBLE_CACHE_PLUGIN_CONNECTION at each run's own artifact
+        # folder (it overrides the environment), so "smart" gathers once per run, not once per play.
+        rows.append(self.setup("re-run: smart gathering (once per run)", {"ANSIBLE_GATHERING": "smart"}))
+        rows.append(self.mitogen())
+        return self.summarise(rows)
+
+    @staticmethod
+    def summarise(rows: list[dict]) -> dict:
+        first = rows[0]
         reruns = [r for r in rows[1:] if r["label"].startswith("re-run: default")]
         base = median([r["wall_s"] for r in reruns])
         return {"rows": rows, "first_s": first["wall_s"], "rerun_default_s": base,
@@ -120,7 +142,7 @@ class Bench:
         if proc.returncode != 0:
             return {"label": "re-run: mitogen strategy", "rc": proc.returncode, "wall_s": None, "changed": None,
                     "error": "pip install mitogen failed: " + proc.stderr.strip()[-300:]}
-        version = next((p.name.split("-")[1] for p in target.glob("mitogen-*.dist-info")), "?")
+        version = next((p.name[len("mitogen-"):-len(".dist-info")] for p in target.glob("mitogen-*.dist-info")), "?")
         row = self.setup(f"re-run: mitogen {version} (mitogen_linear)", {
             "PYTHONPATH": str(target),
             "ANSIBLE_STRATEGY_PLUGINS": str(target / "ansible_mitogen" / "plugins" / "strategy"),
@@ -173,7 +195,8 @@ class Bench:
             run_dir = Path(m[2])
             row["phases"] = self.phases(run_dir, t0, t1)
             plan = json.loads((run_dir / "plan.json").read_text())
-            row["remote_run_dir"] = plan.get("run_dir")
+            row["remote_run_dir"] = f"{plan['shared_dir'].rstrip('/')}/runs/{plan['run_id']}"
+            row["cidr"] = plan.get("cidr")
         if proc.returncode != 0:
             row["error"] = (proc.stdout[-1500:] + proc.stderr[-800:]).strip()
         say(f"distrun train --script {script.name} {' '.join(extra_args):<17} {wall:6.2f} s rc={proc.returncode}")
@@ -194,6 +217,41 @@ class Bench:
         say(f"by hand: ssh + su + mpirun -np 3 sleep10.py   {wall:6.2f} s (mpirun alone {row['mpirun_s']} s) rc={proc.returncode}")
         return row
 
+    def torch_by_hand(self, cluster: podcluster.Cluster, remote_dir: str, rep: int) -> dict:
+        """torchrun started by hand on every node at once (one ssh each), c10d rendezvous on node1."""
+        procs = []
+        t0 = time.monotonic()
+        for k in range(1, 4):
+            inner = (f"cd {shlex.quote(remote_dir)} && /opt/distrun/venv/bin/torchrun --nnodes=3 --nproc-per-node=1 "
+                     f"--rdzv-backend=c10d --rdzv-endpoint=node1:{29520 + rep} --rdzv-id=hand{rep} --max-restarts=0 "
+                     f"{shlex.quote(remote_dir)}/sleep_torch.py")
+            procs.append(subprocess.Popen(["ssh", *cluster.ssh_options(), f"root@{cluster.ip(k)}",
+                                           f"su - distrun -c {shlex.quote(inner)}"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=300) for p in procs]
+        wall = time.monotonic() - t0
+        rc = max(p.returncode for p in procs)
+        row = {"wall_s": round(wall, 2), "rc": rc}
+        if rc != 0:
+            row["error"] = " | ".join((o[0][-300:] + o[1][-400:]).strip() for o in outs)
+        say(f"by hand: torchrun on 3 nodes (3 ssh)            {wall:6.2f} s rc={rc}")
+        return row
+
+    def torchrun_suite(self, cluster: podcluster.Cluster) -> dict:
+        script = self.tmp / "sleep_torch.py"
+        script.write_text(TORCH_PROGRAM)
+        cold = self.distrun_train(script, ("--launcher", "torchrun"))
+        if cold["rc"] != 0 or not cold.get("remote_run_dir"):
+            return {"cold": cold}
+        warm, hand = [], []
+        for rep in range(2):
+            hand.append(self.torch_by_hand(cluster, cold["remote_run_dir"], rep))
+            warm.append(self.distrun_train(script, ("--launcher", "torchrun")))
+        ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
+        ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]
+        return {"cold": cold, "warm": warm, "hand": hand, "distrun_median_s": median(ok_w),
+                "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}
+
     def launch_suite(self, cluster: podcluster.Cluster) -> dict:
         script = self.tmp / "sleep10.py"
         script.write_text(SLEEP_PROGRAM)
@@ -209,7 +267,7 @@ class Bench:
         for _ in range(reps):
             hand.append(self.by_hand(cluster, cold["remote_run_dir"]))
             warm.append(self.distrun_train(script))
-        skip = self.distrun_train(script, ("--skip-preflight",))
+        skip = None if self.quick else self.distrun_train(script, ("--skip-preflight",))
         ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
         ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]
         return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm,
@@ -222,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    # SIGTERM, and Ctrl-C even when started in the background, end through the finally below.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tmp = Path(tempfile.mkdtemp(prefix="distrun-bench-"))
     tmp.chmod(0o700)
     result: dict = {"quick": args.quick}
@@ -235,7 +296,14 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cluster {NAME}: 3 nodes up in {result['cluster_up_s']} s")
         result["setup"] = bench.setup_suite()
         if result["setup"]["rows"][0]["rc"] == 0:
+            # Launch first: it needs only a converged cluster, and its result comes early.
             result["launch"] = bench.launch_suite(cluster)
+            if not args.quick:
+                try:
+                    result["torchrun"] = bench.torchrun_suite(cluster)
+                except Exception as exc:  # noqa: BLE001 - a benchmark reports, it does not stop
+                    result["torchrun"] = {"error": f"{type(exc).__name__}: {exc}"}
+                result["setup"] = bench.setup_variants(result["setup"])
     finally:
         if cluster is not None:
             cluster.down()
