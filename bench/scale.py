@@ -45,7 +45,7 @@ out = {k: statistics.median(v) for k, v in steps.items()}
 out.update(import_s=import_s, world_size=plan.world_size, hosts=len(plan.hosts), hostfile_bytes=len(hf),
            argv_words=len(argv), argv_bytes=len(" ".join(argv)),
            peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           rss_after_import_baseline_mib=rss0 / 1024)
+           rss_before_imports_mib=rss0 / 1024)
 print(json.dumps(out))
 '''
 
@@ -63,7 +63,7 @@ def inventory_yaml(n: int, slots: int = 8) -> str:
 def measure_cli(cmd: list[str], env: dict) -> dict:
     code = ("import resource,subprocess,sys,time,json;t=time.monotonic();"
             "p=subprocess.run(sys.argv[1:],capture_output=True,text=True);w=time.monotonic()-t;"
-            "print(json.dumps({'rc':p.returncode,'wall_s':w,'peak_rss_mib':resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024,'stdout_bytes':len(p.stdout),'stdout':p.stdout[:2000]}))")
+            "print(json.dumps({'rc':p.returncode,'wall_s':w,'peak_rss_mib':resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024,'stdout_bytes':len(p.stdout),'stdout_lines':p.stdout.count(chr(10))}))")
     proc = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, env=env, cwd=REPO)
     return json.loads(proc.stdout)
 
@@ -88,7 +88,7 @@ def one(n: int, tmp: Path) -> dict:
            "ansible_inventory_s": round(ai["wall_s"], 2), "ansible_inventory_rss_mib": round(ai["peak_rss_mib"], 1),
            "pure": pure, "distrun_hostfile_s": round(cli["wall_s"], 2), "distrun_hostfile_rc": cli["rc"],
            "distrun_hostfile_rss_mib": round(cli["peak_rss_mib"], 1),
-           "hostfile_lines": cli["stdout"].count("\n") if cli["rc"] == 0 else None}
+           "hostfile_lines": cli["stdout_lines"] if cli["rc"] == 0 else None, "hostfile_bytes": cli["stdout_bytes"]}
     say(f"scale {n:>5} nodes ({pure['world_size']} ranks): ansible-inventory --list {ai['wall_s']:.2f} s "
         f"{ai['peak_rss_mib']:.0f} MiB | cluster_from_json {pure['cluster_from_json'] * 1000:.1f} ms, build_plan "
         f"{pure['build_plan'] * 1000:.1f} ms, render_hostfile {pure['render_hostfile'] * 1000:.2f} ms, mpirun_argv "
