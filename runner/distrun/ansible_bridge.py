@@ -68,12 +68,24 @@ class PlaybookResult:
 
 
 def _message(res: Mapping[str, Any]) -> str:
-    for key in ("msg", "stderr", "module_stderr", "stdout"):
+    """The most useful line of a failed task: what the command said beats Ansible's summary.
+
+    "non-zero return code" and a loop's "One or more items failed" name no cause; the failing
+    item's stderr (ssh's "Connection timed out", a Python traceback's last line) does.
+    """
+    for item in res.get("results") or []:
+        if isinstance(item, Mapping) and item.get("failed"):
+            inner = _message(item)
+            label = item.get("item")
+            if inner:
+                return f"{label}: {inner}" if isinstance(label, str) else inner
+    for key in ("stderr", "module_stderr", "msg", "stdout"):
         value = res.get(key)
-        if value:
-            text = str(value).strip().splitlines()
-            if text:
-                return text[-1] if key != "msg" else " ".join(text)[:400]
+        if not value:
+            continue
+        lines = [ln.strip() for ln in str(value).strip().splitlines() if ln.strip()]
+        if lines:
+            return lines[-1][:400] if key != "msg" else " ".join(lines)[:400]
     return ""
 
 

@@ -143,3 +143,16 @@ def test_sbatch_script_uniform_and_uneven_slots():
     assert "srun --kill-on-bad-exit=1" in script
     uneven = sbatch_script(build_plan(cluster(MIXED), run_id="r8", launcher="slurm"))
     assert "#SBATCH --ntasks=6" in uneven
+
+
+def test_failure_messages_name_the_cause_not_ansibles_summary():
+    from distrun.ansible_bridge import _message
+
+    assert _message({"msg": "non-zero return code", "stderr": "Traceback...\nModuleNotFoundError: No module named 'mpi4py'"}) \
+        == "ModuleNotFoundError: No module named 'mpi4py'"
+    loop = {"msg": "One or more items failed", "results": [
+        {"item": "node2", "failed": False, "stderr": ""},
+        {"item": "node3", "failed": True, "msg": "non-zero return code",
+         "stderr": "ssh: connect to host node3 port 22: Connection timed out"}]}
+    assert _message(loop) == "node3: ssh: connect to host node3 port 22: Connection timed out"
+    assert _message({"msg": "All assertions passed"}) == "All assertions passed"
