@@ -206,6 +206,23 @@ def workloads_archive(run: Run) -> tuple[str, str]:
     return str(archive), digest.hexdigest()[:16]
 
 
+def _stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
+                script: Path | None, jittor_warm: bool) -> dict:
+    """Extravars of stage.yml (and of launch.yml, which reads the same names)."""
+    archive, digest = workloads_archive(run)
+    return {
+        **_common_vars(plan),
+        "distrun_run_files": files,
+        "distrun_launch_scripts": scripts,
+        "distrun_workloads_archive": archive,
+        "distrun_workloads_digest": digest,
+        "distrun_user_script": str(script.resolve()) if script else "",
+        "distrun_jittor_warm": jittor_warm,
+        "distrun_partition_argv": list(plan.partition or []),
+        "distrun_partition_dir": plan.partition_dir or "",
+    }
+
+
 def _common_vars(plan: JobPlan) -> dict:
     return {
         "distrun_run_id": plan.run_id,
@@ -242,15 +259,9 @@ def run_job(request: JobRequest) -> int:
     run.write("commands.txt", "\n".join(commands))
     rank_hosts = [h.name for h in plan.hosts]
     limit = ",".join(dict.fromkeys([cluster.head.name, *rank_hosts]))
-    archive, digest = workloads_archive(run)
-    base_vars = {**_common_vars(plan), "distrun_run_files": files, "distrun_launch_scripts": scripts,
-                 "distrun_workloads_archive": archive, "distrun_workloads_digest": digest,
-                 "distrun_user_script": str(request.script.resolve()) if request.script else "",
-                 "distrun_jittor_warm": _needs_jittor(plan)}
-
+    base_vars = _stage_vars(plan, run, files, scripts, request.script, _needs_jittor(plan))
     result = _playbook("stage the run", "playbooks/stage.yml", request.inventory, run, limit.split(","),
-                       {**base_vars, "distrun_partition_argv": list(plan.partition or []),
-                        "distrun_partition_dir": plan.partition_dir or ""}, limit=limit)
+                       base_vars, limit=limit)
     if not result.ok:
         run.finish(4, "staging failed")
         return 4
@@ -400,13 +411,8 @@ def run_partition_only(request: JobRequest) -> int:
     run = new_run("partition", request.inventory)
     plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id)
     assert plan.partition is not None
-    archive, digest = workloads_archive(run)
     result = _playbook("partition", "playbooks/stage.yml", request.inventory, run, [cluster.head.name],
-                       {**_common_vars(plan), "distrun_run_files": {}, "distrun_launch_scripts": {},
-                        "distrun_workloads_archive": archive, "distrun_workloads_digest": digest,
-                        "distrun_user_script": "", "distrun_partition_argv": list(plan.partition),
-                        "distrun_partition_dir": plan.partition_dir or ""},
-                       limit=cluster.head.name)
+                       _stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)
     run.finish(0 if result.ok else 1)
     return 0 if result.ok else 1
 

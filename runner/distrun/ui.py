@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 from rich.console import Console
@@ -90,6 +89,3 @@ def print_summary(result: PlaybookResult, elapsed: float) -> None:
 def fatal(message: str) -> None:
     err_console.print(f"[red]distrun: error:[/red] {message}", soft_wrap=True)
 
-
-def flush() -> None:
-    sys.stdout.flush()
