@@ -68,6 +68,23 @@ def check_world(args: argparse.Namespace, world: int) -> None:
         raise CollectiveError(f"--num-parts {args.num_parts} but MPI started {world} ranks; they must be equal (mpirun -n {args.num_parts})")
 
 
+def start_jittor_mpi(args: argparse.Namespace):  # noqa: ANN201
+    """Import Jittor, then mpi4py, and check the world size: (jt, MPI, comm, rank, world).
+
+    Jittor first: the other order aborts inside MPI_Init under mpirun (see docs/testbed.md).
+    """
+    import jittor as jt
+    from mpi4py import MPI
+
+    # Dense matmuls run on the GPU when Jittor found CUDA (nvcc_path set by the user); the
+    # sparse propagation and the MPI exchanges run in numpy on the host either way.
+    jt.flags.use_cuda = 1 if jt.has_cuda else 0
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    check_world(args, world)
+    return jt, MPI, comm, rank, world
+
+
 @dataclass
 class FullGraph:
     """The whole graph on one process: what tensor parallelism and DDP use."""

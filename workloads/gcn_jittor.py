@@ -69,16 +69,7 @@ def build_functions(jt):  # noqa: ANN001,ANN201 - jittor is imported lazily
 def main() -> int:
     args = common.parser(__doc__.split("\n\n")[0], partitioned=True).parse_args()
     common.validate(args)
-    # Jittor first: the other order aborts inside MPI_Init under mpirun (see docs/testbed.md).
-    import jittor as jt
-    from mpi4py import MPI
-
-    # Dense matmuls run on the GPU when Jittor found CUDA (nvcc_path set by the user); the
-    # sparse propagation and the MPI exchanges run in numpy on the host either way.
-    jt.flags.use_cuda = 1 if jt.has_cuda else 0
-    comm = MPI.COMM_WORLD
-    rank, world = comm.Get_rank(), comm.Get_size()
-    common.check_world(args, world)
+    jt, MPI, comm, rank, world = common.start_jittor_mpi(args)
     part_dir = args.part_dir or partition.default_out(args.dataset, world)
     man, p = common.agree(lambda: partition.load_part(part_dir, rank), comm.allgather)
     if man["num_parts"] != world:

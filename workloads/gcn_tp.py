@@ -47,15 +47,7 @@ def shard_columns(hidden: int, world: int) -> list[np.ndarray]:
 def main() -> int:
     args = common.parser(__doc__.split("\n\n")[0], partitioned=False).parse_args()
     common.validate(args)
-    import jittor as jt
-    from mpi4py import MPI
-
-    # Dense matmuls run on the GPU when Jittor found CUDA (nvcc_path set by the user); the
-    # sparse propagation and the MPI exchanges run in numpy on the host either way.
-    jt.flags.use_cuda = 1 if jt.has_cuda else 0
-    comm = MPI.COMM_WORLD
-    rank, world = comm.Get_rank(), comm.Get_size()
-    common.check_world(args, world)
+    jt, MPI, comm, rank, world = common.start_jittor_mpi(args)
     cols = shard_columns(args.hidden, world)[rank]
     g = common.agree(lambda: common.load_full_graph(args), comm.allgather)
     n = g.features.shape[0]
