@@ -287,9 +287,9 @@ class Phases:
     """Wall seconds of each step of a run, kept in timings.json of the run record: where a
     run's time went (the launch overhead benchmark reads it)."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, t0: float | None = None) -> None:
         self.run = run
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if t0 is None else t0
         self.last = self.t0
         self.spans: list[tuple[str, float]] = []
 
@@ -304,8 +304,9 @@ class Phases:
 
 
 def run_job(request: JobRequest) -> int:
+    t0 = time.monotonic()
     cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # a bad inventory leaves no record
-    phases = Phases(new_run("train", request.inventory))
+    phases = Phases(new_run("train", request.inventory), t0)
     try:
         return _run_job(request, cluster, phases)
     finally:
