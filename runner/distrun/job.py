@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import paths
+from . import slurm as slurm_run
 from .ansible_bridge import PlaybookResult, run_playbook
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
-from .launchers import mpirun_argv, sbatch_script, torchrun_argv
+from .launchers import mpirun_argv, torchrun_argv
+from .launchers.slurm import sbatch_files
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .plan import WORKLOADS, JobPlan, build_plan, render_hostfile, render_rank_wrapper
@@ -59,6 +61,7 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     port: int = 29500
     preflight: bool = True
+    slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
 
 
 def _network(cluster: Cluster) -> NetworkChoice | None:
@@ -91,6 +94,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
         extra_env=request.env,
         network=_network(cluster),
         master_port=request.port,
+        slurm=slurm_run.settings(cluster, request.slurm_mode) if request.launcher == "slurm" else None,
     )
 
 
@@ -117,7 +121,8 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
         return {plan.head.name: script(plan.head.name, mpirun_argv(plan))}
     if plan.launcher == "torchrun":
         return {h.name: script(h.name, torchrun_argv(plan, h)) for h in plan.hosts}
-    return {plan.head.name: script(plan.head.name, ["sbatch", "--wait", f"{plan.run_dir}/job.sbatch"])}
+    # slurm: the driver submits, follows and maps the final state (distrun.slurm).
+    return {plan.head.name: script(plan.head.name, ["bash", f"{plan.run_dir}/slurm-driver.sh"])}
 
 
 def launcher_env(plan: JobPlan, host: str) -> list[tuple[str, str]]:
@@ -131,7 +136,8 @@ def launcher_env(plan: JobPlan, host: str) -> list[tuple[str, str]]:
 def plan_files(plan: JobPlan) -> dict[str, str]:
     files = {"hostfile": render_hostfile(plan), "rank-env.sh": render_rank_wrapper(plan)}
     if plan.launcher == "slurm":
-        files["job.sbatch"] = sbatch_script(plan)
+        files.update(sbatch_files(plan))
+        files.update(slurm_run.driver_files(plan))
     return files
 
 
@@ -147,6 +153,8 @@ def dry_run_text(request: JobRequest) -> str:
     out.append(f"run dir:     {plan.run_dir}")
     net = plan.cidr or "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)"
     out.append(f"network:     {net}")
+    if plan.launcher == "slurm" and not slurm_run.enabled(cluster):
+        out.append(f"note:        slurm_enabled is not true in {shown}: a real run is refused until it is (and 'distrun setup' ran)")
     out.append("hosts:")
     for h in plan.hosts:
         node = next(n for n in cluster.workers if n.name == h.name)
@@ -244,6 +252,8 @@ def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
 
 def run_job(request: JobRequest) -> int:
     cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+    if request.launcher == "slurm":
+        slurm_run.require_enabled(cluster)
     run = new_run("train", request.inventory)
     console.print(f"run {run.id}: record in {run.dir}")
     if request.preflight:
@@ -295,6 +305,8 @@ def run_job(request: JobRequest) -> int:
     assert rc is not None
     summary = _summarise(run, plan, rc, elapsed, lines)
     run.finish(0 if rc == 0 else 1, summary)
+    if plan.launcher == "slurm":
+        return rc  # the driver mapped the final Slurm state (distrun.slurm.STATE_EXIT)
     return 0 if rc == 0 else 1
 
 
