@@ -84,12 +84,15 @@ def parse_scontrol(text: str) -> JobRecord | None:
 
 
 def first_failure(lines: Iterable[str]) -> tuple[str, str, str] | None:
-    """(node, task(s), what) of the first ``srun: error: NODE: task N: ...`` line."""
-    for line in lines:
-        m = SRUN_ERROR.search(line)
-        if m:
-            return m.group(1), m.group(2), m.group(3).strip()
-    return None
+    """(node, task(s), what) of the task that failed, from srun's ``srun: error: NODE: task N: ...``.
+
+    With --kill-on-bad-exit srun also reports the tasks it killed because of the failing one,
+    in node order; those are named only when no task failed on its own. The driver applies the
+    same rule in bash.
+    """
+    found = [(m.group(1), m.group(2), m.group(3).strip()) for m in map(SRUN_ERROR.search, lines) if m]
+    own = [f for f in found if f[2] not in ("Killed", "Terminated")]
+    return (own or found or [None])[0]
 
 
 def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, str]:
@@ -207,20 +210,16 @@ fi
 """ if multi else "") + f"""# Follow every job until all have ended; the first one that fails ends the others.
 final=COMPLETED
 failed_job=""
-streaming=""
+# tail -F waits for the files to appear: a job that ends between two polls is still shown.
+tail -q -n +1 -F -s 0.5 {stream + " " if stream else ""}slurm-"${{jobs[0]}}".out 2>/dev/null &
+tail_pid=$!
 while :; do
   active=0
   for i in "${{!jobs[@]}}"; do
     poll "${{jobs[$i]}}" "$i"
     case "$st" in
       {waiting}) active=1 ;;
-      {running})
-        active=1
-        if [ -z "$streaming" ]; then
-          streaming=1
-          tail -q -n +1 -F -s 0.5 {stream + " " if stream else ""}slurm-"${{jobs[0]}}".out 2>/dev/null &
-          tail_pid=$!
-        fi ;;
+      {running}) active=1 ;;
       *)
         if [ "$st" != COMPLETED ] && [ "$final" = COMPLETED ]; then
           final="$st"
@@ -234,13 +233,12 @@ done
 # Let the stream catch up with the last lines before it stops.
 if [ -n "$tail_pid" ]; then sleep 1.5; kill "$tail_pid" 2>/dev/null; wait "$tail_pid" 2>/dev/null; fi
 trap - INT TERM HUP
-for id in "${{jobs[@]}}"; do
-  grep -h "^srun: error: " "slurm-$id.out" 2>/dev/null
-done
 rec="$(record "${{failed_job:-${{jobs[0]}}}}")"
 echo "DISTRUN_SLURM_RESULT state=$final job=${{failed_job:-${{jobs[0]}}}} exit=$(field "$rec" ExitCode) nodes=$(field "$rec" NodeList) reason=$(field "$rec" Reason)"
 if [ "$final" != COMPLETED ]; then
-  bad="$(cat $(printf 'slurm-%s.out ' "${{jobs[@]}}") 2>/dev/null | grep -m 1 -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ')"
+  # The task that exited non-zero, rather than those srun killed because of it.
+  errors="$(cat $(printf 'slurm-%s.out ' "${{jobs[@]}}") 2>/dev/null | grep -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ')"
+  bad="$( (grep -v -E ': (Killed|Terminated)$' <<< "$errors"; echo "$errors") | grep -m 1 .)"
   if [ -n "$bad" ]; then
     node="$(cut -d: -f3 <<< "$bad" | tr -d ' ')"
     echo "DISTRUN_FAILED_HOST $node Slurm job ${{failed_job}} ended $final on $node:$(cut -d: -f4- <<< "$bad")"
