@@ -164,8 +164,9 @@ field() {{ tr ' ' '\\n' <<< "$1" | sed -n "s/^$2=//p" | head -n 1; }}
 record() {{ scontrol show job -o "$1" 2>/dev/null | head -n 1; }}
 submit() {{
   local id
-  if ! id="$(sbatch --parsable "$@" 2>&1)"; then
-    echo "DISTRUN_SLURM_ERROR sbatch $*: $id"
+  # $1 the script, then sbatch options (which must come before the script on sbatch's line).
+  if ! id="$(sbatch --parsable "${{@:2}}" "$1" 2>&1)"; then
+    echo "DISTRUN_SLURM_ERROR sbatch ${{*:2}} $1: $id"
     return 1
   fi
   id="${{id%%;*}}"
@@ -237,7 +238,8 @@ rec="$(record "${{failed_job:-${{jobs[0]}}}}")"
 echo "DISTRUN_SLURM_RESULT state=$final job=${{failed_job:-${{jobs[0]}}}} exit=$(field "$rec" ExitCode) nodes=$(field "$rec" NodeList) reason=$(field "$rec" Reason)"
 if [ "$final" != COMPLETED ]; then
   # The task that exited non-zero, rather than those srun killed because of it.
-  errors="$(cat $(printf 'slurm-%s.out ' "${{jobs[@]}}") 2>/dev/null | grep -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ')"
+  # Only the failed job's output: in multi-job mode the others were cancelled because of it.
+  errors="$(grep -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ' "slurm-$failed_job.out" 2>/dev/null)"
   bad="$( (grep -v -E ': (Killed|Terminated)$' <<< "$errors"; echo "$errors") | grep -m 1 .)"
   if [ -n "$bad" ]; then
     node="$(cut -d: -f3 <<< "$bad" | tr -d ' ')"
