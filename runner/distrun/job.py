@@ -303,6 +303,8 @@ def run_job(request: JobRequest) -> int:
         run.finish(130, "interrupted", status="stopped")
         return 130
     assert rc is not None
+    if plan.launcher == "slurm" and rc != 0:
+        lines.extend(slurm_run.rank_failure_lines(rank_logs(run)))  # srun names no rank after an MPI_Abort
     summary = _summarise(run, plan, rc, elapsed, lines)
     run.finish(0 if rc == 0 else 1, summary)
     if plan.launcher == "slurm":

@@ -19,6 +19,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import UserError
 from .inventory import Cluster
@@ -93,6 +94,29 @@ def first_failure(lines: Iterable[str]) -> tuple[str, str, str] | None:
     found = [(m.group(1), m.group(2), m.group(3).strip()) for m in map(SRUN_ERROR.search, lines) if m]
     own = [f for f in found if f[2] not in ("Killed", "Terminated")]
     return (own or found or [None])[0]
+
+
+ABORT_RE = re.compile(r"MPI_ABORT was invoked on rank \d+|Traceback \(most recent call last\)")
+
+
+def rank_failure_lines(logs: Mapping[int, Path]) -> list[str]:
+    """Header and first error line of every rank log that shows the rank failing on its own.
+
+    Under srun an MPI_Abort ends the whole step, so srun reports every task as killed; the
+    aborting rank's own log still says which it was. job.py adds these lines to what the run
+    printed, where the usual "first failing rank" rule finds them.
+    """
+    found: list[str] = []
+    for rank in sorted(logs):
+        try:
+            text = logs[rank].read_text(errors="replace")
+        except OSError:
+            continue
+        m = ABORT_RE.search(text)
+        if m:
+            header = text.splitlines()[0] if text else ""
+            found += [header, text[m.start():].splitlines()[0]]
+    return found
 
 
 def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, str]:
@@ -240,12 +264,14 @@ if [ "$final" != COMPLETED ]; then
   # The task that exited non-zero, rather than those srun killed because of it.
   # Only the failed job's output: in multi-job mode the others were cancelled because of it.
   errors="$(grep -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ' "slurm-$failed_job.out" 2>/dev/null)"
-  bad="$( (grep -v -E ': (Killed|Terminated)$' <<< "$errors"; echo "$errors") | grep -m 1 .)"
+  bad="$(grep -v -E ': (Killed|Terminated)$' <<< "$errors" | grep -m 1 .)"
   if [ -n "$bad" ]; then
     node="$(cut -d: -f3 <<< "$bad" | tr -d ' ')"
     echo "DISTRUN_FAILED_HOST $node Slurm job ${{failed_job}} ended $final on $node:$(cut -d: -f4- <<< "$bad")"
   else
-    echo "DISTRUN_FAILED_HOST $(field "$rec" BatchHost) Slurm job ${{failed_job}} ended $final (nodes $(field "$rec" NodeList), reason $(field "$rec" Reason))"
+    # srun killed every task (an MPI_Abort ends the step before the rank's own exit is seen):
+    # the rank logs, collected afterwards, name the rank (distrun.slurm.rank_failure_lines).
+    echo "DISTRUN_FAILED_HOST $(field "$rec" NodeList) Slurm job ${{failed_job}} ended $final (exit $(field "$rec" ExitCode), reason $(field "$rec" Reason))"
   fi
 fi
 exit "$(exit_code_of "${{final%% *}}")"

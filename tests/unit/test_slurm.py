@@ -168,3 +168,19 @@ def test_cli_dry_run_prints_the_script_and_a_real_run_needs_slurm_enabled(cli_en
     multi = _cli(["train", "-i", str(on), "--launcher", "slurm", "--workload", "ddp", "--dry-run"], cli_env)
     assert multi.returncode == 0, multi.stderr
     assert "job-1.sbatch" in multi.stdout and "note:" not in multi.stdout
+
+
+def test_rank_logs_name_the_rank_that_aborted_when_srun_killed_every_task(tmp_path):
+    from distrun.job import _first_failed_rank
+
+    logs = {}
+    for rank, host, body in ((0, "node1", "SCRIPT rank 0\n"),
+                             (1, "node2", "SCRIPT rank 1\n----\nMPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD\nwith errorcode 3.\n")):
+        f = tmp_path / f"{rank}.stdout"
+        f.write_text(f"DISTRUN_RANK rank={rank} local_rank=0 world_size=2 host={host} pid=1\n{body}")
+        logs[rank] = f
+    extra = slurm.rank_failure_lines(logs)
+    assert extra == ["DISTRUN_RANK rank=1 local_rank=0 world_size=2 host=node2 pid=1",
+                     "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD"]
+    streamed = ["DISTRUN_FAILED_HOST node[1-2] Slurm job 2 ended FAILED (exit 3:0, reason NonZeroExitCode)"]
+    assert _first_failed_rank(streamed + extra) == "; first failing rank 1 on node2"
