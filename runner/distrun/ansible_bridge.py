@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +201,11 @@ def run_playbook(
     cmdline: list[str] = []
     if check:
         cmdline.append("--check")
+    # ansible-runner installs its own SIGINT/SIGTERM handlers (they only set a flag) and leaves
+    # them in place: without restoring ours, Ctrl-C while a job is followed would do nothing.
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     runner = ansible_runner.run(
         private_data_dir=str(private),
         project_dir=str(project),
@@ -214,6 +221,9 @@ def run_playbook(
         quiet=True,
         suppress_env_files=True,
     )
+    for signum, previous in saved.items():
+        if previous is not None:
+            signal.signal(signum, previous)
     artifact_dir = Path(runner.config.artifact_dir)
     _keep_facts(artifact_dir / "fact_cache")
     return PlaybookResult(

@@ -97,10 +97,12 @@ def hostfile(inventory: str) -> None:
 @click.option("--port", type=int, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact commands; touch no node.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the preflight checks before launching.")
+@click.option("--slurm-mode", type=click.Choice(["single", "multi-job"]), default=None,
+              help="--launcher slurm: one multi-node job, or one job per node (default: the inventory's slurm_mode, else single).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, epochs: int | None, env_pairs: tuple[str, ...], port: int, dry_run: bool,
-          skip_preflight: bool, script_args: tuple[str, ...]) -> None:
+          skip_preflight: bool, slurm_mode: str | None, script_args: tuple[str, ...]) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
@@ -118,7 +120,7 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
     request = job.JobRequest(
         inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
-        env=extra_env, port=port, preflight=not skip_preflight,
+        env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
     )
     if dry_run:
         click.echo(job.dry_run_text(request), nl=False)

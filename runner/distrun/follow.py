@@ -98,7 +98,12 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
     exited: dict[str, int] = {}
     try:
         while True:
-            host, kind, value = events.get()
+            try:
+                # A timeout, not a bare get(): a signal that lands on a reader thread only sets a
+                # flag, and Ctrl-C would wait for the job's next output line to take effect.
+                host, kind, value = events.get(timeout=0.5)
+            except queue.Empty:
+                continue
             if kind == "line":
                 on_line(str(value))
             elif kind == "exit":

@@ -22,11 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import paths
+from . import slurm as slurm_run
 from .ansible_bridge import PlaybookResult, run_playbook
 from .collect import UNREACHABLE, collect_hosts, pull_run
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
-from .launchers import mpirun_argv, sbatch_script, torchrun_argv
+from .launchers import mpirun_argv, torchrun_argv
+from .launchers.slurm import sbatch_files
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .remote import shell_argv
@@ -65,6 +67,7 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     port: int = 29500
     preflight: bool = True
+    slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
 
 
 def _network(cluster: Cluster) -> NetworkChoice | None:
@@ -97,6 +100,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
         extra_env=request.env,
         network=_network(cluster),
         master_port=request.port,
+        slurm=slurm_run.settings(cluster, request.slurm_mode) if request.launcher == "slurm" else None,
     )
 
 
@@ -123,7 +127,8 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
         return {plan.head.name: script(plan.head.name, mpirun_argv(plan))}
     if plan.launcher == "torchrun":
         return {h.name: script(h.name, torchrun_argv(plan, h)) for h in plan.hosts}
-    return {plan.head.name: script(plan.head.name, ["sbatch", "--wait", f"{plan.run_dir}/job.sbatch"])}
+    # slurm: the driver submits, follows and maps the final state (distrun.slurm).
+    return {plan.head.name: script(plan.head.name, ["bash", f"{plan.run_dir}/slurm-driver.sh"])}
 
 
 def launcher_env(plan: JobPlan, host: str) -> list[tuple[str, str]]:
@@ -137,7 +142,8 @@ def launcher_env(plan: JobPlan, host: str) -> list[tuple[str, str]]:
 def plan_files(plan: JobPlan) -> dict[str, str]:
     files = {"hostfile": render_hostfile(plan), "rank-env.sh": render_rank_wrapper(plan)}
     if plan.launcher == "slurm":
-        files["job.sbatch"] = sbatch_script(plan)
+        files.update(sbatch_files(plan))
+        files.update(slurm_run.driver_files(plan))
     return files
 
 
@@ -153,6 +159,8 @@ def dry_run_text(request: JobRequest) -> str:
     out.append(f"run dir:     {plan.run_dir}")
     net = plan.cidr or "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)"
     out.append(f"network:     {net}")
+    if plan.launcher == "slurm" and not slurm_run.enabled(cluster):
+        out.append(f"note:        slurm_enabled is not true in {shown}: a real run is refused until it is (and 'distrun setup' ran)")
     out.append("hosts:")
     for h in plan.hosts:
         node = next(n for n in cluster.workers if n.name == h.name)
@@ -306,6 +314,8 @@ class Phases:
 def run_job(request: JobRequest) -> int:
     t0 = time.monotonic()
     cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # a bad inventory leaves no record
+    if request.launcher == "slurm":
+        slurm_run.require_enabled(cluster)
     phases = Phases(new_run("train", request.inventory), t0)
     try:
         return _run_job(request, cluster, phases)
@@ -394,10 +404,14 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
         run.finish(130, "interrupted", status="stopped")
         return 130
     assert rc is not None and plan is not None
+    if plan.launcher == "slurm" and rc != 0:
+        lines.extend(slurm_run.rank_failure_lines(rank_logs(run)))  # srun names no rank after an MPI_Abort
     summary = _summarise(run, plan, rc, elapsed, lines)
-    run.finish(0 if rc == 0 else 1, summary)
+    # slurm: the driver mapped the final Slurm state to rc (distrun.slurm.STATE_EXIT); keep it.
+    final = rc if plan.launcher == "slurm" else (0 if rc == 0 else 1)
+    run.finish(final, summary)
     phases.mark("summary")
-    return 0 if rc == 0 else 1
+    return final
 
 
 def _record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str]) -> None:
@@ -578,7 +592,7 @@ def remote_log_command(plan: dict, rank: int) -> str | None:
     patterns = {
         "mpirun": f"ranks/*/rank.{rank}/stdout",
         "torchrun": f"torchrun/{host}/*/attempt_*/{local}/stdout.log",
-        "slurm": f"slurm-*-{rank}.out",
+        "slurm": f"ranks/{rank}/stdout",
     }.get(str(plan.get("launcher")), f"ranks/*/rank.{rank}/stdout")
     d = shlex.quote(f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}")
     return (f"cd {d} 2>/dev/null || exit 3; for i in $(seq 1200); do "

@@ -140,7 +140,7 @@ def test_sbatch_script_uniform_and_uneven_slots():
     assert "#SBATCH --partition=gpu1" in script
     assert "#SBATCH --time=01:00:00" in script
     assert "--gres" not in script
-    assert "srun --kill-on-bad-exit=1" in script
+    assert "srun --mpi=pmix --kill-on-bad-exit=1" in script
     uneven = sbatch_script(build_plan(cluster(MIXED), run_id="r8", launcher="slurm"))
     assert "#SBATCH --ntasks=6" in uneven
 

@@ -1,40 +1,141 @@
-"""sbatch script for a plan: one multi-node job, srun starting ranks (or torchrun per node)."""
+"""sbatch scripts for a plan: pure functions, no host contacted.
+
+Two modes (``plan.slurm["mode"]``):
+
+* ``single`` (default): one multi-node job; ``srun --mpi=pmix`` starts every rank, so MPI
+  programs (mpi4py under Open MPI's PMIx) and torch programs (env:// from the rank wrapper's
+  RANK/WORLD_SIZE, mapped from SLURM_PROCID/SLURM_NTASKS) run the same way as under mpirun.
+* ``multi-job``: for sites that allow only single-node jobs. One job per node, each running one
+  torchrun agent; the first (the master) is submitted first, and its node becomes MASTER_ADDR
+  of the others, which are submitted once it runs (the driver does that, see distrun.slurm).
+"""
 
 from __future__ import annotations
 
 import shlex
 
-from ..plan import JobPlan
+from ..plan import JobPlan, RankHost
+
+MODES = ("single", "multi-job")
+DEFAULT_MPI = "pmix"
 
 
-def sbatch_script(plan: JobPlan) -> str:
-    nodes = len(plan.hosts)
-    per_node = {h.slots for h in plan.hosts}
-    if len(per_node) != 1:
-        # Slurm's --ntasks-per-node is one number; uneven slots need an explicit task count.
-        tasks_line = f"#SBATCH --ntasks={plan.world_size}"
-    else:
-        tasks_line = f"#SBATCH --ntasks-per-node={per_node.pop()}"
+def mode(plan: JobPlan) -> str:
+    return plan.slurm.get("mode") or "single"
+
+
+def job_name(plan: JobPlan, index: int | None = None) -> str:
+    """distrun-<run id>, and distrun-<run id>-<n> per node in multi-job mode: 'stop' finds both."""
+    return f"distrun-{plan.run_id}" if index is None else f"distrun-{plan.run_id}-{index}"
+
+
+def _uneven(plan: JobPlan) -> bool:
+    return len({h.slots for h in plan.hosts}) != 1
+
+
+def slurm_hostfile(plan: JobPlan) -> str:
+    """One line per rank, for ``--distribution=arbitrary``: uneven slots land where the plan says."""
+    return "".join(f"{h.name}\n" for h in plan.hosts for _ in range(h.slots))
+
+
+def _header(plan: JobPlan, name: str) -> list[str]:
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=distrun-{plan.run_id}",
-        f"#SBATCH --nodes={nodes}",
-        tasks_line,
-        f"#SBATCH --nodelist={','.join(h.name for h in plan.hosts)}",
-        f"#SBATCH --output={plan.run_dir}/slurm-%j-%t.out",
+        f"#SBATCH --job-name={name}",
+        # %j: the job id. The batch step's output: srun's own messages, never a rank's.
+        f"#SBATCH --output={plan.run_dir}/slurm-%j.out",
         f"#SBATCH --chdir={plan.run_dir}",
     ]
     if plan.slurm.get("partition"):
         lines.append(f"#SBATCH --partition={plan.slurm['partition']}")
     if plan.slurm.get("time"):
         lines.append(f"#SBATCH --time={plan.slurm['time']}")
+    return lines
+
+
+def _exports(plan: JobPlan) -> list[str]:
+    return [f"export {key}={shlex.quote(value)}" for key, value in plan.env]
+
+
+def sbatch_script(plan: JobPlan) -> str:
+    """The one multi-node job of single mode."""
+    nodes = len(plan.hosts)
+    lines = _header(plan, job_name(plan))
+    lines += [f"#SBATCH --nodes={nodes}", f"#SBATCH --nodelist={','.join(h.name for h in plan.hosts)}"]
+    if _uneven(plan):
+        # --ntasks-per-node is one number; uneven slots need the task count and an explicit
+        # placement (SLURM_HOSTFILE, exported by the driver at submission and read by srun).
+        lines += [f"#SBATCH --ntasks={plan.world_size}", "#SBATCH --distribution=arbitrary"]
+    else:
+        lines.append(f"#SBATCH --ntasks-per-node={plan.hosts[0].slots}")
     gpus = {h.gpus for h in plan.hosts}
     if max(gpus) > 0:
         lines.append(f"#SBATCH --gres=gpu:{min(gpus)}")
     lines.append("set -euo pipefail")
-    for key, value in plan.env:
-        lines.append(f"export {key}={shlex.quote(value)}")
+    lines += _exports(plan)
     lines.append('export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
     lines.append(f"export MASTER_PORT={plan.master_port}")
-    lines.append(f"srun --kill-on-bad-exit=1 --label {shlex.join([plan.wrapper, *plan.program])}")
+    rank_dirs = " ".join(f"ranks/{r}" for r in range(plan.world_size))
+    # srun opens each rank's output file on that rank's node: the folders must exist there
+    # (in sync mode every node has its own copy of the run directory).
+    lines.append(f"srun --ntasks-per-node=1 --ntasks={nodes} mkdir -p {rank_dirs}")
+    srun = ["srun", f"--mpi={plan.slurm.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
+            f"--output={plan.run_dir}/ranks/%t/stdout"]
+    if _uneven(plan):
+        lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
+        srun.append("--distribution=arbitrary")
+    lines.append(shlex.join([*srun, plan.wrapper, *plan.program]))
     return "\n".join(lines) + "\n"
+
+
+def _without_mpi4py_runner(program: tuple[str, ...]) -> tuple[str, ...]:
+    # Separate jobs form no MPI world: torchrun's ranks must not start MPI (mpi4py's runner would).
+    if program[1:3] == ("-m", "mpi4py"):
+        return (program[0], *program[3:])
+    return program
+
+
+def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
+    """Job ``index`` of multi-job mode: one node, one torchrun agent with that node's slots."""
+    lines = _header(plan, job_name(plan, index))
+    lines += ["#SBATCH --nodes=1", f"#SBATCH --nodelist={host.name}", "#SBATCH --ntasks=1",
+              f"#SBATCH --cpus-per-task={host.slots}"]
+    if host.gpus > 0:
+        lines.append(f"#SBATCH --gres=gpu:{host.gpus}")
+    lines.append("set -euo pipefail")
+    lines += _exports(plan)
+    if index == 0:
+        lines.append('export MASTER_ADDR="$(hostname -s)"')
+        lines.append('echo "DISTRUN_SLURM_MASTER $MASTER_ADDR"')
+    else:
+        lines.append(': "${MASTER_ADDR:?submit worker jobs with --export=ALL,MASTER_ADDR=<the master job node>}"')
+    lines.append(f"export MASTER_PORT={plan.master_port}")
+    torchrun = shlex.join([
+        f"{plan.env_prefix.rstrip('/')}/bin/torchrun",
+        f"--nnodes={len(plan.hosts)}",
+        f"--nproc-per-node={host.slots}",
+        "--rdzv-backend=c10d",
+    ])
+    # The endpoint is known only when the job runs: the one word left to the shell.
+    torchrun += f' --rdzv-endpoint="$MASTER_ADDR":{plan.master_port} ' + shlex.join([
+        f"--rdzv-id={plan.run_id}",
+        "--max-restarts=0",
+        f"--log-dir={plan.run_dir}/torchrun/{host.name}",
+        "--redirects=3",
+        "--tee=3",
+        "--no-python",
+        plan.wrapper,
+        *_without_mpi4py_runner(plan.program),
+    ])
+    lines.append(f"srun --ntasks=1 --kill-on-bad-exit=1 {torchrun}")
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_files(plan: JobPlan) -> dict[str, str]:
+    """Run-directory file name -> content: the sbatch script(s) of the plan's mode."""
+    if mode(plan) == "multi-job":
+        return {f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.hosts)}
+    files = {"job.sbatch": sbatch_script(plan)}
+    if _uneven(plan):
+        files["slurm-hostfile"] = slurm_hostfile(plan)
+    return files

@@ -1,0 +1,288 @@
+"""Running a plan under Slurm: settings from the inventory, the driver on the head, final states.
+
+The driver is a bash script that the job role starts on the head as the training user, like
+every other launcher (so Ansible's become, not a second privilege path, decides who submits).
+It submits the sbatch script(s), prints the queue state while a job waits, streams rank 0's
+output while it runs, and when the job has ended prints one ``DISTRUN_SLURM_RESULT`` line and
+exits with the code ``exit_code`` gives its final state. A TERM/INT/HUP (Ctrl-C in the CLI and
+``distrun stop`` both end in playbooks/stop.yml, which signals every process of the run)
+makes it ``scancel`` its jobs; stop.yml also cancels them by name on the controller in case
+the driver is gone.
+
+Final states come from ``scontrol show job`` (no accounting database is needed: the role keeps
+finished jobs visible for MinJobAge=600 s), falling back to ``sacct`` where one exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+from .inventory import Cluster
+from .launchers.slurm import DEFAULT_MPI, MODES, job_name, mode
+from .plan import JobPlan
+
+# Final Slurm job state -> (distrun's exit code, what it means). The codes follow the shell's
+# conventions a user already knows: 124 like timeout(1), 130 like Ctrl-C, 137 like a SIGKILL
+# from the OOM killer, 255 like ssh losing its host (what distrun returns for a lost node).
+STATE_EXIT: Mapping[str, tuple[int, str]] = {
+    "COMPLETED": (0, "every task exited 0"),
+    "FAILED": (1, "a task exited non-zero"),
+    "TIMEOUT": (124, "the job reached its time limit"),
+    "DEADLINE": (124, "the job reached its deadline"),
+    "CANCELLED": (130, "the job was cancelled (scancel, 'distrun stop' or Ctrl-C)"),
+    "OUT_OF_MEMORY": (137, "a task ran out of memory"),
+    "PREEMPTED": (143, "a higher-priority job preempted it"),
+    "NODE_FAIL": (255, "a node of the job failed"),
+    "BOOT_FAIL": (255, "a node of the job failed to boot"),
+}
+UNKNOWN_EXIT = 1  # a state this table does not know, or none could be read
+WAITING_STATES = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
+RUNNING_STATES = ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING")
+
+SRUN_ERROR = re.compile(r"srun: error: ([^:\s]+): tasks? ([0-9,\-]+): (.+)$")
+POLL_S = 2
+
+
+def base_state(state: str) -> str:
+    """'CANCELLED by 1000' and 'CANCELLED+' (sacct) are CANCELLED."""
+    return (state.strip().split() or [""])[0].rstrip("+").upper()
+
+
+def exit_code(state: str) -> int:
+    return STATE_EXIT.get(base_state(state), (UNKNOWN_EXIT, ""))[0]
+
+
+def meaning(state: str) -> str:
+    return STATE_EXIT.get(base_state(state), (UNKNOWN_EXIT, "a state distrun does not know"))[1]
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    state: str
+    reason: str
+    exit_code: str  # Slurm's "code:signal"
+    nodes: str
+    batch_host: str
+
+
+def parse_scontrol(text: str) -> JobRecord | None:
+    """One job from ``scontrol show job -o ID`` (one line of KEY=VALUE words), or None."""
+    fields: dict[str, str] = {}
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    if "JobId" not in fields or "JobState" not in fields:
+        return None
+    return JobRecord(fields["JobId"], fields["JobState"], fields.get("Reason", "None"), fields.get("ExitCode", ""),
+                     fields.get("NodeList", ""), fields.get("BatchHost", ""))
+
+
+def first_failure(lines: Iterable[str]) -> tuple[str, str, str] | None:
+    """(node, task(s), what) of the task that failed, from srun's ``srun: error: NODE: task N: ...``.
+
+    With --kill-on-bad-exit srun also reports the tasks it killed because of the failing one,
+    in node order; those are named only when no task failed on its own. The driver applies the
+    same rule in bash.
+    """
+    found = [(m.group(1), m.group(2), m.group(3).strip()) for m in map(SRUN_ERROR.search, lines) if m]
+    own = [f for f in found if f[2] not in ("Killed", "Terminated")]
+    return (own or found or [None])[0]
+
+
+ABORT_RE = re.compile(r"MPI_ABORT was invoked on rank \d+|Traceback \(most recent call last\)")
+
+
+def rank_failure_lines(logs: Mapping[int, Path]) -> list[str]:
+    """Header and first error line of every rank log that shows the rank failing on its own.
+
+    Under srun an MPI_Abort ends the whole step, so srun reports every task as killed; the
+    aborting rank's own log still says which it was. job.py adds these lines to what the run
+    printed, where the usual "first failing rank" rule finds them.
+    """
+    found: list[str] = []
+    for rank in sorted(logs):
+        try:
+            text = logs[rank].read_text(errors="replace")
+        except OSError:
+            continue
+        m = ABORT_RE.search(text)
+        if m:
+            header = text.splitlines()[0] if text else ""
+            found += [header, text[m.start():].splitlines()[0]]
+    return found
+
+
+def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, str]:
+    """What the sbatch scripts take from the inventory (head's hostvars) and the CLI."""
+    gv = cluster.group_vars
+    chosen = mode_override or str(gv.get("slurm_mode") or "single")
+    if chosen not in MODES:
+        where = "--slurm-mode" if mode_override else f"inventory {cluster.source}: slurm_mode"
+        raise UserError(f"{where} {chosen!r}: choose one of {', '.join(MODES)}")
+    out = {"mode": chosen, "mpi": str(gv.get("slurm_srun_mpi") or DEFAULT_MPI)}
+    if gv.get("slurm_partition"):
+        out["partition"] = str(gv["slurm_partition"])
+    if gv.get("slurm_time_limit"):
+        out["time"] = str(gv["slurm_time_limit"])
+    return out
+
+
+def enabled(cluster: Cluster) -> bool:
+    value = cluster.group_vars.get("slurm_enabled", False)
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def require_enabled(cluster: Cluster) -> None:
+    if not enabled(cluster):
+        raise UserError(
+            f"inventory {cluster.source}: --launcher slurm needs Slurm on the nodes; set slurm_enabled: true "
+            "in its group_vars and run 'distrun setup' (see docs/guide/slurm.md)"
+        )
+
+
+def _state_case() -> str:
+    arms = "\n".join(f"    {state}) echo {code} ;;" for state, (code, _) in STATE_EXIT.items())
+    return f'exit_code_of() {{\n  case "$1" in\n{arms}\n    *) echo {UNKNOWN_EXIT} ;;\n  esac\n}}\n'
+
+
+def driver_script(plan: JobPlan) -> str:
+    """The head's launcher for a Slurm run (run as the training user from the run directory)."""
+    multi = mode(plan) == "multi-job"
+    count = len(plan.hosts) if multi else 1
+    scripts = [f"job-{i}.sbatch" for i in range(count)] if multi else ["job.sbatch"]
+    waiting = "|".join(WAITING_STATES)
+    running = "|".join(RUNNING_STATES)
+    # Single mode: rank 0 writes ranks/0/stdout on the batch host (the head whenever it runs
+    # ranks). Multi-job: torchrun's --tee copies every local rank to the job's own output.
+    stream = "ranks/0/stdout" if not multi else ""
+    # Multi-job: one job failing ends the others (they would wait for it in the rendezvous).
+    cancel_rest = '\n          scancel "${jobs[@]}" 2>/dev/null' if multi else ""
+    hostfile = f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}\n" if (
+        not multi and len({h.slots for h in plan.hosts}) != 1) else ""
+    return f"""#!/bin/bash
+# distrun run {plan.run_id}: submit the Slurm job(s), follow them, map the final state to an exit code.
+# Generated by distrun (runner/distrun/slurm.py); do not edit.
+set -uo pipefail
+cd {shlex.quote(plan.run_dir)}
+{_state_case()}
+jobs=()
+tail_pid=""
+cancel() {{
+  trap - INT TERM HUP
+  if [ -n "${{jobs[*]:-}}" ]; then
+    scancel "${{jobs[@]}}" 2>/dev/null
+    echo "DISTRUN_SLURM cancelled job(s) ${{jobs[*]}}"
+  fi
+  [ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null
+  exit 130
+}}
+trap cancel INT TERM HUP
+field() {{ tr ' ' '\\n' <<< "$1" | sed -n "s/^$2=//p" | head -n 1; }}
+record() {{ scontrol show job -o "$1" 2>/dev/null | head -n 1; }}
+submit() {{
+  local id
+  # $1 the script, then sbatch options (which must come before the script on sbatch's line).
+  if ! id="$(sbatch --parsable "${{@:2}}" "$1" 2>&1)"; then
+    echo "DISTRUN_SLURM_ERROR sbatch ${{*:2}} $1: $id"
+    return 1
+  fi
+  id="${{id%%;*}}"
+  jobs+=("$id")
+  echo "$id" >> slurm-jobids
+  echo "DISTRUN_SLURM submitted $1 as job $id"
+}}
+# The state of job $1, reported when it changes; sets st (and rec).
+last=()
+poll() {{
+  rec="$(record "$1")"
+  st="$(field "$rec" JobState)"
+  if [ -z "$st" ]; then
+    st="$(sacct --noheader --parsable2 --allocations --format=State --jobs "$1" 2>/dev/null | head -n 1)"
+    st="${{st%% *}}"
+    st="${{st:-UNKNOWN}}"
+  fi
+  local now="$st $(field "$rec" Reason) $(field "$rec" NodeList)"
+  if [ "${{last[$2]:-}}" != "$now" ]; then
+    last[$2]="$now"
+    echo "DISTRUN_SLURM job $1 $st reason=$(field "$rec" Reason) nodes=$(field "$rec" NodeList)"
+  fi
+}}
+{hostfile}: > slurm-jobids
+submit {scripts[0]} || exit 5
+""" + (f"""# Multi-job: the master must run before the workers learn its node (MASTER_ADDR).
+while :; do
+  poll "${{jobs[0]}}" 0
+  case "$st" in
+    {waiting}) sleep {POLL_S} ;;
+    {running}) break ;;
+    *) break ;;
+  esac
+done
+master="$(field "$rec" BatchHost)"
+if [ -n "$master" ]; then
+  echo "DISTRUN_SLURM master job ${{jobs[0]}} runs on $master: MASTER_ADDR=$master"
+  for script in {' '.join(scripts[1:])}; do
+    submit "$script" --export="ALL,MASTER_ADDR=$master" || {{ scancel "${{jobs[@]}}"; exit 5; }}
+  done
+fi
+""" if multi else "") + f"""# Follow every job until all have ended; the first one that fails ends the others.
+final=COMPLETED
+failed_job=""
+# tail -F waits for the files to appear: a job that ends between two polls is still shown.
+tail -q -n +1 -F -s 0.5 {stream + " " if stream else ""}slurm-"${{jobs[0]}}".out 2>/dev/null &
+tail_pid=$!
+while :; do
+  active=0
+  for i in "${{!jobs[@]}}"; do
+    poll "${{jobs[$i]}}" "$i"
+    case "$st" in
+      {waiting}) active=1 ;;
+      {running}) active=1 ;;
+      *)
+        if [ "$st" != COMPLETED ] && [ "$final" = COMPLETED ]; then
+          final="$st"
+          failed_job="${{jobs[$i]}}"{cancel_rest}
+        fi ;;
+    esac
+  done
+  [ "$active" = 0 ] && break
+  sleep {POLL_S}
+done
+# Let the stream catch up with the last lines before it stops.
+if [ -n "$tail_pid" ]; then sleep 1.5; kill "$tail_pid" 2>/dev/null; wait "$tail_pid" 2>/dev/null; fi
+trap - INT TERM HUP
+rec="$(record "${{failed_job:-${{jobs[0]}}}}")"
+echo "DISTRUN_SLURM_RESULT state=$final job=${{failed_job:-${{jobs[0]}}}} exit=$(field "$rec" ExitCode) nodes=$(field "$rec" NodeList) reason=$(field "$rec" Reason)"
+if [ "$final" != COMPLETED ]; then
+  # The task that exited non-zero, rather than those srun killed because of it.
+  # Only the failed job's output: in multi-job mode the others were cancelled because of it.
+  errors="$(grep -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ' "slurm-$failed_job.out" 2>/dev/null)"
+  bad="$(grep -v -E ': (Killed|Terminated)$' <<< "$errors" | grep -m 1 .)"
+  if [ -n "$bad" ]; then
+    node="$(cut -d: -f3 <<< "$bad" | tr -d ' ')"
+    echo "DISTRUN_FAILED_HOST $node Slurm job ${{failed_job}} ended $final on $node:$(cut -d: -f4- <<< "$bad")"
+  else
+    # srun killed every task (an MPI_Abort ends the step before the rank's own exit is seen):
+    # the rank logs, collected afterwards, name the rank (distrun.slurm.rank_failure_lines).
+    echo "DISTRUN_FAILED_HOST $(field "$rec" NodeList) Slurm job ${{failed_job}} ended $final (exit $(field "$rec" ExitCode), reason $(field "$rec" Reason))"
+  fi
+fi
+exit "$(exit_code_of "${{final%% *}}")"
+"""
+
+
+def driver_files(plan: JobPlan) -> dict[str, str]:
+    return {"slurm-driver.sh": driver_script(plan)}
+
+
+def job_names(plan: JobPlan) -> list[str]:
+    if mode(plan) == "multi-job":
+        return [job_name(plan, i) for i in range(len(plan.hosts))]
+    return [job_name(plan)]

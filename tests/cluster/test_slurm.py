@@ -1,0 +1,148 @@
+"""Slurm on its own 3-node cluster: the role, then `distrun train --launcher slurm` to its ends.
+
+One cluster (``distrun-slurm``, or ``$DISTRUN_SLURM_CLUSTER_NAME``) with an inventory of its own
+that sets ``slurm_enabled: true`` next to a copy of ``inventory/test/group_vars``. The tests run
+in file order and share it: setup, a completed training, a failing rank, a cancelled job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import podcluster
+
+from .conftest import REPO, CliResult, distrun
+
+FAIL_SCRIPT = textwrap.dedent("""
+    import os, socket, sys, time
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    print(f"SCRIPT rank={comm.Get_rank()} host={socket.gethostname()}", flush=True)
+    if os.environ.get("SLEEP"):
+        time.sleep(float(os.environ["SLEEP"]))
+    if comm.Get_rank() == int(os.environ.get("FAIL_RANK", "-1")):
+        sys.exit(3)
+    comm.Barrier()
+""")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(cluster_factory, tmp_path_factory, distrun_home):
+    inv_dir = tmp_path_factory.mktemp("slurm-inventory")
+    shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv_dir / "group_vars")
+    with (inv_dir / "group_vars" / "all.yml").open("a") as fh:
+        fh.write("\n# tests/cluster/test_slurm.py\nslurm_enabled: true\n")
+    name = os.environ.get("DISTRUN_SLURM_CLUSTER_NAME", "distrun-slurm")
+    cluster = cluster_factory(3, name=name, inventory=inv_dir / "hosts.yml")
+    return cluster, inv_dir / "hosts.yml"
+
+
+def _runs(home: Path) -> list[Path]:
+    return sorted((home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)
+
+
+def _leftovers(cluster: podcluster.Cluster, run_id: str) -> list[str]:
+    alive = []
+    for k in (1, 2, 3):
+        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | "
+                              f"grep -qxF 'DISTRUN_RUN_ID={run_id}' && echo $f; done; true", check=False)
+        alive += [f"node{k}:{line}" for line in out.stdout.split() if line.strip()]
+    return alive
+
+
+def _show(result: CliResult) -> str:
+    return result.stdout[-5000:] + result.stderr[-2000:]
+
+
+def test_setup_brings_up_slurm_with_three_idle_nodes(slurm_cluster):
+    cluster, inv = slurm_cluster
+    first = distrun("setup", "--inventory", str(inv))
+    assert first.rc == 0, _show(first)
+    sinfo = cluster.exec(1, "sinfo --noheader --Node --format='%N %t %c'").stdout.split("\n")
+    states = {line.split()[0]: line.split()[1] for line in sinfo if line.strip()}
+    assert states == {"node1": "idle", "node2": "idle", "node3": "idle"}, sinfo
+    for k in (1, 2, 3):
+        key = cluster.exec(k, "stat -c '%a %U' /etc/munge/munge.key && md5sum < /etc/munge/munge.key").stdout.split("\n")
+        assert key[0] == "400 munge"
+        assert key[1] == cluster.exec(1, "md5sum < /etc/munge/munge.key").stdout.split("\n")[0], f"node{k} has another key"
+    assert cluster.exec(2, "systemctl is-active slurmd").stdout.strip() == "active"
+    assert cluster.exec(1, "systemctl is-active slurmctld").stdout.strip() == "active"
+    second = distrun("setup", "--inventory", str(inv))
+    assert second.rc == 0, _show(second)
+    assert second.recap()["changed"] == 0, _show(second)
+
+
+def test_train_ddp_under_slurm_completes_on_three_nodes(slurm_cluster, distrun_home):
+    cluster, inv = slurm_cluster
+    result = distrun("train", "--inventory", str(inv), "--launcher", "slurm", "--workload", "ddp", "--epochs", "3")
+    assert result.rc == 0, _show(result)
+    assert "DISTRUN_SLURM_RESULT state=COMPLETED" in result.stdout
+    assert re.search(r"DISTRUN_SLURM job \d+ PENDING", result.stdout), "queue state not shown"
+    assert "epoch 3/3" in result.stdout, "rank 0's progress was not streamed"
+    run = _runs(distrun_home)[-1]
+    ranks = {}
+    for f in (run / "nodes").rglob("stdout"):
+        m = re.search(r"DISTRUN_RANK rank=(\d+) \S+ world_size=(\d+) host=(\S+)", f.read_text(errors="replace"))
+        if m:
+            ranks[int(m[1])] = (int(m[2]), m[3])
+    assert ranks == {0: (3, "node1"), 1: (3, "node2"), 2: (3, "node3")}, ranks
+    # The munge key is in no run record.
+    key = cluster.exec(1, "base64 -w0 /etc/munge/munge.key").stdout.strip()
+    assert key
+    for f in distrun_home.rglob("*"):
+        if f.is_file():
+            assert key not in f.read_text(errors="replace"), f"munge key found in {f}"
+
+
+def test_failing_rank_gives_non_zero_exit_naming_the_node(slurm_cluster, tmp_path):
+    cluster, inv = slurm_cluster
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_SCRIPT)
+    result = distrun("train", "--inventory", str(inv), "--launcher", "slurm", "--skip-preflight",
+                     "--script", str(script), "--env", "FAIL_RANK=1")
+    assert result.rc == 1, _show(result)
+    assert "DISTRUN_SLURM_RESULT state=FAILED" in result.stdout, _show(result)
+    assert re.search(r"failed \(launcher exit 1\).*node2", " ".join(result.stdout.split())), _show(result)
+    assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
+
+
+def test_interrupt_cancels_the_job_and_leaves_nothing_running(slurm_cluster, distrun_home, tmp_path):
+    cluster, inv = slurm_cluster
+    script = tmp_path / "sleepy.py"
+    script.write_text(FAIL_SCRIPT)
+    log = tmp_path / "cli.log"
+    env = {**os.environ, "COLUMNS": "200"}
+    with log.open("w") as out:
+        # Default SIGINT in the child: a shell's background jobs (CI) start with it ignored.
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "distrun"), "train", "--inventory", str(inv),
+                                 "--launcher", "slurm", "--skip-preflight", "--script", str(script), "--env", "SLEEP=300"],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 180
+            while "RUNNING" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(1)
+            assert "RUNNING" in log.read_text(), log.read_text()[-4000:]
+            time.sleep(2)
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert rc == 130, log.read_text()[-4000:]
+    job_id = re.search(r"submitted job.sbatch as job (\d+)", log.read_text())[1]
+    state = cluster.exec(1, f"scontrol show job -o {job_id}").stdout
+    assert "JobState=CANCELLED" in state, state
+    assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
+    run_id = _runs(distrun_home)[-1].name
+    assert _leftovers(cluster, run_id) == []
