@@ -42,6 +42,10 @@ def slurm_cluster(cluster_factory, tmp_path_factory, distrun_home):
     shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv_dir / "group_vars")
     with (inv_dir / "group_vars" / "all.yml").open("a") as fh:
         fh.write("\n# tests/cluster/test_slurm.py\nslurm_enabled: true\n")
+    # Slurm runs the torch workload here: no Jittor, so no compiler and no Jittor build. Every
+    # node is in 'workers', whose group_vars win over 'all'.
+    (inv_dir / "group_vars" / "workers.yml").write_text(
+        "# tests/cluster/test_slurm.py\nmpi_env_packages: ['torch==2.13.0+cpu']\nbase_packages_extra: []\n")
     name = os.environ.get("DISTRUN_SLURM_CLUSTER_NAME", "distrun-slurm")
     cluster = cluster_factory(3, name=name, inventory=inv_dir / "hosts.yml")
     return cluster, inv_dir / "hosts.yml"
