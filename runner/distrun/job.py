@@ -59,6 +59,7 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     port: int = 29500
     preflight: bool = True
+    allow_gpu_mismatch: bool = False
 
 
 def _network(cluster: Cluster) -> NetworkChoice | None:
@@ -91,6 +92,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
         extra_env=request.env,
         network=_network(cluster),
         master_port=request.port,
+        allow_gpu_mismatch=request.allow_gpu_mismatch,
     )
 
 
@@ -233,7 +235,7 @@ def _common_vars(plan: JobPlan) -> dict:
 
 def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
     result = _playbook("preflight", "playbooks/preflight.yml", request.inventory, run,
-                       [n.name for n in cluster.nodes], {})
+                       [n.name for n in cluster.nodes], {"preflight_ports": [request.port]})
     if not result.ok:
         first = result.failures()[0] if result.failures() else None
         where = f" on {first.name}: {first.last_error}" if first else ""
@@ -413,27 +415,6 @@ def run_partition_only(request: JobRequest) -> int:
     assert plan.partition is not None
     result = _playbook("partition", "playbooks/stage.yml", request.inventory, run, [cluster.head.name],
                        _stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)
-    run.finish(0 if result.ok else 1)
-    return 0 if result.ok else 1
-
-
-def run_check(inventory: Path, as_json: bool) -> int:
-    cluster = load_cluster(inventory, paths.fact_cache_dir())
-    run = new_run("check", inventory)
-    started = time.monotonic()
-    result = run_playbook("playbooks/preflight.yml", inventory, run.dir,
-                          on_event=None if as_json else PlaybookProgress("preflight", [n.name for n in cluster.nodes]))
-    report = {
-        "ok": result.ok,
-        "hosts": {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()},
-        "elapsed_s": round(time.monotonic() - started, 2),
-    }
-    for node in cluster.nodes:
-        report["hosts"].setdefault(node.name, {"state": "not reached", "error": ""})
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_summary(result, time.monotonic() - started)
     run.finish(0 if result.ok else 1)
     return 0 if result.ok else 1
 
