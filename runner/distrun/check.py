@@ -9,6 +9,7 @@ fake probes; ``run_check`` is the thin part that talks to the nodes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
@@ -19,13 +20,14 @@ from typing import Any
 
 from . import contract, paths
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
-from .inventory import Cluster, Node, load_cluster
+from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
 from .plan import gpu_slot_mismatches
 from .runs import new_run
 
 # Report order; also the rows of the human table.
 CHECKS = ("reach", "env", "mpi4py", "versions", "ports", "ssh", "names", "shared folder", "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
+PROBE_TASK = "Probe env, versions"
 SEEN_TASK = "Look for the head's probe file"
 
 
@@ -237,30 +239,43 @@ class _Collector:
 
     def __call__(self, ev: PlaybookEvent) -> None:
         if ev.kind in ("ok", "changed") and ev.host:
-            facts = ev.data.get("ansible_facts") or {}
-            if isinstance(facts.get("_preflight_found"), Mapping):
-                self.probes[ev.host] = dict(facts["_preflight_found"])
+            if ev.task.startswith(PROBE_TASK):
+                try:
+                    found = json.loads(str(ev.data.get("stdout", "")))
+                except ValueError:
+                    found = None
+                if isinstance(found, dict):
+                    self.probes[ev.host] = found
             if ev.task.startswith(SEEN_TASK):
                 self.seen[ev.host] = str(ev.data.get("stdout", ""))
         if self.forward is not None:
             self.forward(ev)
 
 
-def run_check(inventory: Path, label: str, on_event: Callable[[PlaybookEvent], None] | None = None,
-              ) -> tuple[dict[str, Any], Cluster]:
-    """Run the full preflight; the report as 'distrun check --json' prints it, and the cluster."""
-    cluster = load_cluster(inventory, paths.fact_cache_dir())
-    run = new_run("check", inventory)
+def run_check(inventory: Path, label: str,
+              progress: Callable[[list[str]], Any] | None = None) -> tuple[dict[str, Any], Cluster]:
+    """Run the full preflight; the report as 'distrun check --json' prints it, and the cluster.
+
+    ``progress(host_names)`` gives a context manager that is also the event handler (the live
+    table of the human output); without it nothing is printed.
+    """
     started = time.monotonic()
-    collector = _Collector(on_event)
-    result: PlaybookResult = run_playbook(
-        "playbooks/preflight.yml", inventory, run.dir, on_event=collector,
-        extravars={"preflight_full": True, "preflight_inventory": label},
-    )
+    # Read the inventory once (ansible-inventory takes a second or more): a stopped node must
+    # be reported fast, and the second Cluster below only re-reads the fact cache.
+    data = read_inventory_json(inventory)
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir())
+    run = new_run("check", inventory)
+    names = [n.name for n in cluster.nodes]
+    with (progress(names) if progress else contextlib.nullcontext()) as on_event:
+        collector = _Collector(on_event)
+        result: PlaybookResult = run_playbook(
+            "playbooks/preflight.yml", inventory, run.dir, on_event=collector,
+            extravars={"preflight_full": True, "preflight_inventory": label},
+        )
     hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
     for node in cluster.nodes:
         hosts.setdefault(node.name, {"state": "not reached", "error": ""})
-    cluster = load_cluster(inventory, paths.fact_cache_dir())  # the facts just gathered: gpus
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir())  # the facts just gathered: gpus
     reached = [n for n in cluster.workers if hosts[n.name]["state"] != "unreachable"]
     report = build_report(
         nodes=[n.name for n in cluster.nodes], head=cluster.head.name, probes=collector.probes,

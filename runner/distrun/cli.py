@@ -160,12 +160,10 @@ def check(inventory: str, as_json: bool) -> None:
         report, _ = run_check(inv, inventory)
         click.echo(json.dumps(report, indent=2))
     else:
-        from .inventory import load_cluster
         from .ui import PlaybookProgress
 
-        names = [n.name for n in load_cluster(inv).nodes]
-        with PlaybookProgress(f"distrun check on {len(names)} node(s) from {inv}", names) as progress:
-            report, _ = run_check(inv, inventory, on_event=progress)
+        report, _ = run_check(inv, inventory, progress=lambda names: PlaybookProgress(
+            f"distrun check on {len(names)} node(s) from {inv}", names))
         print_check_report(report)
     sys.exit(0 if report["ok"] else 1)
 

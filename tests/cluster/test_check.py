@@ -97,9 +97,9 @@ def test_a_busy_rendezvous_port_on_the_head_names_port_and_process(provisioned):
 
 
 def test_a_wrong_address_for_a_name_on_one_node_is_named(provisioned):
-    # /etc/hosts is bind-mounted by podman: rewrite it in place, never by rename.
-    provisioned.exec(2, "cp /etc/hosts /tmp/hosts.bak && "
-                        "sed 's/^[0-9.]*\\( node3\\)$/127.0.0.2\\1/' /tmp/hosts.bak > /etc/hosts")
+    # The first /etc/hosts line for a name wins. The file is bind-mounted by podman: rewrite it
+    # in place, never by rename.
+    provisioned.exec(2, "cp /etc/hosts /tmp/hosts.bak && { echo '127.0.0.2 node3'; cat /tmp/hosts.bak; } > /etc/hosts")
     try:
         rc, report, _ = check_json()
         assert rc == 1

@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 CFG = json.loads(sys.argv[1])
@@ -164,7 +165,7 @@ def probe_shared_file(path, targets):
     """The head writes the probe file; in sync mode it also rsyncs it to every other node."""
     made = as_user(["touch", path])
     if made.returncode != 0:
-        return {"ok": False, "detail": f"cannot create {path} as {USER}: {_last_line(made.stderr)}"}, {}
+        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {_last_line(made.stderr)}"}, {}
     synced = {}
     if targets:
         rsh = f"ssh -o BatchMode=yes -o ConnectTimeout={TIMEOUT}"
@@ -175,7 +176,7 @@ def probe_shared_file(path, targets):
         for t, proc in procs.items():
             synced[t] = ({"ok": True, "detail": "synced"} if proc.returncode == 0
                          else {"ok": False, "detail": f"rsync from the head failed: {_last_line(proc.stderr)}"})
-    return {"ok": True, "detail": f"wrote {path}"}, synced
+    return {"ok": True, "file": path, "detail": f"wrote {path}"}, synced
 
 
 def main():
@@ -199,8 +200,10 @@ def main():
         report["names"] = {n: f.result() for n, f in names_f.items()}
     if CFG.get("ports"):
         report["ports"] = probe_ports(CFG["ports"])
-    if CFG.get("probe_file"):
-        report["shared_probe"], report["synced"] = probe_shared_file(CFG["probe_file"], CFG.get("sync_targets", []))
+    if CFG.get("shared_probe"):
+        # A unique name: two checks at once, or a file left by a killed check, never match.
+        path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{uuid.uuid4().hex[:12]}")
+        report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
     print(json.dumps(report, sort_keys=True))
 
 
