@@ -28,6 +28,7 @@ class HostProgress:
     skipped: int = 0
     unreachable: bool = False
     last_error: str = ""
+    failed_play: str = ""  # the play the host failed in: one playbook may hold several steps
 
     @property
     def state(self) -> str:
@@ -146,6 +147,7 @@ def run_playbook(
     private.chmod(0o700)
     hosts: dict[str, HostProgress] = {}
     current_task = {"name": ""}
+    current_play = {"name": ""}
 
     def host(name: str) -> HostProgress:
         return hosts.setdefault(name, HostProgress(name))
@@ -161,6 +163,7 @@ def run_playbook(
         task = str(data.get("task") or current_task["name"])
         res = data.get("res") or {}
         if kind == "playbook_on_play_start":
+            current_play["name"] = str(data.get("play", ""))
             emit(PlaybookEvent("play", None, str(data.get("play", ""))))
         elif kind == "playbook_on_task_start":
             current_task["name"] = task
@@ -178,11 +181,13 @@ def run_playbook(
             h = host(name)
             h.failed += 1
             h.last_error = f"{task}: {_message(res)}"
+            h.failed_play = h.failed_play or str(data.get("play") or current_play["name"])
             emit(PlaybookEvent("failed", name, task, _message(res), res))
         elif kind == "runner_on_unreachable" and name:
             h = host(name)
             h.unreachable = True
             h.last_error = f"{task}: {_message(res)}"
+            h.failed_play = h.failed_play or str(data.get("play") or current_play["name"])
             emit(PlaybookEvent("unreachable", name, task, _message(res), res))
         elif kind == "runner_on_skipped" and name:
             host(name).skipped += 1

@@ -105,7 +105,7 @@ def read_inventory_json(path: Path) -> dict[str, Any]:
 
 def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
     """Hosts of a group including those of its child groups."""
-    seen: list[str] = []
+    seen: dict[str, None] = {}  # ordered and O(1) membership: inventories reach thousands of hosts
     pending = [group]
     visited: set[str] = set()
     while pending:
@@ -115,10 +115,9 @@ def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
         visited.add(g)
         entry = data.get(g) or {}
         for h in entry.get("hosts", []):
-            if h not in seen:
-                seen.append(h)
+            seen.setdefault(h, None)
         pending.extend(entry.get("children", []))
-    return seen
+    return list(seen)
 
 
 def _gpus_from_facts(facts: Mapping[str, Any] | None) -> int:
@@ -193,6 +192,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         )
     head_name = heads[0]
     ordered = sorted(workers, key=lambda h: (h != head_name, h))
+    worker_set = set(workers)
 
     def make(name: str) -> Node:
         hv = hostvars.get(name, {})
@@ -205,7 +205,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
             slots_source=source,
             gpus=gpus,
             is_head=name == head_name,
-            is_worker=name in workers,
+            is_worker=name in worker_set,
             hostvars=hv,
         )
 

@@ -6,12 +6,16 @@ turn it into commands (pure), and the playbooks execute exactly those commands.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import os
 import re
 import shlex
+import subprocess
 import sys
+import threading
 import tarfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,11 +23,13 @@ from pathlib import Path
 
 from . import paths
 from .ansible_bridge import PlaybookResult, run_playbook
+from .collect import collect_hosts, pull_run
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
 from .launchers import mpirun_argv, sbatch_script, torchrun_argv
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
+from .remote import shell_argv
 from .plan import WORKLOADS, JobPlan, build_plan, render_hostfile, render_rank_wrapper
 from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
@@ -185,40 +191,49 @@ def _needs_jittor(plan: JobPlan) -> bool:
     return plan.workload is not None and WORKLOADS[plan.workload].framework == "jittor"
 
 
-def workloads_archive(run: Run) -> tuple[str, str]:
-    """Pack the reference workloads once per run: one transfer instead of one per file.
+def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_workloads: bool = True) -> tuple[str, str]:
+    """Pack what a run needs on its nodes into one archive, sent in one round trip per host.
 
-    The digest of their contents names a marker on the nodes, so unchanged workloads are not
-    sent again.
+    ``run/`` holds the rendered files and launch scripts (exact text, 0644; scripts 0755) and
+    the user's program; ``workloads/`` the reference workloads, whose digest names a marker on
+    the nodes so unchanged workloads are not unpacked again. The archive is stored base64 in
+    the run record (it travels as a task's stdin). Returns (bundle path, workloads digest).
     """
     src = paths.project_dir() / "workloads"
-    files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    wl_files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if with_workloads else []
     digest = hashlib.sha256()
-    for f in files:
+    for f in wl_files:
         digest.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
-    archive = run.dir / "workloads.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for f in files:
-            info = tar.gettarinfo(str(f), arcname=str(f.relative_to(src)))
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mode = 0o644
-            with f.open("rb") as fh:
-                tar.addfile(info, fh)
-    return str(archive), digest.hexdigest()[:16]
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        info.mtime = int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in sorted(files.items()):
+            add(tar, f"run/{name}", text.encode(), 0o755 if name.endswith(".sh") else 0o644)
+        if script is not None:
+            add(tar, f"run/{script.name}", script.read_bytes(), 0o644)
+        for f in wl_files:
+            add(tar, f"workloads/{f.relative_to(src)}", f.read_bytes(), 0o644)
+    path = run.write("bundle.tar.gz.b64", base64.b64encode(buf.getvalue()).decode() + "\n")
+    return str(path), digest.hexdigest()[:16]
 
 
 def _stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
                 script: Path | None, jittor_warm: bool) -> dict:
-    """Extravars of stage.yml (and of launch.yml, which reads the same names)."""
-    archive, digest = workloads_archive(run)
+    """Extravars of run.yml and stage.yml (the launch play reads the same names)."""
+    launch_files = {f"launch-{h}.sh": text for h, text in scripts.items()}
+    bundle, digest = run_bundle(run, {**files, **launch_files}, script.resolve() if script else None)
     return {
         **_common_vars(plan),
-        "distrun_run_files": files,
-        "distrun_launch_scripts": scripts,
-        "distrun_workloads_archive": archive,
+        "distrun_run_bundle": bundle,
         "distrun_workloads_digest": digest,
-        "distrun_user_script": str(script.resolve()) if script else "",
+        "distrun_launch_hosts": sorted(scripts),
         "distrun_jittor_warm": jittor_warm,
         "distrun_partition_argv": list(plan.partition or []),
         "distrun_partition_dir": plan.partition_dir or "",
@@ -237,47 +252,91 @@ def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
     result = _playbook("preflight", "playbooks/preflight.yml", request.inventory, run,
                        [n.name for n in cluster.nodes], {"preflight_ports": [request.port]})
     if not result.ok:
-        first = result.failures()[0] if result.failures() else None
-        where = f" on {first.name}: {first.last_error}" if first else ""
-        run.finish(3, "preflight failed")
-        raise UserError(f"preflight failed{where}; nothing was started (see 'distrun check --inventory {request.inventory}')",
-                        exit_code=3)
+        _refuse_preflight(request, run, result)
+
+
+def _refuse_preflight(request: JobRequest, run: Run, result: PlaybookResult) -> None:
+    first = result.failures()[0] if result.failures() else None
+    where = f" on {first.name}: {first.last_error}" if first else ""
+    run.finish(3, "preflight failed")
+    raise UserError(f"preflight failed{where}; nothing was started (see 'distrun check --inventory {request.inventory}')",
+                    exit_code=3)
+
+
+def _facts_missing(cluster: Cluster) -> bool:
+    cache = paths.fact_cache_dir()
+    return any(load_facts(cache, n.name) is None for n in cluster.nodes)
+
+
+def _planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, dict[str, str]]:
+    """What run.yml verifies before staging: each rank host's interface still has its address."""
+    if network is None:
+        return {}
+    rank_hosts = {x.name for x in plan.hosts}
+    return {h: {"iface": c.name, "address": c.address} for h, c in network.per_host.items() if h in rank_hosts}
+
+
+def _failed_step(result: PlaybookResult) -> str:
+    """Which play of run.yml failed: 'preflight', 'stage' or 'launch'."""
+    plays = [h.failed_play.lower() for h in result.failures()]
+    for step in ("preflight", "stage", "start"):
+        if any(p.startswith(step) for p in plays):
+            return "launch" if step == "start" else step
+    return "launch" if not plays else "preflight"
 
 
 def run_job(request: JobRequest) -> int:
     cluster = load_cluster(request.inventory, paths.fact_cache_dir())
     run = new_run("train", request.inventory)
     console.print(f"run {run.id}: record in {run.dir}")
-    if request.preflight:
+    if request.preflight and _facts_missing(cluster):
+        # First run against these nodes: the plan needs their interfaces and GPUs, so gather
+        # facts first; later runs plan from the cache and run.yml verifies it still holds.
         _preflight(request, cluster, run)
-        cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # facts now fresh
-    plan = make_plan(request, cluster, run.id)
-    run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
-    files = plan_files(plan)
-    scripts = launch_scripts(plan)
-    commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
-    if plan.partition:
-        commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
-    run.write("commands.txt", "\n".join(commands))
-    rank_hosts = [h.name for h in plan.hosts]
-    limit = ",".join(dict.fromkeys([cluster.head.name, *rank_hosts]))
-    base_vars = _stage_vars(plan, run, files, scripts, request.script, _needs_jittor(plan))
-    result = _playbook("stage the run", "playbooks/stage.yml", request.inventory, run, limit.split(","),
-                       base_vars, limit=limit)
-    if not result.ok:
-        run.finish(4, "staging failed")
-        return 4
-
+        cluster = load_cluster(request.inventory, paths.fact_cache_dir())
     started = time.monotonic()
     rc: int | None = None
     interrupted = False
     lines: list[str] = []
+    plan: JobPlan | None = None
+    limit = ""
+    launched = False  # once run.yml reached its launch play, ranks may run: stop and collect
     try:
-        result = _playbook(f"launch {plan.world_size} rank(s) with {plan.launcher}", "playbooks/launch.yml",
-                           request.inventory, run, limit.split(","), base_vars, limit=limit)
-        if not result.ok:
+        for attempt in (1, 2):
+            network = _network(cluster)
+            plan = make_plan(request, cluster, run.id)
+            files = plan_files(plan)
+            scripts = launch_scripts(plan)
+            _record_plan(run, plan, files, scripts)
+            rank_hosts = [h.name for h in plan.hosts]
+            limit = ",".join(dict.fromkeys([cluster.head.name, *rank_hosts]))
+            extravars = {
+                **_stage_vars(plan, run, files, scripts, request.script, _needs_jittor(plan)),
+                "distrun_planned_network": _planned_network(plan, network),
+                "distrun_skip_preflight": not request.preflight,
+                "preflight_ports": [request.port],
+            }
+            started = time.monotonic()
+            title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
+            result = _playbook(title, "playbooks/run.yml", request.inventory, run, limit.split(","), extravars, limit=limit)
+            step = "launch" if result.ok else _failed_step(result)
+            launched = step == "launch"
+            if result.ok:
+                break
+            if step == "preflight":
+                replan = any("DISTRUN_REPLAN" in h.last_error for h in result.failures())
+                if replan and attempt == 1:
+                    console.print("[yellow]the nodes' network changed since the last run: planning again[/yellow]")
+                    cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # facts now fresh
+                    continue
+                _refuse_preflight(request, run, result)
+            if step == "stage":
+                run.finish(4, "staging failed")
+                return 4
             rc = 5
-        else:
+            break
+        assert plan is not None
+        if rc is None:
             outcome = _follow(cluster, plan, run, scripts, lines)
             rc = outcome.rc
             if outcome.host and outcome.rc != 0:
@@ -287,17 +346,27 @@ def run_job(request: JobRequest) -> int:
         interrupted = True
         err_console.print("[yellow]interrupted: stopping every rank on every node[/yellow]")
     finally:
-        if interrupted or rc is None or rc != 0:
-            _stop(request.inventory, run, plan.run_id, limit)
-        _collect(request.inventory, run, plan, limit)
+        if plan is not None and limit and (launched or interrupted):
+            if interrupted or rc is None or rc != 0:
+                _stop(request.inventory, run, plan.run_id, limit)
+            _collect(request.inventory, run, plan, cluster)
     elapsed = time.monotonic() - started
     if interrupted:
         run.finish(130, "interrupted", status="stopped")
         return 130
-    assert rc is not None
+    assert rc is not None and plan is not None
     summary = _summarise(run, plan, rc, elapsed, lines)
     run.finish(0 if rc == 0 else 1, summary)
     return 0 if rc == 0 else 1
+
+
+def _record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str]) -> None:
+    """plan.json and commands.txt: exactly what this run executes, readable before it starts."""
+    run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
+    commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
+    if plan.partition:
+        commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
+    run.write("commands.txt", "\n".join(commands))
 
 
 def _follow(cluster: Cluster, plan: JobPlan, run: Run, scripts: dict[str, str], lines: list[str]) -> Outcome:
@@ -334,13 +403,19 @@ def _stop(inventory: Path, run: Run, run_id: str, limit: str | None) -> None:
     run_playbook("playbooks/stop.yml", inventory, run.dir, extravars={"distrun_run_id": run_id}, limit=limit)
 
 
-def _collect(inventory: Path, run: Run, plan: JobPlan, limit: str) -> None:
+def _collect(inventory: Path, run: Run, plan: JobPlan, cluster: Cluster) -> None:
     dest = run.dir / "nodes"
     dest.mkdir(exist_ok=True, mode=0o700)
+    hosts = collect_hosts(cluster, [h.name for h in plan.hosts])
+    failed = pull_run(cluster, plan.run_dir, hosts, dest)
+    if not failed:
+        return
+    # Whatever a tar over ssh could not bring, the playbook tries file by file.
     result = run_playbook("playbooks/collect.yml", inventory, run.dir,
-                          extravars={**_common_vars(plan), "distrun_collect_dest": str(dest)}, limit=limit)
+                          extravars={**_common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(failed))
     if not result.ok:
-        err_console.print(f"[yellow]some logs could not be collected: {[h.name for h in result.failures()]}[/yellow]")
+        lost = ", ".join(f"{h.name} ({h.last_error})" for h in result.failures()) or ", ".join(failed)
+        err_console.print(f"[yellow]some logs could not be collected: {lost}[/yellow]")
 
 
 def rank_logs(run: Run) -> dict[int, Path]:
@@ -419,15 +494,47 @@ def run_partition_only(request: JobRequest) -> int:
     return 0 if result.ok else 1
 
 
+def rank_host(plan: dict, rank: int) -> tuple[str, int] | None:
+    """(host, local rank) of a rank in a recorded plan: ranks fill each host's slots in order."""
+    first = 0
+    for h in plan.get("hosts", []):
+        if rank < first + int(h["slots"]):
+            return str(h["name"]), rank - first
+        first += int(h["slots"])
+    return None
+
+
+def remote_log_command(plan: dict, rank: int) -> str | None:
+    """Shell command that waits for a rank's log on its node, then follows it."""
+    where = rank_host(plan, rank)
+    if where is None:
+        return None
+    host, local = where
+    patterns = {
+        "mpirun": f"ranks/*/rank.{rank}/stdout",
+        "torchrun": f"torchrun/{host}/*/attempt_*/{local}/stdout.log",
+        "slurm": f"slurm-*-{rank}.out",
+    }.get(str(plan.get("launcher")), f"ranks/*/rank.{rank}/stdout")
+    d = shlex.quote(f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}")
+    return (f"cd {d} 2>/dev/null || exit 3; for i in $(seq 1200); do "
+            f"f=$(ls -1 {patterns} 2>/dev/null | tail -n 1); [ -n \"$f\" ] && break; sleep 0.5; done; "
+            f"[ -n \"$f\" ] || exit 4; exec tail -n +1 -F -s 0.5 \"$f\"")
+
+
 def print_logs(run_id: str, rank: int | None, follow: bool) -> None:
     run = load_run(run_id)
     if rank is None:
+        # The runner writes launcher.log as the run goes: following it is following the run.
         path = run.dir / "launcher.log"
     else:
         logs = rank_logs(run)
+        if rank not in logs and run.meta.status == "running" and follow:
+            _follow_remote_rank(run, rank)
+            return
         if rank not in logs:
             have = ", ".join(str(r) for r in sorted(logs)) or "none"
-            raise UserError(f"run {run.id}: no log for rank {rank} (ranks with logs: {have})")
+            state = " (still running: add --follow to read it live from its node)" if run.meta.status == "running" else ""
+            raise UserError(f"run {run.id}: no log for rank {rank} (ranks with logs: {have}){state}")
         path = logs[rank]
     if not path.is_file():
         raise UserError(f"run {run.id}: {path.name} does not exist yet")
@@ -440,6 +547,45 @@ def print_logs(run_id: str, rank: int | None, follow: bool) -> None:
             if not follow or load_run(run.id).meta.status != "running":
                 break
             time.sleep(0.5)
+
+
+def _follow_remote_rank(run: Run, rank: int) -> None:
+    """Tail a running rank's log on its own node until the run ends."""
+    plan_file = run.dir / "plan.json"
+    if not plan_file.is_file():
+        raise UserError(f"run {run.id}: no plan.json yet (the run is still being planned); try again in a moment")
+    plan = json.loads(plan_file.read_text())
+    command = remote_log_command(plan, rank)
+    if command is None:
+        raise UserError(f"run {run.id}: rank {rank} does not exist (world size {plan.get('world_size')})")
+    host, _ = rank_host(plan, rank) or ("", 0)
+    cluster = load_cluster(Path(run.meta.inventory), paths.fact_cache_dir())
+    node = next((n for n in cluster.nodes if n.name == host), None)
+    if node is None:
+        raise UserError(f"run {run.id}: host {host} of rank {rank} is no longer in inventory {run.meta.inventory}")
+    proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert proc.stdout is not None
+    done = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        done.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        while not done.is_set() and load_run(run.id).meta.status == "running":
+            time.sleep(0.5)
+        done.wait(1.5)  # the last lines tail printed before the run was marked finished
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def stop_run(run_id: str) -> int:

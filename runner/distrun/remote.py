@@ -22,7 +22,8 @@ def shell_argv(node: Node, command: str) -> list[str]:
             f"host {node.name}: ansible_connection={connection} cannot stream live output; "
             "use ssh or local for the head node"
         )
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
+            "-o", "ServerAliveCountMax=3"]
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         if hv.get(key):
             argv += shlex.split(str(hv[key]))

@@ -1,0 +1,106 @@
+"""The runner's pure pieces around a run: bundles, which step failed, where a rank's log is."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from distrun import collect, job
+from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.runs import new_run
+
+
+@pytest.fixture()
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    return new_run("train", inv)
+
+
+def _members(bundle: str) -> dict[str, tarfile.TarInfo]:
+    raw = base64.b64decode(Path(bundle).read_text())
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def test_bundle_holds_run_files_scripts_and_workloads_with_their_modes(run, tmp_path):
+    script = tmp_path / "train_me.py"
+    script.write_text("print('hi')\n")
+    bundle, digest = job.run_bundle(run, {"hostfile": "node1 slots=1\n", "launch-node1.sh": "#!/bin/bash\n"}, script)
+    members = _members(bundle)
+    assert members["run/hostfile"].mode == 0o644
+    assert members["run/launch-node1.sh"].mode == 0o755
+    assert "run/train_me.py" in members
+    assert "workloads/gcn_jittor.py" in members and "workloads/partition.py" in members
+    assert not any("__pycache__" in n for n in members)
+    assert len(digest) == 16
+    # The record stays private: the bundle holds the user's program.
+    assert Path(bundle).stat().st_mode & 0o077 == 0
+
+
+def test_bundle_digest_changes_only_with_the_workloads(run):
+    _, first = job.run_bundle(run, {"hostfile": "a\n"}, None)
+    _, second = job.run_bundle(run, {"hostfile": "b\n"}, None)
+    assert first == second
+
+
+def _result(*failures: tuple[str, str]) -> PlaybookResult:
+    hosts = {name: HostProgress(name, failed=1, failed_play=play, last_error="x") for name, play in failures}
+    return PlaybookResult("playbooks/run.yml", 2, "failed", hosts, Path("."))
+
+
+@pytest.mark.parametrize(("play", "step"), [
+    ("Preflight every node of the run", "preflight"),
+    ("Stage the run's files on the head and the rank hosts", "stage"),
+    ("Start the run's launchers", "launch"),
+])
+def test_the_failed_step_is_read_from_the_play_name(play, step):
+    assert job._failed_step(_result(("node2", play))) == step
+
+
+def test_the_earliest_failed_step_wins():
+    assert job._failed_step(_result(("node1", "Start the run's launchers"), ("node3", "Preflight every node of the run"))) == "preflight"
+
+
+def test_play_names_in_run_yml_match_what_the_runner_reads():
+    text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
+    assert "- name: Preflight every node" in text and "- name: Stage the run" in text and "- name: Start the run" in text
+
+
+PLAN = {
+    "run_id": "R1", "shared_dir": "/srv/distrun/", "launcher": "mpirun", "world_size": 5,
+    "hosts": [{"name": "node1", "slots": 2}, {"name": "node2", "slots": 1}, {"name": "node3", "slots": 2}],
+}
+
+
+@pytest.mark.parametrize(("rank", "where"), [(0, ("node1", 0)), (1, ("node1", 1)), (2, ("node2", 0)),
+                                             (3, ("node3", 0)), (4, ("node3", 1)), (5, None)])
+def test_ranks_fill_each_hosts_slots_in_order(rank, where):
+    assert job.rank_host(PLAN, rank) == where
+
+
+def test_remote_log_command_names_the_rank_file_of_each_launcher():
+    mpirun = job.remote_log_command(PLAN, 3)
+    assert mpirun is not None and "cd /srv/distrun/runs/R1" in mpirun and "ranks/*/rank.3/stdout" in mpirun
+    torch = job.remote_log_command({**PLAN, "launcher": "torchrun"}, 4)
+    assert torch is not None and "torchrun/node3/*/attempt_*/1/stdout.log" in torch
+    assert job.remote_log_command(PLAN, 9) is None
+
+
+def test_collect_unpacks_only_plain_files_inside_the_destination():
+    def info(name: str, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
+        t = tarfile.TarInfo(name)
+        t.type = kind
+        return t
+
+    assert collect._safe(info("./ranks/1/rank.0/stdout"))
+    assert collect._safe(info("ranks", tarfile.DIRTYPE))
+    assert not collect._safe(info("/etc/passwd"))
+    assert not collect._safe(info("../../.ssh/authorized_keys"))
+    assert not collect._safe(info("link", tarfile.SYMTYPE))
+    assert not collect._safe(info("dev", tarfile.CHRTYPE))
