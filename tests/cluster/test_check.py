@@ -41,7 +41,8 @@ def test_healthy_cluster_passes_every_check(provisioned):
     assert set(report["checks"]["ports"]) == {"node1"}
     assert report["checks"]["shared folder"]["node3"]["detail"].startswith("synced")
     assert report["checks"]["ssh"]["node2"]["detail"] == "reaches node1,node3"  # pairwise, not only from the head
-    assert "jittor absent" in report["checks"]["versions"]["node1"]["detail"]
+    assert "mpi4py " in report["checks"]["versions"]["node1"]["detail"]
+    assert "jittor " in report["checks"]["versions"]["node1"]["detail"]  # a version or "absent"
     assert report["hosts"] == {h: {"state": "ok", "error": ""} for h in ("node1", "node2", "node3")}
     print(f"distrun check on the healthy 3-node cluster: {elapsed:.1f}s wall, {report['elapsed_s']}s in check")
     # The probe file is gone from every node again.
@@ -55,16 +56,17 @@ def test_healthy_cluster_passes_every_check(provisioned):
 
 
 def test_a_different_package_version_on_node3_is_named_and_train_refuses(provisioned, tmp_path):
-    # A fake dist-info: node3's env now "has" jittor 9.9.9 where the others have none.
-    fake = f"{SITE}/jittor-9.9.9.dist-info"
-    provisioned.exec(3, f"mkdir -p {fake} && printf 'Metadata-Version: 2.1\\nName: jittor\\nVersion: 9.9.9\\n' > {fake}/METADATA")
+    # Fake another mpi4py on node3: its METADATA's Version line is what the probe reads.
+    meta = provisioned.exec(3, f"ls -d {SITE}/mpi4py-*.dist-info").stdout.strip() + "/METADATA"
+    want = provisioned.exec(3, f"sed -n 's/^Version: //p' {meta}").stdout.strip()
+    provisioned.exec(3, f"cp {meta} /tmp/mpi4py.METADATA && sed -i 's/^Version: .*/Version: 0.0.1/' {meta}")
     try:
         rc, report, _ = check_json()
         assert rc == 1
         bad = failed(report)
         assert list(bad) == [("versions", "node3")], bad
         detail = bad[("versions", "node3")]["detail"]
-        assert "jittor absent on node1,node2 but 9.9.9 on node3" in detail
+        assert f"mpi4py {want} on node1,node2 but 0.0.1 on node3" in detail
         assert "env lock sha256:" in detail
         assert bad[("versions", "node3")]["fix"].startswith("run 'distrun setup --inventory test' (mpi_env)")
 
@@ -74,9 +76,10 @@ def test_a_different_package_version_on_node3_is_named_and_train_refuses(provisi
         err = " ".join(train.stderr.split())
         assert train.rc == 3, train.stdout[-2000:] + train.stderr
         assert "preflight failed on node3" in err and "versions differ" in err
-        assert "9.9.9 on node3" in err
+        assert f"mpi4py {want} on node1 but 0.0.1 on node3" in err
+        assert "nothing was started" in err
     finally:
-        provisioned.exec(3, f"rm -rf {fake}")
+        provisioned.exec(3, f"cp /tmp/mpi4py.METADATA {meta}")
 
 
 def test_a_busy_rendezvous_port_on_the_head_names_port_and_process(provisioned):
