@@ -155,33 +155,39 @@ class Bench:
 
     # ------------------------------------------------------------------ launch
     def phases(self, run_dir: Path, t_start: float, t_end: float) -> dict:
-        """Seconds per playbook (first to last job event) and the rest, from the run's artifacts."""
-        spans = []
+        """Where one run's wall time went: the runner's own steps (timings.json of the run
+        record) and, inside run.yml, each play (first to last job event of the play)."""
+        out: dict[str, float] = {}
+        timings = run_dir / "timings.json"
+        if not timings.exists():
+            return out
+        data = json.loads(timings.read_text())
+        out["python start-up and exit"] = round((t_end - t_start) - data["total_s"], 2)
+        for p in data["phases"]:
+            out[p["name"]] = round(p["s"], 2)
+        plays: dict[str, list[float]] = {}
         for art in (run_dir / "ansible" / "artifacts").glob("*"):
-            times = []
+            cmd = (art / "command").read_text() if (art / "command").exists() else ""
+            if "playbooks/run.yml" not in cmd:
+                continue
             for ev in (art / "job_events").glob("*.json"):
                 try:
-                    created = json.loads(ev.read_text()).get("created")
+                    event = json.loads(ev.read_text())
                 except (OSError, ValueError):
                     continue
-                if created:
-                    times.append(dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
-                                 .replace(tzinfo=dt.timezone.utc).timestamp())
-            cmd = (art / "command").read_text() if (art / "command").exists() else ""
-            m = re.search(r"playbooks/(\w+)\.yml", cmd)
-            if times and m:
-                spans.append((min(times), max(times), m.group(1)))
-        spans.sort()
-        out: dict[str, float] = {}
-        prev = t_start
-        for i, (a, b, name) in enumerate(spans):
-            gap_name = "cli start" if i == 0 else f"between {spans[i - 1][2]} and {name}"
-            if spans and i > 0 and spans[i - 1][2] == "launch" and name in ("collect", "stop"):
-                gap_name = "follow (ranks run, launcher exits)"
-            out[gap_name] = round(a - prev, 2)
-            out[name] = round(b - a, 2)
-            prev = b
-        out["cli exit"] = round(t_end - prev, 2)
+                play = (event.get("event_data") or {}).get("play")
+                if play and event.get("created"):
+                    ts = (dt.datetime.fromisoformat(event["created"].replace("Z", "+00:00"))
+                          .replace(tzinfo=dt.timezone.utc).timestamp())
+                    plays.setdefault(play, []).append(ts)
+        inside = 0.0
+        for play, times in sorted(plays.items(), key=lambda kv: min(kv[1])):
+            span = max(times) - min(times)
+            inside += span
+            out[f"  run.yml play: {play}"] = round(span, 2)
+        run_yml = out.get("run.yml (preflight, stage, launch)")
+        if run_yml is not None and plays:
+            out["  run.yml outside its plays (ansible-runner, ansible-playbook start-up)"] = round(run_yml - inside, 2)
         return out
 
     def distrun_train(self, script: Path, extra_args: tuple[str, ...] = ()) -> dict:

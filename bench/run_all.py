@@ -171,29 +171,24 @@ def render_launch(c: dict) -> list[str]:
     # Phase breakdown of the last warm run.
     last = next((r for r in reversed(L["warm"]) if r.get("phases")), None)
     if last:
-        out += [f"Where the time goes in one warm `distrun train` run ({f(last['wall_s'], 2)} s; phases from "
-                "ansible-runner's job events, first to last event of each playbook; gaps are the CLI, "
-                "ansible-playbook start-up before its first event, and following the ranks):", "",
+        out += [f"Where the time goes in one warm `distrun train` run ({f(last['wall_s'], 2)} s): the runner's "
+                "own steps from the run record's `timings.json`, and inside `run.yml` each play from "
+                "ansible-runner's job events (first to last event of the play):", "",
                 "| phase | s |", "|---|---:|"]
         for k, v in last["phases"].items():
-            out.append(f"| {k} | {v:.2f} |")
-        ph = last["phases"]
-        pb = sum(v for k, v in ph.items() if k in ("preflight", "stage", "launch", "collect", "stop"))
-        out.append(f"| sum of playbooks | {pb:.2f} |")
+            name = k.strip()
+            out.append(f"| {'&nbsp;&nbsp;' + name if k.startswith('  ') else name} | {v:.2f} |")
         out.append("")
-        fol = next((v for k, v in ph.items() if k.startswith("follow")), None)
+        ph = last["phases"]
+        fol = ph.get("follow (ranks run)")
         mpm = sorted(mp)[len(mp) // 2] if mp else None
-        rest = sum(v for k, v in ph.items() if k in ("cli start", "cli exit") or k.startswith("between"))
+        ours = sum(v for k, v in ph.items() if not k.startswith("  ") and not k.startswith("follow"))
         if fol is not None and mpm is not None:
-            out += [f"Reading: of the {f(last['wall_s'] - mpm, 1)} s this run spent beyond mpirun's own "
-                    f"{f(mpm, 2)} s, the playbooks take {pb:.1f} s (preflight {ph.get('preflight', 0):.1f}, stage "
-                    f"{ph.get('stage', 0):.1f}, launch {ph.get('launch', 0):.1f}, collect {ph.get('collect', 0):.1f}), "
-                    f"starting the CLI and each ansible-playbook {rest:.1f} s, and following the ranks "
-                    f"{fol - mpm:.1f} s beyond mpirun's run time (the launch playbook returns once mpirun is "
-                    "started; follow polls the launcher's exit code). Each playbook is one ansible-playbook "
-                    "process with its own ssh connections; four of them make the 2 s target unreachable as "
-                    "built: meeting it needs preflight, stage and launch in one playbook (or skipped when the "
-                    "cluster and files are unchanged) and collect after the CLI has reported the result.", ""]
+            out += [f"Reading: besides following the ranks ({fol:.1f} s, against mpirun's own {f(mpm, 2)} s), "
+                    f"this run spent {ours:.1f} s in distrun's steps; `run.yml` (one ansible-playbook process "
+                    f"for preflight, stage and launch) took {ph.get('run.yml (preflight, stage, launch)', 0):.1f} s "
+                    "of it. The preflight play runs its checks on every node before anything is staged; the "
+                    "stage play sends one bundle per node; collect is one tar stream per node.", ""]
     return out
 
 

@@ -13,10 +13,14 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .errors import UserError
 from .inventory import Cluster, Node
 from .remote import shell_argv
 
 COLLECT_TIMEOUT_S = 600
+# Prefix of the error of a node ssh could not reach: another way in (the playbook) would wait
+# for the same connect timeout, so such a node is reported, not retried.
+UNREACHABLE = "unreachable: "
 
 
 def collect_hosts(cluster: Cluster, rank_hosts: list[str]) -> list[str]:
@@ -42,7 +46,7 @@ def _pull(node: Node, run_dir: str, dest: Path) -> str | None:
     command = f"tar -C {shlex.quote(run_dir)} -czf - ."
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except OSError as exc:
+    except (OSError, UserError) as exc:
         return str(exc)
     assert proc.stdout is not None
     try:
@@ -61,7 +65,8 @@ def _pull(node: Node, run_dir: str, dest: Path) -> str | None:
         return "timed out"
     if rc != 0:
         err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip().splitlines()
-        return err[-1] if err else f"exit {rc}"
+        why = err[-1] if err else f"exit {rc}"
+        return f"{UNREACHABLE}{why}" if rc == 255 and node.connection != "local" else why
     return None
 
 

@@ -33,6 +33,7 @@ class Outcome:
     rc: int
     host: str | None = None  # the host whose failure ended the job
     reason: str = ""
+    lost: bool = False  # the host itself went away (no exit code came back)
 
 
 def _tail_command(plan: JobPlan, host: str) -> str:
@@ -116,7 +117,7 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                     return Outcome(0)
             elif kind == "closed" and host not in exited:
                 # The session ended without an exit code: the node (or our way to it) is gone.
-                return Outcome(255, host, f"lost contact with {host} (ssh exit {value})")
+                return Outcome(255, host, f"lost contact with {host} (ssh exit {value})", lost=True)
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import paths
 from .ansible_bridge import PlaybookResult, run_playbook
-from .collect import collect_hosts, pull_run
+from .collect import UNREACHABLE, collect_hosts, pull_run
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
 from .launchers import mpirun_argv, sbatch_script, torchrun_argv
@@ -285,15 +285,46 @@ def _failed_step(result: PlaybookResult) -> str:
     return "launch" if not plays else "preflight"
 
 
+class Phases:
+    """Wall seconds of each step of a run, kept in timings.json of the run record: where a
+    run's time went (the launch overhead benchmark reads it)."""
+
+    def __init__(self, run: Run, t0: float | None = None) -> None:
+        self.run = run
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.last = self.t0
+        self.spans: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.spans.append((name, round(now - self.last, 3)))
+        self.last = now
+
+    def save(self) -> None:
+        data = {"phases": [{"name": n, "s": v} for n, v in self.spans], "total_s": round(self.last - self.t0, 3)}
+        self.run.write("timings.json", json.dumps(data, indent=2) + "\n")
+
+
 def run_job(request: JobRequest) -> int:
-    cluster = load_cluster(request.inventory, paths.fact_cache_dir())
-    run = new_run("train", request.inventory)
+    t0 = time.monotonic()
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # a bad inventory leaves no record
+    phases = Phases(new_run("train", request.inventory), t0)
+    try:
+        return _run_job(request, cluster, phases)
+    finally:
+        phases.save()
+
+
+def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
+    run = phases.run
     console.print(f"run {run.id}: record in {run.dir}")
+    phases.mark("load inventory")
     if request.preflight and _facts_missing(cluster):
         # First run against these nodes: the plan needs their interfaces and GPUs, so gather
         # facts first; later runs plan from the cache and run.yml verifies it still holds.
         _preflight(request, cluster, run)
         cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+        phases.mark("gather facts (first run)")
     started = time.monotonic()
     rc: int | None = None
     interrupted = False
@@ -301,6 +332,7 @@ def run_job(request: JobRequest) -> int:
     plan: JobPlan | None = None
     limit = ""
     launched = False  # once run.yml reached its launch play, ranks may run: stop and collect
+    lost: str | None = None  # a node the run lost: not waited on again when stopping and collecting
     try:
         for attempt in (1, 2):
             network = _network(cluster)
@@ -316,9 +348,11 @@ def run_job(request: JobRequest) -> int:
                 "distrun_skip_preflight": not request.preflight,
                 "preflight_ports": [request.port],
             }
+            phases.mark("plan and bundle")
             started = time.monotonic()
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
             result = _playbook(title, "playbooks/run.yml", request.inventory, run, limit.split(","), extravars, limit=limit)
+            phases.mark("run.yml (preflight, stage, launch)")
             step = "launch" if result.ok else _failed_step(result)
             launched = step == "launch"
             if result.ok:
@@ -339,6 +373,9 @@ def run_job(request: JobRequest) -> int:
         if rc is None:
             outcome = _follow(cluster, plan, run, scripts, lines)
             rc = outcome.rc
+            phases.mark("follow (ranks run)")
+            if outcome.lost:
+                lost = outcome.host
             if outcome.host and outcome.rc != 0:
                 err_console.print(f"[red]{outcome.reason}: stopping every rank on every node[/red]")
                 lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
@@ -348,8 +385,13 @@ def run_job(request: JobRequest) -> int:
     finally:
         if plan is not None and limit and (launched or interrupted):
             if interrupted or rc is None or rc != 0:
-                _stop(request.inventory, run, plan.run_id, limit)
-            _collect(request.inventory, run, plan, cluster)
+                # A lost node is left out: Ansible would wait its connect timeout for it, and its
+                # ranks lose their peers and the head's orted with it.
+                reachable = ",".join(h for h in limit.split(",") if h != lost)
+                _stop(request.inventory, run, plan.run_id, reachable)
+                phases.mark("stop")
+            _collect(request.inventory, run, plan, cluster, lost)
+            phases.mark("collect")
     elapsed = time.monotonic() - started
     if interrupted:
         run.finish(130, "interrupted", status="stopped")
@@ -357,6 +399,7 @@ def run_job(request: JobRequest) -> int:
     assert rc is not None and plan is not None
     summary = _summarise(run, plan, rc, elapsed, lines)
     run.finish(0 if rc == 0 else 1, summary)
+    phases.mark("summary")
     return 0 if rc == 0 else 1
 
 
@@ -403,19 +446,23 @@ def _stop(inventory: Path, run: Run, run_id: str, limit: str | None) -> None:
     run_playbook("playbooks/stop.yml", inventory, run.dir, extravars={"distrun_run_id": run_id}, limit=limit)
 
 
-def _collect(inventory: Path, run: Run, plan: JobPlan, cluster: Cluster) -> None:
+def _collect(inventory: Path, run: Run, plan: JobPlan, cluster: Cluster, lost: str | None = None) -> None:
     dest = run.dir / "nodes"
     dest.mkdir(exist_ok=True, mode=0o700)
-    hosts = collect_hosts(cluster, [h.name for h in plan.hosts])
+    hosts = [h for h in collect_hosts(cluster, [h.name for h in plan.hosts]) if h != lost]
     failed = pull_run(cluster, plan.run_dir, hosts, dest)
-    if not failed:
-        return
-    # Whatever a tar over ssh could not bring, the playbook tries file by file.
-    result = run_playbook("playbooks/collect.yml", inventory, run.dir,
-                          extravars={**_common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(failed))
-    if not result.ok:
-        lost = ", ".join(f"{h.name} ({h.last_error})" for h in result.failures()) or ", ".join(failed)
-        err_console.print(f"[yellow]some logs could not be collected: {lost}[/yellow]")
+    unreachable = {h: e for h, e in failed.items() if e.startswith(UNREACHABLE)}
+    retry = [h for h in failed if h not in unreachable]
+    lost_msgs = [f"{h} ({e[len(UNREACHABLE):]})" for h, e in unreachable.items()]
+    if lost:
+        lost_msgs.insert(0, f"{lost} (lost during the run)")
+    if retry:
+        # Whatever a tar over ssh could not bring from a reachable node, the playbook tries file by file.
+        result = run_playbook("playbooks/collect.yml", inventory, run.dir,
+                              extravars={**_common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(retry))
+        lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
+    if lost_msgs:
+        err_console.print(f"[yellow]logs not collected from: {', '.join(lost_msgs)}[/yellow]")
 
 
 def rank_logs(run: Run) -> dict[int, Path]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 from tests.harness import podcluster
@@ -102,6 +104,40 @@ def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, di
     assert not _job_processes(provisioned, run.name)
 
 
+def test_logs_follow_reads_a_running_ranks_output_live_from_its_node(provisioned, distrun_home, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text(MPI_SCRIPT)
+    box: dict = {}
+
+    def train() -> None:
+        box["train"] = distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=10", timeout=300)
+
+    before = set((distrun_home / "runs").glob("*-train-*"))
+    worker = threading.Thread(target=train)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 240
+        run = None
+        while time.monotonic() < deadline:
+            runs = sorted(set((distrun_home / "runs").glob("*-train-*")) - before, key=lambda p: p.stat().st_mtime)
+            log = runs[-1] / "launcher.log" if runs else None
+            if log and log.is_file() and "SCRIPT rank=2" in log.read_text(errors="replace"):
+                run = runs[-1]
+                break
+            time.sleep(0.3)
+        assert run is not None, "the job never started on every rank"
+        assert not (run / "nodes").exists() or not list((run / "nodes").rglob("stdout")), "collected before the end"
+        logs = distrun("logs", run.name, "--rank", "2", "--follow", timeout=120)
+        assert logs.rc == 0, logs.stderr
+        # Rank 2 runs on node3: its own output, read from node3 while the run was going.
+        assert re.search(r"SCRIPT rank=2 world=3 \S+ host=node3", logs.stdout), logs.stdout
+        # --follow returns when the run is over, not before.
+        assert json.loads((run / "meta.json").read_text())["status"] != "running"
+    finally:
+        worker.join(timeout=300)
+    assert box["train"].rc == 0, box["train"].stdout[-3000:]
+
+
 def test_torchrun_launcher_gives_each_node_its_ranks(provisioned, distrun_home, tmp_path):
     script = tmp_path / "torch_allreduce.py"
     script.write_text(TORCH_SCRIPT)
@@ -155,3 +191,24 @@ def _rank_headers(run: Path) -> dict[int, str]:
             if m:
                 found[int(m[1])] = m[2]
     return found
+
+
+def test_a_plan_made_from_stale_facts_is_made_again_before_anything_is_staged(provisioned, distrun_home, tmp_path):
+    """distrun plans from cached facts; the preflight play checks the planned interface still
+    carries its address. Here node2's cached facts name an interface it does not have."""
+    cache = distrun_home / "facts" / "s1_node2"
+    wrapped = json.loads(cache.read_text())
+    facts = json.loads(wrapped["__payload__"])
+    iface = facts["ansible_default_ipv4"]["interface"]
+    facts["ansible_interfaces"] = [("stale0" if i == iface else i) for i in facts["ansible_interfaces"]]
+    facts["ansible_stale0"] = {**facts.pop(f"ansible_{iface}"), "device": "stale0"}
+    facts["ansible_default_ipv4"]["interface"] = "stale0"
+    cache.write_text(json.dumps({**wrapped, "__payload__": json.dumps(facts)}))
+
+    script = tmp_path / "allreduce.py"
+    script.write_text(MPI_SCRIPT)
+    result = distrun("train", "--inventory", "test", "--script", str(script))
+    assert result.rc == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "planning again" in result.stdout
+    plan = json.loads((_latest_run(distrun_home) / "plan.json").read_text())
+    assert {h["name"]: h["iface"] for h in plan["hosts"]}["node2"] == iface

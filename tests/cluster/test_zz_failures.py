@@ -60,13 +60,14 @@ def test_losing_a_node_mid_run_stops_everything_within_30s(provisioned, distrun_
         box["result"] = distrun("train", "--inventory", "test", "--script", str(script), timeout=600)
         box["ended"] = time.monotonic()
 
+    before = set((distrun_home / "runs").glob("*-train-*"))  # earlier tests' runs printed the same lines
     worker = threading.Thread(target=run)
     worker.start()
     try:
-        # Wait until every rank is running, then pull the plug on node3.
+        # Wait until every rank of this run is running, then pull the plug on node3.
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            runs = sorted((distrun_home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)
+            runs = sorted(set((distrun_home / "runs").glob("*-train-*")) - before, key=lambda p: p.stat().st_mtime)
             log = runs[-1] / "launcher.log" if runs else None
             if log and log.is_file() and "SCRIPT rank=2" in log.read_text(errors="replace"):
                 break
@@ -81,6 +82,7 @@ def test_losing_a_node_mid_run_stops_everything_within_30s(provisioned, distrun_
         assert result.rc != 0
         assert box["ended"] - killed < 30, f"distrun took {box['ended'] - killed:.1f}s to end the run"
         assert "node3" in result.stdout
+        assert "lost contact with node3" in result.stdout + result.stderr, result.stdout[-3000:]
         run = _latest_run(distrun_home)
         assert not _job_processes_on(provisioned, run.name, (1, 2))
     finally:
