@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ def main() -> None:
     \b
     Typical day:
       distrun setup --inventory prod        provision every node (idempotent)
-      distrun check --inventory prod        preflight: ssh, versions, network, shared folder
+      distrun check --inventory prod        every node: env, versions, ports, ssh, names, shared folder
       distrun train --inventory prod        partition, launch on every rank, follow progress
       distrun logs last --rank 1            one rank's log of the last run
     """
@@ -99,10 +100,12 @@ def hostfile(inventory: str) -> None:
 @click.option("--skip-preflight", is_flag=True, help="Do not run the preflight checks before launching.")
 @click.option("--slurm-mode", type=click.Choice(["single", "multi-job"]), default=None,
               help="--launcher slurm: one multi-node job, or one job per node (default: the inventory's slurm_mode, else single).")
+@click.option("--allow-gpu-mismatch", is_flag=True,
+              help="Launch even where a node's slots differ from its detected GPU count.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, epochs: int | None, env_pairs: tuple[str, ...], port: int, dry_run: bool,
-          skip_preflight: bool, slurm_mode: str | None, script_args: tuple[str, ...]) -> None:
+          skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, script_args: tuple[str, ...]) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
@@ -121,6 +124,7 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
         inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
         env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
+        allow_gpu_mismatch=allow_gpu_mismatch,
     )
     if dry_run:
         click.echo(job.dry_run_text(request), nl=False)
@@ -130,12 +134,40 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
 
 @main.command()
 @inventory_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON: ok, checks (check -> node -> ok, detail, fix), hosts.")
 def check(inventory: str, as_json: bool) -> None:
-    """Preflight: reachability, ssh between nodes, versions, network, shared folder."""
-    from . import job
+    """Check every node can run a job; report each check per node, with a fix for each failure.
 
-    sys.exit(job.run_check(paths.resolve_inventory(inventory), as_json=as_json))
+    \b
+    As the training user, on the real nodes (the full preflight):
+      reach          every node answers over ssh (a stopped node fails within seconds)
+      env, mpi4py    the env's bin/python exists; mpi4py loads Open MPI
+      versions       python, Open MPI, mpi4py, torch, jittor ("absent" counts) and a
+                     digest of the env's package list are the same on every node
+      ports          the rendezvous port (29500) is free on the head; a process holding
+                     it is named
+      ssh            every node reaches every other node in batch mode
+      names          every node resolves every node name to the same address
+      shared folder  writable by the training user; a file written on the head is seen
+                     on every node (nfs, sshfs) or arrives by rsync (sync: "synced")
+      gpus vs slots  a node with GPUs has slots equal to its GPU count
+    'distrun train' runs the fast part first (env, mpi4py, versions, ports, head -> node
+    ssh, shared folder writable, gpus vs slots). Exit 0 when every check passes, else 1.
+    """
+    from .check import run_check
+    from .ui import print_check_report
+
+    inv = paths.resolve_inventory(inventory)
+    if as_json:
+        report, _ = run_check(inv, inventory)
+        click.echo(json.dumps(report, indent=2))
+    else:
+        from .ui import PlaybookProgress
+
+        report, _ = run_check(inv, inventory, progress=lambda names: PlaybookProgress(
+            f"distrun check on {len(names)} node(s) from {inv}", names))
+        print_check_report(report)
+    sys.exit(0 if report["ok"] else 1)
 
 
 @main.command()

@@ -68,6 +68,7 @@ class JobRequest:
     port: int = 29500
     preflight: bool = True
     slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
+    allow_gpu_mismatch: bool = False
 
 
 def _network(cluster: Cluster) -> NetworkChoice | None:
@@ -101,6 +102,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
         network=_network(cluster),
         master_port=request.port,
         slurm=slurm_run.settings(cluster, request.slurm_mode) if request.launcher == "slurm" else None,
+        allow_gpu_mismatch=request.allow_gpu_mismatch,
     )
 
 
@@ -256,7 +258,7 @@ def _common_vars(plan: JobPlan) -> dict:
 
 def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
     result = _playbook("preflight", "playbooks/preflight.yml", request.inventory, run,
-                       [n.name for n in cluster.nodes], {})
+                       [n.name for n in cluster.nodes], {"preflight_ports": [request.port]})
     if not result.ok:
         _refuse_preflight(request, run, result)
 
@@ -354,6 +356,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
                 **_stage_vars(plan, run, files, scripts, request.script, _needs_jittor(plan)),
                 "distrun_planned_network": _planned_network(plan, network),
                 "distrun_skip_preflight": not request.preflight,
+                "preflight_ports": [request.port],
             }
             phases.mark("plan and bundle")
             started = time.monotonic()
@@ -548,27 +551,6 @@ def run_partition_only(request: JobRequest) -> int:
     assert plan.partition is not None
     result = _playbook("partition", "playbooks/stage.yml", request.inventory, run, [cluster.head.name],
                        _stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)
-    run.finish(0 if result.ok else 1)
-    return 0 if result.ok else 1
-
-
-def run_check(inventory: Path, as_json: bool) -> int:
-    cluster = load_cluster(inventory, paths.fact_cache_dir())
-    run = new_run("check", inventory)
-    started = time.monotonic()
-    result = run_playbook("playbooks/preflight.yml", inventory, run.dir,
-                          on_event=None if as_json else PlaybookProgress("preflight", [n.name for n in cluster.nodes]))
-    report = {
-        "ok": result.ok,
-        "hosts": {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()},
-        "elapsed_s": round(time.monotonic() - started, 2),
-    }
-    for node in cluster.nodes:
-        report["hosts"].setdefault(node.name, {"state": "not reached", "error": ""})
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_summary(result, time.monotonic() - started)
     run.finish(0 if result.ok else 1)
     return 0 if result.ok else 1
 

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 
 from . import contract
 from .errors import PlanError
-from .inventory import Cluster
+from .inventory import Cluster, Node
 from .network import NetworkChoice
 
 LAUNCHERS = ("mpirun", "torchrun", "slurm")
@@ -86,6 +86,37 @@ class JobPlan:
         return self.hosts[0]
 
 
+@dataclass(frozen=True)
+class GpuSlotMismatch:
+    host: str
+    slots: int
+    gpus: int
+
+    def message(self) -> str:
+        return f"{self.host} has slots={self.slots} but {self.gpus} GPU(s) detected"
+
+
+def gpu_slot_mismatches(nodes: Sequence[Node]) -> list[GpuSlotMismatch]:
+    """Workers whose detected GPU count (fact ``gpus``) is above 0 and differs from their slots.
+
+    One rank per GPU is the rule; other counts leave GPUs idle or put two ranks on one GPU.
+    Nodes without a detected GPU are never a mismatch (CPU ranks, or facts not gathered yet).
+    """
+    return [GpuSlotMismatch(n.name, n.slots, n.gpus) for n in nodes if n.is_worker and n.gpus > 0 and n.slots != n.gpus]
+
+
+def check_gpu_slots(cluster: Cluster, allow: bool = False) -> None:
+    """Refuse a launch on a GPU/slot mismatch unless the user allowed it (--allow-gpu-mismatch)."""
+    bad = gpu_slot_mismatches(cluster.workers)
+    if bad and not allow:
+        first = bad[0]
+        more = f" (and {', '.join(m.host for m in bad[1:])})" if len(bad) > 1 else ""
+        raise PlanError(
+            f"{first.message()}{more}; set slots={first.gpus} for {first.host} in {cluster.source} "
+            "(or remove 'slots' to use the GPU count), or pass --allow-gpu-mismatch to launch anyway"
+        )
+
+
 def allocate(cluster: Cluster, np: int | None) -> list[tuple[str, int]]:
     """Place ``np`` ranks on the workers in hostfile order, filling each host's slots."""
     total = cluster.total_slots
@@ -125,9 +156,11 @@ def build_plan(
     network: NetworkChoice | None = None,
     master_port: int = contract.DEFAULT_MASTER_PORT,
     slurm: Mapping[str, str] | None = None,
+    allow_gpu_mismatch: bool = False,
 ) -> JobPlan:
     if launcher not in LAUNCHERS:
         raise PlanError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    check_gpu_slots(cluster, allow=allow_gpu_mismatch)
     placed = allocate(cluster, np)
     world = sum(n for _, n in placed)
     by_name = {n.name: n for n in cluster.workers}

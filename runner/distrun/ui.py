@@ -89,3 +89,27 @@ def print_summary(result: PlaybookResult, elapsed: float) -> None:
 def fatal(message: str) -> None:
     err_console.print(f"[red]distrun: error:[/red] {message}", soft_wrap=True)
 
+
+
+def print_check_report(report: dict) -> None:
+    """'distrun check': one row per check, one column per node (✓/✗, '-' not checked), then
+    what failed where and its fix."""
+    hosts = list(report.get("hosts") or {})
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("check")
+    for h in hosts:
+        table.add_column(h, justify="center")
+    for check, items in report["checks"].items():
+        cells = []
+        for h in hosts:
+            item = items.get(h)
+            cells.append("-" if item is None else ("[green]✓[/green]" if item["ok"] else "[red]✗[/red]"))
+        table.add_row(check, *cells)
+    console.print(table)
+    failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
+    for check, host, item in failures:
+        console.print(f"[red]✗ {check} on {host}:[/red] {item['detail']}", soft_wrap=True)
+        if item.get("fix"):
+            console.print(f"    fix: {item['fix']}", soft_wrap=True)
+    verdict = "[green]all checks passed[/green]" if report["ok"] else f"[red]{len(failures)} check(s) failed[/red]"
+    console.print(f"{verdict} in {report.get('elapsed_s', 0):.1f}s")

@@ -55,6 +55,14 @@ def _bad_inventory(tmp: Path, text: str) -> str:
     return str(p)
 
 
+def _gpu_inventory(tmp: Path) -> str:
+    """g2 has 4 GPUs in the fact cache (cli_env's DISTRUN_HOME is tmp/state) but slots=2."""
+    facts = tmp / "state" / "facts"
+    facts.mkdir(parents=True, exist_ok=True)
+    (facts / "g2").write_text('{"ansible_local": {"distrun": {"gpus": 4}}}')
+    return _bad_inventory(tmp, "[head]\ng1\n[workers]\ng1\ng2 slots=2\n")
+
+
 # (label, argv builder, expected fragment of the one-line error)
 BAD_INPUTS = [
     ("unknown inventory name", lambda t: ["train", "-i", "nosuch", "--dry-run"], "--inventory 'nosuch': no such inventory (known: "),
@@ -64,6 +72,8 @@ BAD_INPUTS = [
     ("world size larger than slots", lambda t: ["train", "-i", "tests/golden/inventories/two-nodes", "--np", "9", "--dry-run"], "--np 9 is more than the 3 slots"),
     ("script that does not exist", lambda t: ["train", "-i", "tests/golden/inventories/two-nodes", "--script", str(t / "nope.py"), "--dry-run"], "nope.py: no such file"),
     ("bad --env", lambda t: ["train", "-i", "tests/golden/inventories/two-nodes", "--env", "NOEQUALS", "--dry-run"], "--env 'NOEQUALS': write it as KEY=VALUE"),
+    ("gpu/slot mismatch", lambda t: ["train", "-i", _gpu_inventory(t), "--dry-run"],
+     "g2 has slots=2 but 4 GPU(s) detected; set slots=4 for g2 in "),
     ("unknown run for logs", lambda t: ["logs", "20990101-000000-train-ffff"], "not found"),
 ]
 

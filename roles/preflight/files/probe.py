@@ -1,0 +1,210 @@
+"""distrun preflight probe: everything one node can tell about itself, as one JSON line.
+
+Runs as root with the node's system Python (``python3 -c <this file> '<config json>'``) and drops
+to the training user for every check the job would do as that user, so one round trip per host
+gathers the env, versions, the shared folder, ssh to the other nodes, name resolution and (on the
+head, as root, to name the owning process) the launch ports. It changes nothing except the
+shared-folder probe file, which the role removes again. Standard library only.
+"""
+
+import hashlib
+import json
+import os
+import pwd
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+CFG = json.loads(sys.argv[1])
+USER = CFG["user"]
+PREFIX = CFG["env_prefix"].rstrip("/")
+TIMEOUT = int(CFG.get("ssh_timeout", 5))
+
+# Run by the env's Python as the training user: versions by package metadata (importing torch or
+# jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
+ENV_SCRIPT = r"""
+import hashlib, json, os, platform, sys
+from importlib import metadata
+out = {"python": platform.python_version()}
+for name in ("mpi4py", "torch", "jittor"):
+    try:
+        out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        out[name] = "absent"
+dists = sorted({(d.metadata["Name"] or "?").lower().replace("_", "-") + "==" + str(d.version)
+                for d in metadata.distributions()})
+meta = os.path.join(sys.prefix, "conda-meta")
+if os.path.isdir(meta):
+    dists += sorted(f for f in os.listdir(meta) if f.endswith(".json"))
+out["env lock"] = "sha256:" + hashlib.sha256("\n".join(dists).encode()).hexdigest()[:16]
+try:
+    import mpi4py
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    from mpi4py import MPI
+    out["_mpi4py"] = "ok: " + MPI.Get_library_version().strip().splitlines()[0]
+except Exception as exc:
+    out["_mpi4py"] = "error: " + type(exc).__name__ + ": " + str(exc).strip().splitlines()[-1][:300]
+print(json.dumps(out))
+"""
+
+
+def _last_line(text):
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def as_user(argv, timeout=60):
+    """Run argv as the training user (from root), or directly when we already are that user."""
+    kwargs = {}
+    if os.geteuid() == 0 and USER != "root":
+        pw = pwd.getpwnam(USER)
+        kwargs = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(USER, pw.pw_gid),
+                  "cwd": pw.pw_dir if os.path.isdir(pw.pw_dir) else "/",
+                  "env": {"HOME": pw.pw_dir, "USER": USER, "LOGNAME": USER,
+                          "PATH": f"{PREFIX}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}}
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+    except FileNotFoundError as exc:
+        return subprocess.CompletedProcess(argv, 127, "", str(exc))
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout}s")
+
+
+def probe_env():
+    python = f"{PREFIX}/bin/python"
+    if not os.path.exists(python):
+        return {"ok": False, "detail": f"{python} is missing"}, {}
+    proc = as_user([python, "-c", ENV_SCRIPT])
+    if proc.returncode != 0:
+        return {"ok": False, "detail": f"{python} does not start as {USER}: {_last_line(proc.stderr)}"}, {}
+    try:
+        return {"ok": True, "detail": python}, json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"ok": False, "detail": f"{python} printed no versions: {_last_line(proc.stdout)}"}, {}
+
+
+def probe_openmpi():
+    mpirun = f"{CFG['mpi_prefix'].rstrip('/')}/bin/mpirun"
+    proc = as_user([mpirun, "--version"])
+    m = re.search(r"\(Open MPI\)\s+(\S+)", proc.stdout)
+    if m:
+        return m.group(1)
+    return "missing" if proc.returncode == 127 else f"unknown ({_last_line(proc.stderr or proc.stdout)})"
+
+
+def probe_ssh(target):
+    proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", target, "true"],
+                   timeout=TIMEOUT + 10)
+    if proc.returncode == 0:
+        return {"ok": True, "detail": "ssh in batch mode works"}
+    return {"ok": False, "detail": _last_line(proc.stderr) or f"ssh exited {proc.returncode}"}
+
+
+def probe_writable(path):
+    proc = as_user(["test", "-w", path])
+    if proc.returncode == 0:
+        return {"ok": True, "detail": f"{path} is writable by {USER}"}
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"ok": False, "detail": f"{path} does not exist"}
+    except OSError as exc:
+        return {"ok": False, "detail": f"{path}: {exc.strerror}"}
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    return {"ok": False, "detail": f"{path} is not writable by {USER} (owner {owner}, mode {st.st_mode & 0o7777:04o})"}
+
+
+def resolve(name):
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return ""
+
+
+def _in(port, spec):
+    if isinstance(spec, int) or str(spec).isdigit():
+        return port == int(spec)
+    lo, _, hi = str(spec).partition("-")
+    return int(lo) <= port <= int(hi)
+
+
+def probe_ports(specs):
+    """Every configured port or range -> who listens there (ss as root shows the process)."""
+    try:
+        out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except FileNotFoundError:
+        return {str(s): {"ok": False, "detail": "ss not found (install iproute2)"} for s in specs}
+    listeners = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        port = fields[3].rsplit(":", 1)[-1]
+        if not port.isdigit():
+            continue
+        procs = re.findall(r'\("([^"]+)",pid=(\d+)', line)
+        who = ", ".join(f"{n} (pid {p})" for n, p in dict.fromkeys(procs)) or "a process of another user"
+        listeners.append((int(port), who))
+    result = {}
+    for spec in specs:
+        single = isinstance(spec, int) or str(spec).isdigit()
+        taken = sorted({(f"by {who}" if single else f"{p} by {who}") for p, who in listeners if _in(p, spec)})
+        result[str(spec)] = ({"ok": True, "detail": "free"} if not taken
+                             else {"ok": False, "detail": "in use " + "; ".join(taken)})
+    return result
+
+
+def probe_shared_file(path, targets):
+    """The head writes the probe file; in sync mode it also rsyncs it to every other node."""
+    made = as_user(["touch", path])
+    if made.returncode != 0:
+        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {_last_line(made.stderr)}"}, {}
+    synced = {}
+    if targets:
+        rsh = f"ssh -o BatchMode=yes -o ConnectTimeout={TIMEOUT}"
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            procs = dict(zip(targets, pool.map(
+                lambda t: as_user(["rsync", "--archive", "--rsh", rsh, path, f"{t}:{os.path.dirname(path)}/"],
+                                  timeout=TIMEOUT + 30), targets)))
+        for t, proc in procs.items():
+            synced[t] = ({"ok": True, "detail": "synced"} if proc.returncode == 0
+                         else {"ok": False, "detail": f"rsync from the head failed: {_last_line(proc.stderr)}"})
+    return {"ok": True, "file": path, "detail": f"wrote {path}"}, synced
+
+
+def main():
+    report = {"host": CFG["host"]}
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        env_f = pool.submit(probe_env)
+        ompi_f = pool.submit(probe_openmpi)
+        writable_f = pool.submit(probe_writable, CFG["shared_dir"])
+        ssh_f = {t: pool.submit(probe_ssh, t) for t in CFG.get("ssh_targets", [])}
+        names_f = {n: pool.submit(resolve, n) for n in CFG.get("names", [])}
+        env, versions = env_f.result()
+        report["env"] = env
+        mpi = versions.pop("_mpi4py", "error: the env's Python did not run")
+        report["mpi4py"] = {"ok": mpi.startswith("ok"), "detail": mpi.split(": ", 1)[-1]}
+        report["versions"] = {"python": versions.get("python", "missing"), "openmpi": ompi_f.result(),
+                              "mpi4py": versions.get("mpi4py", "missing"), "torch": versions.get("torch", "missing"),
+                              "jittor": versions.get("jittor", "missing"),
+                              "env lock": versions.get("env lock", "missing")}
+        report["shared_writable"] = writable_f.result()
+        report["ssh"] = {t: f.result() for t, f in ssh_f.items()}
+        report["names"] = {n: f.result() for n, f in names_f.items()}
+    if CFG.get("ports"):
+        report["ports"] = probe_ports(CFG["ports"])
+    if CFG.get("shared_probe"):
+        # A unique name: two checks at once, or a file left by a killed check, never match.
+        path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{uuid.uuid4().hex[:12]}")
+        report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
+    print(json.dumps(report, sort_keys=True))
+
+
+main()
