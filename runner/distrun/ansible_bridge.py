@@ -114,11 +114,11 @@ def ansible_env() -> dict[str, str]:
     }
 
 
-def _keep_facts(run_cache: Path) -> None:
+def _keep_facts(run_cache: Path, inventory: Path) -> None:
     """ansible-runner caches facts per run; keep the newest per host for plans and dry runs."""
     if not run_cache.is_dir():
         return
-    keep = paths.fact_cache_dir()
+    keep = paths.fact_cache_dir(inventory)
     for f in run_cache.iterdir():
         if f.is_file():
             target = keep / f.name
@@ -225,7 +225,7 @@ def run_playbook(
         if previous is not None:
             signal.signal(signum, previous)
     artifact_dir = Path(runner.config.artifact_dir)
-    _keep_facts(artifact_dir / "fact_cache")
+    _keep_facts(artifact_dir / "fact_cache", inventory)
     return PlaybookResult(
         playbook=playbook,
         rc=int(runner.rc if runner.rc is not None else 1),

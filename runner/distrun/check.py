@@ -263,7 +263,7 @@ def run_check(inventory: Path, label: str,
     # Read the inventory once (ansible-inventory takes a second or more): a stopped node must
     # be reported fast, and the second Cluster below only re-reads the fact cache.
     data = read_inventory_json(inventory)
-    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir())
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))
     run = new_run("check", inventory)
     names = [n.name for n in cluster.nodes]
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
@@ -275,7 +275,7 @@ def run_check(inventory: Path, label: str,
     hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
     for node in cluster.nodes:
         hosts.setdefault(node.name, {"state": "not reached", "error": ""})
-    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir())  # the facts just gathered: gpus
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
     reached = [n for n in cluster.workers if hosts[n.name]["state"] != "unreachable"]
     report = build_report(
         nodes=[n.name for n in cluster.nodes], head=cluster.head.name, probes=collector.probes,

@@ -79,7 +79,8 @@ def hostfile(inventory: str) -> None:
     """Print the MPI hostfile the inventory describes (head first, `host slots=N`)."""
     from .inventory import load_cluster, render_hostfile
 
-    cluster = load_cluster(paths.resolve_inventory(inventory), paths.fact_cache_dir())
+    path = paths.resolve_inventory(inventory)
+    cluster = load_cluster(path, paths.fact_cache_dir(path))
     click.echo(render_hostfile(cluster), nl=False)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import ipaddress
 import json
 import os
 import re
@@ -73,7 +74,7 @@ class JobRequest:
 
 def _network(cluster: Cluster) -> NetworkChoice | None:
     """The interface per node from cached facts, or None when no facts were gathered yet."""
-    cache = paths.fact_cache_dir()
+    cache = paths.fact_cache_dir(cluster.source)
     facts = {n.name: load_facts(cache, n.name) for n in cluster.workers}
     if any(f is None for f in facts.values()):
         return None
@@ -150,7 +151,7 @@ def plan_files(plan: JobPlan) -> dict[str, str]:
 
 
 def dry_run_text(request: JobRequest) -> str:
-    cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
     plan = make_plan(request, cluster, "DRYRUN")
     out: list[str] = []
     shown = os.path.relpath(request.inventory) if str(request.inventory).startswith(os.getcwd()) else request.inventory
@@ -271,9 +272,22 @@ def _refuse_preflight(request: JobRequest, run: Run, result: PlaybookResult) -> 
                     exit_code=3)
 
 
-def _facts_missing(cluster: Cluster) -> bool:
-    cache = paths.fact_cache_dir()
-    return any(load_facts(cache, n.name) is None for n in cluster.nodes)
+def _facts_unusable(cluster: Cluster) -> str | None:
+    """Why the cached facts cannot be planned from (missing, or about another machine), or None."""
+    cache = paths.fact_cache_dir(cluster.source)
+    for n in cluster.nodes:
+        facts = load_facts(cache, n.name)
+        if facts is None:
+            return f"no facts cached for {n.name}"
+        try:
+            ip = ipaddress.ip_address(n.address)
+        except ValueError:
+            continue  # a name: the preflight play checks what it resolves to
+        if n.connection == "local" or n.iface:
+            continue
+        if not any(ip in ipaddress.ip_network(i.network) for i in ifaces_from_facts(facts)):
+            return f"the facts cached for {n.name} hold no interface on the subnet of its address {n.address}"
+    return None
 
 
 def _planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, dict[str, str]]:
@@ -315,12 +329,20 @@ class Phases:
 
 def run_job(request: JobRequest) -> int:
     t0 = time.monotonic()
-    cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # a bad inventory leaves no record
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))  # a bad inventory leaves no record
     if request.launcher == "slurm":
         slurm_run.require_enabled(cluster)
     phases = Phases(new_run("train", request.inventory), t0)
     try:
         return _run_job(request, cluster, phases)
+    except UserError as exc:
+        if phases.run.meta.status == "running":  # e.g. a plan error: the record says why
+            phases.run.finish(exc.exit_code, str(exc))
+        raise
+    except Exception as exc:
+        if phases.run.meta.status == "running":
+            phases.run.finish(1, f"internal error: {type(exc).__name__}: {exc}")
+        raise
     finally:
         phases.save()
 
@@ -329,11 +351,11 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
     run = phases.run
     console.print(f"run {run.id}: record in {run.dir}")
     phases.mark("load inventory")
-    if request.preflight and _facts_missing(cluster):
+    if request.preflight and _facts_unusable(cluster):
         # First run against these nodes: the plan needs their interfaces and GPUs, so gather
         # facts first; later runs plan from the cache and run.yml verifies it still holds.
         _preflight(request, cluster, run)
-        cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+        cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
         phases.mark("gather facts (first run)")
     started = time.monotonic()
     rc: int | None = None
@@ -371,7 +393,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
                 replan = any("DISTRUN_REPLAN" in h.last_error for h in result.failures())
                 if replan and attempt == 1:
                     console.print("[yellow]the nodes' network changed since the last run: planning again[/yellow]")
-                    cluster = load_cluster(request.inventory, paths.fact_cache_dir())  # facts now fresh
+                    cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))  # facts now fresh
                     continue
                 _refuse_preflight(request, run, result)
             if step == "stage":
@@ -545,7 +567,7 @@ def _first_failed_rank(lines: list[str]) -> str:
 
 
 def run_partition_only(request: JobRequest) -> int:
-    cluster = load_cluster(request.inventory, paths.fact_cache_dir())
+    cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
     run = new_run("partition", request.inventory)
     plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id)
     assert plan.partition is not None
@@ -620,7 +642,7 @@ def _follow_remote_rank(run: Run, rank: int) -> None:
     if command is None:
         raise UserError(f"run {run.id}: rank {rank} does not exist (world size {plan.get('world_size')})")
     host, _ = rank_host(plan, rank) or ("", 0)
-    cluster = load_cluster(Path(run.meta.inventory), paths.fact_cache_dir())
+    cluster = load_cluster(Path(run.meta.inventory), paths.fact_cache_dir(Path(run.meta.inventory)))
     node = next((n for n in cluster.nodes if n.name == host), None)
     if node is None:
         raise UserError(f"run {run.id}: host {host} of rank {rank} is no longer in inventory {run.meta.inventory}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -47,9 +48,17 @@ def runs_dir() -> Path:
     return path
 
 
-def fact_cache_dir() -> Path:
-    path = state_dir() / "facts"
-    path.mkdir(exist_ok=True, mode=0o700)
+def fact_cache_dir(inventory: Path) -> Path:
+    """Facts Ansible gathered for one inventory's hosts.
+
+    One folder per inventory: two inventories may name different machines alike ('node1' in a
+    test and in a production inventory), and a plan must never use another cluster's facts.
+    """
+    resolved = Path(inventory).resolve()
+    key = hashlib.sha256(str(resolved).encode()).hexdigest()[:10]
+    path = state_dir() / "facts" / f"{resolved.name}-{key}"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.parent.chmod(0o700)
     return path
 
 

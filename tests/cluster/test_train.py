@@ -196,7 +196,9 @@ def _rank_headers(run: Path) -> dict[int, str]:
 def test_a_plan_made_from_stale_facts_is_made_again_before_anything_is_staged(provisioned, distrun_home, tmp_path):
     """distrun plans from cached facts; the preflight play checks the planned interface still
     carries its address. Here node2's cached facts name an interface it does not have."""
-    cache = distrun_home / "facts" / "s1_node2"
+    caches = list((distrun_home / "facts").glob("test-*/s1_node2"))  # one folder per inventory
+    assert len(caches) == 1, caches
+    cache = caches[0]
     wrapped = json.loads(cache.read_text())
     facts = json.loads(wrapped["__payload__"])
     iface = facts["ansible_default_ipv4"]["interface"]

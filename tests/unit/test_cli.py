@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from distrun import paths
+
 from .conftest import REPO, distrun_bin
 
 GOLDEN = REPO / "tests" / "golden"
@@ -57,10 +59,18 @@ def _bad_inventory(tmp: Path, text: str) -> str:
 
 def _gpu_inventory(tmp: Path) -> str:
     """g2 has 4 GPUs in the fact cache (cli_env's DISTRUN_HOME is tmp/state) but slots=2."""
-    facts = tmp / "state" / "facts"
-    facts.mkdir(parents=True, exist_ok=True)
+    inventory = _bad_inventory(tmp, "[head]\ng1\n[workers]\ng1\ng2 slots=2\n")
+    saved = os.environ.get("DISTRUN_HOME")
+    os.environ["DISTRUN_HOME"] = str(tmp / "state")
+    try:
+        facts = paths.fact_cache_dir(Path(inventory))  # this inventory's own fact folder
+    finally:
+        if saved is None:
+            os.environ.pop("DISTRUN_HOME")
+        else:
+            os.environ["DISTRUN_HOME"] = saved
     (facts / "g2").write_text('{"ansible_local": {"distrun": {"gpus": 4}}}')
-    return _bad_inventory(tmp, "[head]\ng1\n[workers]\ng1\ng2 slots=2\n")
+    return inventory
 
 
 # (label, argv builder, expected fragment of the one-line error)

@@ -104,3 +104,36 @@ def test_collect_unpacks_only_plain_files_inside_the_destination():
     assert not collect._safe(info("../../.ssh/authorized_keys"))
     assert not collect._safe(info("link", tarfile.SYMTYPE))
     assert not collect._safe(info("dev", tarfile.CHRTYPE))
+
+
+def test_each_inventory_has_its_own_fact_cache(tmp_path, monkeypatch):
+    """'node1' of a test inventory and 'node1' of production are different machines."""
+    from distrun import paths
+
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    a, b = tmp_path / "a" / "hosts.yml", tmp_path / "b" / "hosts.yml"
+    assert paths.fact_cache_dir(a) != paths.fact_cache_dir(b)
+    assert paths.fact_cache_dir(a) == paths.fact_cache_dir(a)
+    assert paths.fact_cache_dir(a).stat().st_mode & 0o777 == 0o700
+
+
+def test_facts_about_another_machine_are_not_planned_from(tmp_path, monkeypatch):
+    import json
+
+    from distrun import paths
+    from distrun.inventory import Cluster, Node
+
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    inv = tmp_path / "hosts.yml"
+    node = Node("node1", "10.0.0.11", 1, "inventory", 0, True, True, {"ansible_host": "10.0.0.11"})
+    cluster = Cluster(inv, node, (node,), "distrun", "/srv/distrun", "venv", "/opt/distrun/venv", "/srv/distrun/hostfile")
+    assert "no facts cached for node1" in (job._facts_unusable(cluster) or "")
+
+    def facts(address: str) -> str:
+        payload = {"ansible_interfaces": ["eth0", "lo"], "ansible_eth0": {"ipv4": {"address": address, "netmask": "255.255.255.0"}}}
+        return json.dumps({"__payload__": json.dumps(payload)})
+
+    (paths.fact_cache_dir(inv) / "s1_node1").write_text(facts("10.9.9.11"))
+    assert "no interface on the subnet of its address 10.0.0.11" in (job._facts_unusable(cluster) or "")
+    (paths.fact_cache_dir(inv) / "s1_node1").write_text(facts("10.0.0.11"))
+    assert job._facts_unusable(cluster) is None
