@@ -108,6 +108,27 @@ def test_train_ddp_under_slurm_completes_on_three_nodes(slurm_cluster, distrun_h
             assert key not in f.read_text(errors="replace"), f"munge key found in {f}"
 
 
+def test_multi_job_mode_runs_one_job_per_node_with_the_first_as_master(slurm_cluster, distrun_home):
+    """The seed page's pattern for sites that allow only single-node jobs: one job per node,
+    the first one's node is MASTER_ADDR for the others' torchrun."""
+    cluster, inv = slurm_cluster
+    result = distrun("train", "--inventory", str(inv), "--launcher", "slurm", "--slurm-mode", "multi-job",
+                     "--workload", "ddp", "--epochs", "3")
+    assert result.rc == 0, _show(result)
+    assert "DISTRUN_SLURM_RESULT state=COMPLETED" in result.stdout, _show(result)
+    run = _runs(distrun_home)[-1]
+    sbatch = sorted({p.name for p in (run / "nodes").rglob("job-*.sbatch")})  # every node holds the run's files
+    assert sbatch == ["job-0.sbatch", "job-1.sbatch", "job-2.sbatch"], sbatch
+    ranks = {}
+    for f in (run / "nodes").rglob("*"):
+        if f.is_file() and f.name in ("stdout", "stdout.log"):
+            m = re.search(r"DISTRUN_RANK rank=(\d+) \S+ world_size=(\d+) host=(\S+)", f.read_text(errors="replace"))
+            if m:
+                ranks[int(m[1])] = (int(m[2]), m[3])
+    assert ranks == {0: (3, "node1"), 1: (3, "node2"), 2: (3, "node3")}, ranks
+    assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
+
+
 def test_failing_rank_gives_non_zero_exit_naming_the_node(slurm_cluster, tmp_path):
     cluster, inv = slurm_cluster
     script = tmp_path / "fail.py"
