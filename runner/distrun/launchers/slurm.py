@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 
 from ..plan import JobPlan, RankHost
+from .torchrun import torchrun_argv
 
 MODES = ("single", "multi-job")
 DEFAULT_MPI = "pmix"
@@ -110,23 +111,10 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     else:
         lines.append(': "${MASTER_ADDR:?submit worker jobs with --export=ALL,MASTER_ADDR=<the master job node>}"')
     lines.append(f"export MASTER_PORT={plan.master_port}")
-    torchrun = shlex.join([
-        f"{plan.env_prefix.rstrip('/')}/bin/torchrun",
-        f"--nnodes={len(plan.hosts)}",
-        f"--nproc-per-node={host.slots}",
-        "--rdzv-backend=c10d",
-    ])
     # The endpoint is known only when the job runs: the one word left to the shell.
-    torchrun += f' --rdzv-endpoint="$MASTER_ADDR":{plan.master_port} ' + shlex.join([
-        f"--rdzv-id={plan.run_id}",
-        "--max-restarts=0",
-        f"--log-dir={plan.run_dir}/torchrun/{host.name}",
-        "--redirects=3",
-        "--tee=3",
-        "--no-python",
-        plan.wrapper,
-        *_without_mpi4py_runner(plan.program),
-    ])
+    mark = "DISTRUN_MASTER_ADDR"
+    torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, program=_without_mpi4py_runner(plan.program)))
+    torchrun = torchrun.replace(f"--rdzv-endpoint={mark}:", '--rdzv-endpoint="$MASTER_ADDR":', 1)
     lines.append(f"srun --ntasks=1 --kill-on-bad-exit=1 {torchrun}")
     return "\n".join(lines) + "\n"
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 from ..plan import JobPlan, RankHost
 
 
-def torchrun_argv(plan: JobPlan, host: RankHost) -> list[str]:
-    """The command run on ``host``; every node gets the same rendezvous, its own slot count."""
+def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None,
+                  program: tuple[str, ...] | None = None) -> list[str]:
+    """The command run on ``host``; every node gets the same rendezvous, its own slot count.
+
+    ``endpoint_host`` replaces the plan's master address (Slurm's multi-job mode learns it only
+    when the job runs); ``program`` replaces the plan's program.
+    """
     torchrun = f"{plan.env_prefix.rstrip('/')}/bin/torchrun"
     return [
         torchrun,
         f"--nnodes={len(plan.hosts)}",
         f"--nproc-per-node={host.slots}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={plan.master_addr}:{plan.master_port}",
+        f"--rdzv-endpoint={endpoint_host or plan.master_addr}:{plan.master_port}",
         f"--rdzv-id={plan.run_id}",
         # A failed rank fails the job; restarting would hide the error from the user.
         "--max-restarts=0",
@@ -23,7 +28,7 @@ def torchrun_argv(plan: JobPlan, host: RankHost) -> list[str]:
         # The rank wrapper is a shell script, so torchrun must not prepend the interpreter.
         "--no-python",
         plan.wrapper,
-        *plan.program,
+        *(plan.program if program is None else program),
     ]
 
 
