@@ -87,7 +87,8 @@ def _network(cluster: Cluster) -> NetworkChoice | None:
     return choose_interfaces(addresses, ifaces, overrides, default_ipv4)
 
 
-def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
+def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: NetworkChoice | None) -> JobPlan:
+    """The plan for a request; ``network`` is ``_network(cluster)``, which run.yml also checks."""
     return build_plan(
         cluster,
         run_id=run_id,
@@ -100,7 +101,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str) -> JobPlan:
         data_dir=request.data_dir,
         epochs=request.epochs,
         extra_env=request.env,
-        network=_network(cluster),
+        network=network,
         master_port=request.port,
         slurm=slurm_run.settings(cluster, request.slurm_mode) if request.launcher == "slurm" else None,
         allow_gpu_mismatch=request.allow_gpu_mismatch,
@@ -152,7 +153,7 @@ def plan_files(plan: JobPlan) -> dict[str, str]:
 
 def dry_run_text(request: JobRequest) -> str:
     cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
-    plan = make_plan(request, cluster, "DRYRUN")
+    plan = make_plan(request, cluster, "DRYRUN", _network(cluster))
     out: list[str] = []
     shown = os.path.relpath(request.inventory) if str(request.inventory).startswith(os.getcwd()) else request.inventory
     out.append(f"# distrun train --dry-run  (inventory: {shown})")
@@ -368,7 +369,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
     try:
         for attempt in (1, 2):
             network = _network(cluster)
-            plan = make_plan(request, cluster, run.id)
+            plan = make_plan(request, cluster, run.id, network)
             files = plan_files(plan)
             scripts = launch_scripts(plan)
             _record_plan(run, plan, files, scripts)
@@ -569,7 +570,8 @@ def _first_failed_rank(lines: list[str]) -> str:
 def run_partition_only(request: JobRequest) -> int:
     cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
     run = new_run("partition", request.inventory)
-    plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id)
+    plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id,
+                     _network(cluster))
     assert plan.partition is not None
     result = _playbook("partition", "playbooks/stage.yml", request.inventory, run, [cluster.head.name],
                        _stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)

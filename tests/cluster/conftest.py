@@ -53,3 +53,14 @@ def first_setup(cluster3, distrun_home) -> CliResult:
 def provisioned(first_setup, cluster3):
     assert first_setup.rc == 0, first_setup.stdout[-4000:] + first_setup.stderr[-2000:]
     return cluster3
+
+
+def run_processes(cluster, run_id: str, nodes: tuple[int, ...] = (1, 2, 3)) -> list[str]:
+    """Processes whose environment carries DISTRUN_RUN_ID=<run_id> (the tag 'distrun stop'
+    kills by), still alive on the given nodes: 'node<k>:/proc/<pid>/environ' each."""
+    alive = []
+    for k in nodes:
+        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do grep -qzxF 'DISTRUN_RUN_ID={run_id}' $f 2>/dev/null "
+                              f"&& echo $f; done; true", check=False)
+        alive += [f"node{k}:{line}" for line in out.stdout.split()]
+    return alive

@@ -35,8 +35,10 @@ def cache_key(cluster: podcluster.Cluster, k: int = 1) -> str:
     return digest
 
 
-def cache_file(cluster: podcluster.Cluster, k: int) -> Path:
-    return CACHE_ROOT / f"jittor-node-{cache_key(cluster)}-node{k}.tar"
+def cache_files(cluster: podcluster.Cluster) -> dict[int, Path]:
+    """Node number -> its build's file (one key for the cluster: every node runs the same image)."""
+    key = cache_key(cluster)
+    return {k: CACHE_ROOT / f"jittor-node-{key}-node{k}.tar" for k in range(1, len(cluster.nodes) + 1)}
 
 
 def _home(cluster: podcluster.Cluster, k: int) -> str:
@@ -45,7 +47,7 @@ def _home(cluster: podcluster.Cluster, k: int) -> str:
 
 def restore(cluster: podcluster.Cluster) -> bool:
     """Put every node's cached build back; False (nothing touched) unless all nodes have one."""
-    tars = {k: cache_file(cluster, k) for k in range(1, len(cluster.nodes) + 1)}
+    tars = cache_files(cluster)
     if not all(t.is_file() for t in tars.values()):
         return False
     for k, tar in tars.items():
@@ -61,8 +63,7 @@ def restore(cluster: podcluster.Cluster) -> bool:
 def save(cluster: podcluster.Cluster) -> list[Path]:
     """Keep every node's compiled Jittor for the next session (each written whole, then renamed)."""
     kept = []
-    for k in range(1, len(cluster.nodes) + 1):
-        tar = cache_file(cluster, k)
+    for k, tar in cache_files(cluster).items():
         tar.parent.mkdir(parents=True, exist_ok=True)
         tmp = tar.with_suffix(f".tmp{os.getpid()}")
         with tmp.open("wb") as fh:

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import podcluster
-
-from .conftest import REPO, CliResult, distrun
+from .conftest import REPO, CliResult, distrun, run_processes
 
 FAIL_SCRIPT = textwrap.dedent("""
     import os, socket, sys, time
@@ -53,15 +51,6 @@ def slurm_cluster(cluster_factory, tmp_path_factory, distrun_home):
 
 def _runs(home: Path) -> list[Path]:
     return sorted((home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)
-
-
-def _leftovers(cluster: podcluster.Cluster, run_id: str) -> list[str]:
-    alive = []
-    for k in (1, 2, 3):
-        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | "
-                              f"grep -qxF 'DISTRUN_RUN_ID={run_id}' && echo $f; done; true", check=False)
-        alive += [f"node{k}:{line}" for line in out.stdout.split() if line.strip()]
-    return alive
 
 
 def _show(result: CliResult) -> str:
@@ -170,4 +159,4 @@ def test_interrupt_cancels_the_job_and_leaves_nothing_running(slurm_cluster, dis
     assert "JobState=CANCELLED" in state, state
     assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
     run_id = _runs(distrun_home)[-1].name
-    assert _leftovers(cluster, run_id) == []
+    assert run_processes(cluster, run_id) == []

@@ -9,10 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from tests.harness import podcluster
-
 from . import jittor_nodes
-from .conftest import distrun
+from .conftest import distrun, run_processes
 
 MPI_SCRIPT = textwrap.dedent("""
     import os, socket, sys
@@ -61,16 +59,6 @@ def _rank_lines(run: Path) -> dict[int, tuple[int, str, int]]:
     return found
 
 
-def _job_processes(cluster: podcluster.Cluster, run_id: str) -> list[str]:
-    """Processes tagged with the run id still alive on any node."""
-    alive = []
-    for k in (1, 2, 3):
-        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f 2>/dev/null | "
-                              f"grep -qxF 'DISTRUN_RUN_ID={run_id}' && echo $f; done; true", check=False)
-        alive += [f"node{k}:{line}" for line in out.stdout.split() if line.strip()]
-    return alive
-
-
 def test_user_script_runs_on_every_rank_with_the_right_rank_and_world_size(provisioned, distrun_home, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(MPI_SCRIPT)
@@ -86,7 +74,7 @@ def test_user_script_runs_on_every_rank_with_the_right_rank_and_world_size(provi
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "succeeded" and meta["rc"] == 0
     assert (run / "plan.json").is_file() and (run / "commands.txt").is_file()
-    assert not _job_processes(provisioned, run.name)
+    assert not run_processes(provisioned, run.name)
 
 
 def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, distrun_home, tmp_path):
@@ -101,7 +89,7 @@ def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, di
     assert json.loads((run / "meta.json").read_text())["status"] == "failed"
     # Every rank's log is kept, the failed one included.
     assert sorted(_rank_lines(run)) == [0, 1, 2]
-    assert not _job_processes(provisioned, run.name)
+    assert not run_processes(provisioned, run.name)
 
 
 def test_logs_follow_reads_a_running_ranks_output_live_from_its_node(provisioned, distrun_home, tmp_path):
@@ -167,7 +155,7 @@ def test_jittor_gcn_trains_over_all_three_nodes(provisioned, distrun_home):
     assert outcome["test_acc"] > 0.8, outcome
     plan = json.loads((run / "plan.json").read_text())
     assert plan["partition"] and "--num-parts" in plan["partition"] and plan["partition"][-3] == "3"
-    assert not _job_processes(provisioned, run.name)
+    assert not run_processes(provisioned, run.name)
     if not warm:
         jittor_nodes.save(provisioned)
 

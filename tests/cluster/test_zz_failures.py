@@ -11,7 +11,7 @@ import json
 import threading
 import time
 
-from .conftest import distrun
+from .conftest import distrun, run_processes
 from .test_train import _latest_run
 
 LONG_SCRIPT = """
@@ -84,16 +84,7 @@ def test_losing_a_node_mid_run_stops_everything_within_30s(provisioned, distrun_
         assert "node3" in result.stdout
         assert "lost contact with node3" in result.stdout + result.stderr, result.stdout[-3000:]
         run = _latest_run(distrun_home)
-        assert not _job_processes_on(provisioned, run.name, (1, 2))
+        assert not run_processes(provisioned, run.name, (1, 2))
     finally:
         worker.join(timeout=300)
         _restore(provisioned, 3)
-
-
-def _job_processes_on(cluster, run_id: str, nodes: tuple[int, ...]) -> list[str]:
-    alive = []
-    for k in nodes:
-        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do grep -qzxF 'DISTRUN_RUN_ID={run_id}' $f 2>/dev/null "
-                              f"&& echo $f; done; true", check=False)
-        alive += [f"node{k}:{line}" for line in out.stdout.split()]
-    return alive
