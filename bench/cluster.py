@@ -15,6 +15,10 @@ Measured:
             vs the same program by hand: ssh root@head, su - distrun, /usr/bin/mpirun -np 3
             --hostfile <run dir>/hostfile /opt/distrun/venv/bin/python <run dir>/sleep10.py.
             Phases of distrun's run come from ansible-runner's job events (artifacts).
+  failures  how long `distrun check` takes to name a stopped node, and how long `distrun train`
+            takes to end a run after a node is killed mid-run, next to a plain ssh round trip and
+            the machine's load average measured at the same time (the tests only assert that
+            both happen; these latencies depend on the load).
 This is a benchmark, not a test: it asserts nothing.
 """
 
@@ -69,6 +73,17 @@ dist.barrier()
 print(f"rank {dist.get_rank()}/{dist.get_world_size()} on {socket.gethostname()} slept {time.time() - t0:.2f}s", flush=True)
 dist.barrier()
 dist.destroy_process_group()
+'''
+
+LONG_PROGRAM = '''\
+"""mpi4py: every rank says where it runs, then meets every second for 10 minutes (node-kill probe)."""
+import os, socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+print(f"LONG rank={comm.Get_rank()} host={socket.gethostname()}", flush=True)
+for _ in range(600):
+    comm.Barrier()
+    time.sleep(1)
 '''
 
 
@@ -258,6 +273,48 @@ class Bench:
         return {"cold": cold, "warm": warm, "hand": hand, "distrun_median_s": median(ok_w),
                 "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}
 
+    def failure_suite(self, cluster: podcluster.Cluster) -> dict:
+        t0 = time.monotonic()
+        cluster.ssh(1, "true", check=False)
+        ssh_s = time.monotonic() - t0
+        load = os.getloadavg()[0]
+        cluster.stop_node(2)
+        try:
+            proc, check_s = run([DISTRUN, "check", "--inventory", str(self.hosts), "--json"], env=self.env(), timeout=300)
+        finally:
+            cluster.start_node(2)
+        try:
+            named = json.loads(proc.stdout)["hosts"]["node2"]["state"]
+        except (ValueError, KeyError):
+            named = None
+        say(f"check with node2 stopped: {check_s:6.2f} s, node2 {named} (ssh round trip {ssh_s:.2f} s, load {load:.2f})")
+        script = self.tmp / "long.py"
+        script.write_text(LONG_PROGRAM)
+        env = self.env()
+        t_start = time.monotonic()
+        train = subprocess.Popen([DISTRUN, "train", "--inventory", str(self.hosts), "--script", str(script)],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        killed = None
+        try:
+            runs = Path(env["DISTRUN_HOME"]) / "runs"
+            while time.monotonic() - t_start < 300 and killed is None:
+                logs = sorted(runs.glob("*-train-*/launcher.log"), key=lambda f: f.stat().st_mtime)
+                if logs and "LONG rank=2" in logs[-1].read_text(errors="replace") and train.poll() is None:
+                    cluster.kill_node(3)
+                    killed = time.monotonic()
+                time.sleep(0.2)
+            out, _ = train.communicate(timeout=300)
+            end_s = time.monotonic() - killed if killed else None
+        finally:
+            if train.poll() is None:
+                train.kill()
+            cluster.start_node(3)
+        say(f"train ended {end_s if end_s is None else round(end_s, 2)} s after node3 was killed, rc={train.returncode}")
+        return {"ssh_true_s": round(ssh_s, 2), "load_1min": round(load, 2), "check_stopped_node_s": round(check_s, 2),
+                "check_node2_state": named, "check_rc": proc.returncode,
+                "killed_node_end_s": None if end_s is None else round(end_s, 2), "train_rc": train.returncode,
+                "train_tail": None if train.returncode not in (0, None) and killed else out[-800:]}
+
     def launch_suite(self, cluster: podcluster.Cluster) -> dict:
         script = self.tmp / "sleep10.py"
         script.write_text(SLEEP_PROGRAM)
@@ -310,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001 - a benchmark reports, it does not stop
                     result["torchrun"] = {"error": f"{type(exc).__name__}: {exc}"}
                 result["setup"] = bench.setup_variants(result["setup"])
+            # Last: a restarted node may come back with another address until the next setup.
+            try:
+                result["failures"] = bench.failure_suite(cluster)
+            except Exception as exc:  # noqa: BLE001 - a benchmark reports, it does not stop
+                result["failures"] = {"error": f"{type(exc).__name__}: {exc}"}
     finally:
         if cluster is not None:
             cluster.down()

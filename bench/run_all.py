@@ -217,6 +217,22 @@ def render_torchrun(c: dict) -> list[str]:
     return out
 
 
+def render_failures(c: dict) -> list[str]:
+    F = c.get("failures")
+    out = ["## Failure latency: a stopped node, a node killed mid-run (3 nodes)", ""]
+    if not F or F.get("error"):
+        return out + [f"Not measured in this run{': ' + F['error'] if F else ''}.", ""]
+    out += ["The cluster tests assert that both failures are named and end the run; how fast depends on the",
+            "machine's load, so the figures live here, next to a plain `ssh true` and the load measured at the",
+            "same time.", "",
+            "| what | measured | same time: `ssh true` | load (1 min) |", "|---|---:|---:|---:|",
+            f"| `distrun check` names a stopped node2 ({F.get('check_node2_state')}) | {F['check_stopped_node_s']} s "
+            f"| {F['ssh_true_s']} s | {F['load_1min']} |",
+            f"| `distrun train` ends after node3 is killed (rc {F.get('train_rc')}) | {F.get('killed_node_end_s')} s "
+            f"| {F['ssh_true_s']} s | {F['load_1min']} |", ""]
+    return out
+
+
 def render_partition(quick: bool) -> list[str]:
     out = ["## Partition (Metis via pymetis)", ""]
     fresh = RESULTS / "partition.md"
@@ -377,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
              "also runs alone (`bench/cluster.py`, `bench/partition.py`, `bench/train.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
-        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster)
+        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_failures(cluster)
     else:
         lines += ["## Cluster sections", "", "Skipped in this run (`--skip cluster`).", ""]
     lines += render_partition(args.quick) + render_train(load("train")) + render_scale(load("scale"))
@@ -401,7 +417,7 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
              "`bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
-        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster)
+        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_failures(cluster)
     lines += render_partition(quick) + render_train(load("train")) + render_scale(load("scale")) + [NOT_MEASURED]
     out.write_text("\n".join(lines).rstrip() + "\n")
     say(f"re-rendered {out}")

@@ -15,6 +15,7 @@ machine do not tear down each other's clusters: up() first removes leftovers of 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ def make_repo_importable() -> Path:
 make_repo_importable()
 
 from tests.harness import podcluster  # noqa: E402  (needs the sys.path entry above)
+from tests.harness.suite_report import layer_table  # noqa: E402
 
 CLUSTER_FIXTURES = {"cluster3", "cluster_factory"}
 HOST_WHEELHOUSE = Path("/opt/wheels")
@@ -93,3 +95,47 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
 def cluster3(cluster_factory: ClusterFactory) -> podcluster.Cluster:
     return cluster_factory(3, name=os.environ.get("DISTRUN_CLUSTER_NAME", "distrun-pytest"),
                            inventory=podcluster.DEFAULT_INVENTORY)
+
+
+# ---------------------------------------------------------------- the suite's layers, timed
+LAYERS = ("unit", "docs/lint", "workloads", "molecule", "cluster")
+_layer_reports: dict[str, list] = {}
+
+
+def layer_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    if path in ("tests/test_ansible_lint.py", "tests/unit/test_docs.py"):
+        return "docs/lint"
+    for layer in ("unit", "workloads", "molecule", "cluster"):
+        if path.startswith(f"tests/{layer}/"):
+            return layer
+    return "other"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _layer_reports.setdefault(layer_of(report.nodeid), []).append(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """A table of the suite's layers: tests, outcomes, the seconds spent in them and the wall-clock
+    span from their first start to their last end (layers overlap when tests run in parallel).
+    scripts/test passes the preparation steps it timed itself in DISTRUN_TEST_PREP ("name=seconds,...")."""
+    if not _layer_reports:
+        return
+    rows = []
+    for layer in (*LAYERS, "other"):
+        reports = _layer_reports.get(layer)
+        if not reports:
+            continue
+        failed = {r.nodeid for r in reports if r.failed}
+        rows.append({"layer": layer, "tests": len({r.nodeid for r in reports}),
+                     "passed": len({r.nodeid for r in reports if r.when == "call" and r.passed} - failed),
+                     "failed": len(failed), "skipped": len({r.nodeid for r in reports if r.skipped}),
+                     "test_s": round(sum(r.duration for r in reports), 1),
+                     "start": min(r.start for r in reports), "stop": max(r.stop for r in reports)})
+    report_dir = os.environ.get("DISTRUN_TEST_REPORT_DIR")
+    if report_dir:  # scripts/test merges the streams' tables into one
+        Path(report_dir, f"layers-{os.getpid()}.json").write_text(json.dumps(rows))
+    terminalreporter.write_sep("=", "time per layer")
+    for line in layer_table(rows, os.environ.get("DISTRUN_TEST_PREP", "")):
+        terminalreporter.write_line(line)

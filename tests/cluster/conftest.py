@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from . import jittor_nodes
+
 REPO = Path(__file__).resolve().parents[2]
 RECAP = re.compile(r"PLAY RECAP (\S+): hosts=(\d+) changed=(\d+) failed=(\d+) unreachable=(\d+) rc=(-?\d+)")
 
@@ -52,6 +54,8 @@ def first_setup(cluster3, distrun_home) -> CliResult:
 @pytest.fixture(scope="session")
 def provisioned(first_setup, cluster3):
     assert first_setup.rc == 0, first_setup.stdout[-4000:] + first_setup.stderr[-2000:]
+    # Jittor's build (minutes, on node1 only) overlaps the tests before the one that needs it.
+    jittor_nodes.start(cluster3)
     return cluster3
 
 

@@ -1,8 +1,16 @@
-"""`distrun setup --inventory test` on the 3-node podman cluster: converge, then changed=0."""
+"""`distrun setup --inventory test` on the 3-node podman cluster: converge, then changed=0, then
+the verify playbook (tests/verify/cluster.yml) checks what a user of the cluster would see."""
 
 from __future__ import annotations
 
-from .conftest import distrun
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness.ansible_log import failed_tasks
+
+from .conftest import REPO, distrun
 
 
 def test_first_setup_converges_every_node(first_setup):
@@ -32,3 +40,14 @@ def test_run_records_are_private(provisioned, distrun_home):
         assert oct(run.stat().st_mode & 0o777) == "0o700"
         # ansible-runner's artifacts are there, events included.
         assert list(run.glob("ansible/artifacts/*/job_events/*.json"))
+
+
+def test_provisioned_cluster_passes_the_verify_playbook(provisioned):
+    """systemd and the wheelhouse on every node, ssh between all nodes as the training user, the
+    env found by non-interactive ssh, the hostfile, a file synced from the head, a 3-rank mpi4py
+    allreduce on 3 hosts, torch importable."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(provisioned.inventory),
+                           "-e", "verify_import_torch=true", str(REPO / "tests" / "verify" / "cluster.yml")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (failed_tasks(proc.stdout) or "no failed task in the output") + "\n" + proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -1,8 +1,10 @@
-"""Slurm on its own 3-node cluster: the role, then `distrun train --launcher slurm` to its ends.
+"""Slurm on the provisioned 3-node cluster: the role, then `distrun train --launcher slurm` to its ends.
 
-One cluster (``distrun-slurm``, or ``$DISTRUN_SLURM_CLUSTER_NAME``) with an inventory of its own
-that sets ``slurm_enabled: true`` next to a copy of ``inventory/test/group_vars``. The tests run
-in file order and share it: setup, a completed training, a failing rank, a cancelled job.
+The shared cluster gets Slurm from an inventory of its own: the same hosts, a copy of
+``inventory/test/group_vars`` and ``slurm_enabled: true``, so `distrun setup` adds only the slurm
+role to what is there. The tests run in file order and share it: setup, a completed training, a
+failing rank, a cancelled job. Slurm stays on the cluster for the modules after this one, as it
+would on a real cluster where both launchers are in use.
 """
 
 from __future__ import annotations
@@ -35,18 +37,13 @@ FAIL_SCRIPT = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def slurm_cluster(cluster_factory, tmp_path_factory, distrun_home):
+def slurm_cluster(provisioned, tmp_path_factory, distrun_home):
     inv_dir = tmp_path_factory.mktemp("slurm-inventory")
     shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv_dir / "group_vars")
     with (inv_dir / "group_vars" / "all.yml").open("a") as fh:
         fh.write("\n# tests/cluster/test_slurm.py\nslurm_enabled: true\n")
-    # Slurm runs the torch workload here: no Jittor, so no compiler and no Jittor build. Every
-    # node is in 'workers', whose group_vars win over 'all'.
-    (inv_dir / "group_vars" / "workers.yml").write_text(
-        "# tests/cluster/test_slurm.py\nmpi_env_packages: ['torch==2.13.0+cpu']\nbase_packages_extra: []\n")
-    name = os.environ.get("DISTRUN_SLURM_CLUSTER_NAME", "distrun-slurm")
-    cluster = cluster_factory(3, name=name, inventory=inv_dir / "hosts.yml")
-    return cluster, inv_dir / "hosts.yml"
+    shutil.copy(provisioned.inventory, inv_dir / "hosts.yml")
+    return provisioned, inv_dir / "hosts.yml"
 
 
 def _runs(home: Path) -> list[Path]:

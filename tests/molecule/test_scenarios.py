@@ -1,5 +1,9 @@
 """Every molecule scenario, run as a test: create, converge, idempotence, verify, destroy.
 
+The whole setup.yml in its default form (venv, sync) is converged, re-run and verified on the
+harness cluster by tests/cluster (test_setup_cli.py); the scenarios here cover the variants:
+sshfs, nfs (rendered) and conda (with the installer double).
+
 Molecule's own sequence fails on a second converge that reports changes, so a pass here is the
 idempotence check too.
 """
@@ -14,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import podcluster
+from tests.harness.ansible_log import failed_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml"))
@@ -42,4 +47,5 @@ def test_molecule_scenario(scenario: str, node_image: str, tmp_path: Path) -> No
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=1800,
         )
     text = log.read_text(errors="replace")
-    assert result.returncode == 0, f"molecule test -s {scenario} failed:\n{text[-8000:]}"
+    assert result.returncode == 0, (f"molecule test -s {scenario} failed (whole log: {log}):\n"
+                                    f"{failed_tasks(text) or 'no failed task in the log'}\n--- last lines ---\n{text[-3000:]}")

@@ -47,5 +47,14 @@ def jittor_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def warm() -> int:
+    """Compile Jittor's core into the keyed cache now (scripts/test starts this beside the node
+    image build, so the workload tests find it compiled); Jittor's own lock makes a test that
+    imports Jittor meanwhile wait for this build instead of starting a second one."""
+    return subprocess.run([sys.executable, "-c", "import jittor"], env=jittor_env(), check=False).returncode
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--warm"]:
+        sys.exit(warm())
     print(jittor_cache_dir())

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The suite's closing report: one table of layers (unit, docs/lint, workloads, molecule, cluster)
+merged from the pytest runs scripts/test started, then one closing line.
+
+    python tests/harness/suite_report.py REPORT_DIR [PREP]
+
+Each pytest run writes ``layers-<pid>.json`` into REPORT_DIR (tests/conftest.py); PREP is
+"name=seconds,..." for the steps scripts/test timed before pytest (bootstrap, node image).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def layer_table(rows: list[dict], prep: str = "") -> list[str]:
+    """The table's lines: the timed preparation steps, then one row per layer. "test s" adds up
+    the tests' own durations; "wall s" spans a layer's first start to its last end (layers that
+    run in parallel overlap)."""
+    out = [f"{'layer':<18}{'tests':>6}{'passed':>8}{'failed':>8}{'skipped':>8}{'test s':>9}{'wall s':>9}"]
+    for item in filter(None, prep.split(",")):
+        name, _, secs = item.partition("=")
+        out.append(f"{name:<18}{'':>6}{'':>8}{'':>8}{'':>8}{'':>9}{secs:>9}")
+    for r in rows:
+        out.append(f"{r['layer']:<18}{r['tests']:>6}{r['passed']:>8}{r['failed']:>8}{r['skipped']:>8}"
+                   f"{r['test_s']:>9.0f}{r['stop'] - r['start']:>9.0f}")
+    return out
+
+
+def merge(runs: list[list[dict]]) -> list[dict]:
+    merged: dict[str, dict] = {}
+    for rows in runs:
+        for r in rows:
+            m = merged.setdefault(r["layer"], {**r, "tests": 0, "passed": 0, "failed": 0, "skipped": 0, "test_s": 0.0})
+            for key in ("tests", "passed", "failed", "skipped", "test_s"):
+                m[key] += r[key]
+            m["start"], m["stop"] = min(m["start"], r["start"]), max(m["stop"], r["stop"])
+    return list(merged.values())
+
+
+def main(argv: list[str]) -> int:
+    report_dir = Path(argv[0])
+    prep = argv[1] if len(argv) > 1 else ""
+    runs = [json.loads(f.read_text()) for f in sorted(report_dir.glob("layers-*.json"))]
+    rows = merge(runs)
+    print("=" * 30 + " the whole suite, per layer " + "=" * 30)
+    for line in layer_table(rows, prep):
+        print(line)
+    total = {k: sum(r[k] for r in rows) for k in ("passed", "failed", "skipped")}
+    print(f"scripts/test: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
