@@ -16,13 +16,15 @@ from .conftest import distrun
 HOME = "/home/distrun"
 SHARED = "/srv/distrun"
 
-# node, link the job plants, root-owned target it points to, what setup must say
+# node, link the job plants, root-owned target it points to, what setup must say. Round 1 keeps
+# the ssh mesh whole (the head's sync to the other nodes runs before the hostfile is rendered);
+# round 2 breaks it on purpose, where every refusal comes from the same task.
 ROUND_1 = [
-    (2, f"{HOME}/.ssh", "/usr/local/lib/distrun-victim", f"remove the link {HOME}/.ssh on node2"),
     (3, f"{HOME}/.bashrc", "/etc/sudoers.d/distrun-victim", "remove the link ~distrun/.bashrc on node3"),
     (1, f"{SHARED}/hostfile", "/etc/distrun-victim-hostfile", f"remove the link {SHARED}/hostfile on node1"),
 ]
 ROUND_2 = [
+    (2, f"{HOME}/.ssh", "/usr/local/lib/distrun-victim", f"remove the link {HOME}/.ssh on node2"),
     (1, f"{HOME}/.ssh/id_ed25519", "/etc/distrun-victim-secret", f"remove the link {HOME}/.ssh/id_ed25519 on node1"),
     (3, f"{HOME}/.ssh/authorized_keys", "/etc/distrun-victim-keys",
      f"remove the link {HOME}/.ssh/authorized_keys on node3"),
