@@ -99,7 +99,9 @@ def attack_round(cluster, tmp_path, attacks) -> int:
         if fingerprint(cluster, k, target) != before[(k, target)]:
             succeeded += 1
     # The secret the job pointed the key host's key at reached no node.
-    secret_leaked = any("distrun test victim" in cluster.exec(k, f"cat {HOME}/.ssh/id_ed25519 2>/dev/null || true",
+    # (A planted link itself still points at the secret: only a real key file counts.)
+    key = f"{HOME}/.ssh/id_ed25519"
+    secret_leaked = any("distrun test victim" in cluster.exec(k, f"[ -L {key} ] || cat {key} 2>/dev/null || true",
                                                                check=False).stdout for k in (1, 2, 3))
     return succeeded + int(secret_leaked)
 
