@@ -38,19 +38,22 @@ class Outcome:
 
 def _tail_command(plan: JobPlan, host: str) -> str:
     d = shlex.quote(plan.run_dir)
+    pid, log, code = (shlex.quote(f"{kind}-{host}{ext}") for kind, ext in
+                      (("launcher", ".pid"), ("launcher", ".log"), ("exitcode", "")))
     return (
-        f"cd {d} && for i in $(seq 600); do [ -s launcher-{host}.pid ] && break; sleep 0.1; done; "
-        f"tail -n +1 -F -s 0.5 --pid=$(cat launcher-{host}.pid) launcher-{host}.log 2>/dev/null; "
-        f"for i in $(seq 50); do [ -e exitcode-{host} ] && break; sleep 0.1; done; "
-        f'echo; echo "DISTRUN_EXIT $(cat exitcode-{host} 2>/dev/null || echo 255)"'
+        f"cd {d} && for i in $(seq 600); do [ -s {pid} ] && break; sleep 0.1; done; "
+        f"tail -n +1 -F -s 0.5 --pid=$(cat {pid}) {log} 2>/dev/null; "
+        f"for i in $(seq 50); do [ -e {code} ] && break; sleep 0.1; done; "
+        f'echo; echo "DISTRUN_EXIT $(cat {code} 2>/dev/null || echo 255)"'
     )
 
 
 def _wait_command(plan: JobPlan, host: str) -> str:
     d = shlex.quote(plan.run_dir)
+    code = shlex.quote(f"exitcode-{host}")
     return (
-        f"cd {d} && while [ ! -e exitcode-{host} ]; do sleep 1; done; "
-        f'echo "DISTRUN_EXIT $(cat exitcode-{host})"'
+        f"cd {d} && while [ ! -e {code} ]; do sleep 1; done; "
+        f'echo "DISTRUN_EXIT $(cat {code})"'
     )
 
 

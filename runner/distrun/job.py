@@ -108,6 +108,11 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
     )
 
 
+def _comment(text: str) -> str:
+    """Text for one comment line of a script: a newline would start a command."""
+    return " ".join(str(text).split())
+
+
 def launch_scripts(plan: JobPlan) -> dict[str, str]:
     """Host name -> the launch script that host runs (mpirun and slurm: only the head).
 
@@ -115,15 +120,18 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
     """
 
     def script(host: str, body: list[str]) -> str:
+        # Host names are checked when the inventory is loaded; quoted here all the same.
+        pid, log = shlex.quote(f"launcher-{host}.pid"), shlex.quote(f"launcher-{host}.log")
+        tmp, code = shlex.quote(f"exitcode-{host}.tmp"), shlex.quote(f"exitcode-{host}")
         return (
             "#!/bin/bash\n"
-            f"# distrun run {plan.run_id}: generated launch script for {host}\n"
+            f"# distrun run {plan.run_id}: generated launch script for {_comment(host)}\n"
             f"cd {shlex.quote(plan.run_dir)}\n"
-            f"echo $$ > launcher-{host}.pid\n"
+            f"echo $$ > {pid}\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in launcher_env(plan, host))
-            + shlex.join(body) + f" > launcher-{host}.log 2>&1 < /dev/null\n"
+            + shlex.join(body) + f" > {log} 2>&1 < /dev/null\n"
             "rc=$?\n"
-            f"echo $rc > exitcode-{host}.tmp && mv exitcode-{host}.tmp exitcode-{host}\n"
+            f"echo $rc > {tmp} && mv {tmp} {code}\n"
             "exit $rc\n"
         )
 
@@ -596,10 +604,10 @@ def remote_log_command(plan: dict, rank: int) -> str | None:
         return None
     host, local = where
     patterns = {
-        "mpirun": f"ranks/*/rank.{rank}/stdout",
-        "torchrun": f"torchrun/{host}/*/attempt_*/{local}/stdout.log",
-        "slurm": f"ranks/{rank}/stdout",
-    }.get(str(plan.get("launcher")), f"ranks/*/rank.{rank}/stdout")
+        "mpirun": f"ranks/*/rank.{int(rank)}/stdout",
+        "torchrun": f"torchrun/{shlex.quote(host)}/*/attempt_*/{int(local)}/stdout.log",
+        "slurm": f"ranks/{int(rank)}/stdout",
+    }.get(str(plan.get("launcher")), f"ranks/*/rank.{int(rank)}/stdout")
     d = shlex.quote(f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}")
     return (f"cd {d} 2>/dev/null || exit 3; for i in $(seq 1200); do "
             f"f=$(ls -1 {patterns} 2>/dev/null | tail -n 1); [ -n \"$f\" ] && break; sleep 0.5; done; "

@@ -261,17 +261,18 @@ def render_rank_wrapper(plan: JobPlan) -> str:
     if plan.cidr:
         iface_block += (
             'if [ -z "$IFACE" ]; then\n'
-            f"  IFACE=\"$(ip -o -4 addr show to {plan.cidr} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
+            f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
             "fi\n"
         )
     return f"""#!/bin/bash
-# Rank wrapper for distrun run {plan.run_id}. Generated; do not edit.
+# Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
 set -euo pipefail
 export RANK="${{RANK:-${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-${{SLURM_PROCID:-0}}}}}}}}"
 export WORLD_SIZE="${{WORLD_SIZE:-${{OMPI_COMM_WORLD_SIZE:-${{PMI_SIZE:-${{SLURM_NTASKS:-1}}}}}}}}"
 export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALID:-0}}}}}}"
-export MASTER_ADDR="${{MASTER_ADDR:-{plan.master_addr}}}"
-export MASTER_PORT="${{MASTER_PORT:-{plan.master_port}}}"
+if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
+export MASTER_ADDR
+export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
 {iface_block}if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"

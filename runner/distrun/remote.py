@@ -34,5 +34,6 @@ def shell_argv(node: Node, command: str) -> list[str]:
         argv += ["-i", str(key_file)]
     user = hv.get("ansible_user") or hv.get("ansible_ssh_user")
     target = f"{user}@{node.address}" if user else node.address
-    argv += [target, command]
+    # "--": a destination is never read as an option (an ansible_host of "-oProxyCommand=...").
+    argv += ["--", target, command]
     return argv

@@ -97,7 +97,7 @@ def probe_openmpi():
 
 
 def probe_ssh(target):
-    proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", target, "true"],
+    proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
                    timeout=TIMEOUT + 10)
     if proc.returncode == 0:
         return {"ok": True, "detail": "ssh in batch mode works"}

@@ -12,8 +12,10 @@ Two modes (``plan.slurm["mode"]``):
 
 from __future__ import annotations
 
+import re
 import shlex
 
+from ..errors import PlanError
 from ..plan import JobPlan, RankHost
 from .torchrun import torchrun_argv
 
@@ -39,18 +41,30 @@ def slurm_hostfile(plan: JobPlan) -> str:
     return "".join(f"{h.name}\n" for h in plan.hosts for _ in range(h.slots))
 
 
+# What an #SBATCH value may hold: sbatch reads the line itself, and a newline would end the
+# header and start a shell line. The inventory is checked at load; this guards the script too.
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9._:,/@%+=-]+")
+
+
+def sbatch_line(option: str, value: object) -> str:
+    text = str(value)
+    if not _SBATCH_VALUE.fullmatch(text) or text.startswith("-"):
+        raise PlanError(f"#SBATCH --{option}={text!r}: use letters, digits and ._:,/@%+=- only (check the inventory)")
+    return f"#SBATCH --{option}={text}"
+
+
 def _header(plan: JobPlan, name: str) -> list[str]:
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={name}",
+        sbatch_line("job-name", name),
         # %j: the job id. The batch step's output: srun's own messages, never a rank's.
-        f"#SBATCH --output={plan.run_dir}/slurm-%j.out",
-        f"#SBATCH --chdir={plan.run_dir}",
+        sbatch_line("output", f"{plan.run_dir}/slurm-%j.out"),
+        sbatch_line("chdir", plan.run_dir),
     ]
     if plan.slurm.get("partition"):
-        lines.append(f"#SBATCH --partition={plan.slurm['partition']}")
+        lines.append(sbatch_line("partition", plan.slurm["partition"]))
     if plan.slurm.get("time"):
-        lines.append(f"#SBATCH --time={plan.slurm['time']}")
+        lines.append(sbatch_line("time", plan.slurm["time"]))
     return lines
 
 
@@ -62,7 +76,7 @@ def sbatch_script(plan: JobPlan) -> str:
     """The one multi-node job of single mode."""
     nodes = len(plan.hosts)
     lines = _header(plan, job_name(plan))
-    lines += [f"#SBATCH --nodes={nodes}", f"#SBATCH --nodelist={','.join(h.name for h in plan.hosts)}"]
+    lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(h.name for h in plan.hosts))]
     if _uneven(plan):
         # --ntasks-per-node is one number; uneven slots need the task count and an explicit
         # placement (SLURM_HOSTFILE, exported by the driver at submission and read by srun).
@@ -99,7 +113,7 @@ def _without_mpi4py_runner(program: tuple[str, ...]) -> tuple[str, ...]:
 def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     """Job ``index`` of multi-job mode: one node, one torchrun agent with that node's slots."""
     lines = _header(plan, job_name(plan, index))
-    lines += ["#SBATCH --nodes=1", f"#SBATCH --nodelist={host.name}", "#SBATCH --ntasks=1",
+    lines += ["#SBATCH --nodes=1", sbatch_line("nodelist", host.name), "#SBATCH --ntasks=1",
               f"#SBATCH --cpus-per-task={host.slots}"]
     if host.gpus > 0:
         lines.append(f"#SBATCH --gres=gpu:{host.gpus}")
