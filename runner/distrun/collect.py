@@ -48,15 +48,17 @@ def _safe(member: tarfile.TarInfo) -> bool:
     return member.isfile() or member.isdir()
 
 
-def tar_command(run_dir: str, runs_dir: str, user: str, as_user: bool) -> str:
-    """The node-side command: refuse a run dir that is a link, or that is not where it should
-    be once every link in its parents is resolved (a job may replace its run dir or a parent),
-    then stream it. It runs as the training user (``as_user``: through sudo), so it reads
-    nothing that user could not read anyway."""
+def tar_command(run_dir: str, user: str, as_user: bool) -> str:
+    """The node-side command: refuse a run dir that is a link, whose runs folder is a link, or
+    that is not where it should be once every link above it is resolved (a job may replace its
+    run dir or the runs folder), then stream it. It runs as the training user (``as_user``:
+    through sudo), so it reads nothing that user could not read anyway."""
+    runs_dir = run_dir.rstrip("/").rsplit("/", 1)[0]
     script = (
         f"d={shlex.quote(run_dir)}; r={shlex.quote(runs_dir)}; "
         'name="${d##*/}"; '
-        'if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(cd -P -- "$d" 2>/dev/null && pwd)" != "$(cd -P -- "$r" 2>/dev/null && pwd)/$name" ]; '
+        'if [ -L "$d" ] || [ -L "$r" ] || [ ! -d "$d" ] || '
+        '[ "$(cd -P -- "$d" 2>/dev/null && pwd)" != "$(cd -P -- "$r/.." 2>/dev/null && pwd)/${r##*/}/$name" ]; '
         f'then echo "$d is a link or not a folder inside $r" >&2; exit {_REFUSED_EXIT}; fi; '
         'cd -P -- "$d" && exec tar --one-file-system -czf - .'
     )
@@ -76,8 +78,7 @@ def _runs_as(node: Node, user: str) -> bool:
 def _pull(node: Node, run_dir: str, dest: Path, *, user: str, max_bytes: int, timeout_s: float) -> str | None:
     """Unpack node's run_dir into dest; None on success, else why it failed."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    runs_dir = run_dir.rstrip("/").rsplit("/", 1)[0]
-    command = tar_command(run_dir, runs_dir, user, as_user=not _runs_as(node, user))
+    command = tar_command(run_dir, user, as_user=not _runs_as(node, user))
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, UserError) as exc:
