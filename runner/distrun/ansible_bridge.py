@@ -7,6 +7,7 @@ the directory is readable by its owner only.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -128,6 +129,22 @@ def _keep_facts(run_cache: Path, inventory: Path) -> None:
             os.replace(tmp, target)
 
 
+def _scrub_command(path: Path) -> None:
+    """ansible-runner stores the whole environment of this process in artifacts/*/command;
+    keep only what distrun set for Ansible (the controller's tokens and keys are no record's
+    business)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict) and isinstance(data.get("env"), dict):
+        data["env"] = {k: v for k, v in data["env"].items() if k.startswith(("ANSIBLE_", "AWX_")) or k == "PATH"}
+        tmp = path.with_name(".command.tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -225,6 +242,7 @@ def run_playbook(
         if previous is not None:
             signal.signal(signum, previous)
     artifact_dir = Path(runner.config.artifact_dir)
+    _scrub_command(artifact_dir / "command")
     _keep_facts(artifact_dir / "fact_cache", inventory)
     return PlaybookResult(
         playbook=playbook,

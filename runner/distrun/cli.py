@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from . import __version__, paths
 from .errors import UserError
@@ -68,7 +69,7 @@ def setup(inventory: str, check_mode: bool, tags: str | None, limit: str | None)
         result = run_playbook("setup.yml", inv, run.dir, on_event=progress, tags=tags, limit=limit, check=check_mode)
     print_summary(result, time.monotonic() - started)
     run.finish(0 if result.ok else 1, f"changed={result.changed}")
-    console.print(f"run record: {run.dir}")
+    console.print(f"run record: {run.dir}", markup=False)
     if not result.ok:
         sys.exit(1)
 
@@ -112,12 +113,14 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
     """
     from . import job
+    from .plan import check_env_key
 
     extra_env: dict[str, str] = {}
     for pair in env_pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UserError(f"--env {pair!r}: write it as KEY=VALUE")
+        check_env_key(key)
         extra_env[key] = value
     if script is not None and not script.is_file():
         raise UserError(f"--script {script}: no such file; pass the path of your training program")
@@ -185,19 +188,31 @@ def partition(inventory: str, dataset: str, data_dir: str | None, np: int | None
 
 
 @main.command()
-def runs() -> None:
-    """List run records, newest last."""
+@click.option("--prune", is_flag=True, help="Delete the records of finished runs (running ones stay).")
+@click.option("--older-than", default=None, metavar="DURATION",
+              help="With --prune: only runs started longer ago than this (30d, 12h, 90m, 2w; default 30d).")
+def runs(prune: bool, older_than: str | None) -> None:
+    """List run records, newest last; --prune deletes old ones."""
     from rich.table import Table
 
-    from .runs import list_runs
+    from .runs import list_runs, parse_duration, prune_runs
 
+    if older_than is not None and not prune:
+        raise UserError("--older-than only goes with --prune: distrun runs --prune --older-than 30d")
+    if prune:
+        removed = prune_runs(parse_duration(older_than or "30d"))
+        for r in removed:
+            console.print(f"removed {r.id} ({r.meta.verb}, {r.meta.status})", markup=False)
+        console.print(f"pruned {len(removed)} run record(s) from {paths.runs_dir()}", markup=False)
+        return
     table = Table(show_edge=False)
     for col in ("run", "verb", "status", "rc", "duration", "inventory", "summary"):
         table.add_column(col)
     for r in list_runs():
         d = r.meta.duration
-        table.add_row(r.id, r.meta.verb, r.meta.status, "" if r.meta.rc is None else str(r.meta.rc),
-                      "" if d is None else f"{d:.1f}s", r.meta.inventory, r.meta.summary)
+        table.add_row(*(escape(c) for c in (
+            r.id, r.meta.verb, r.meta.status, "" if r.meta.rc is None else str(r.meta.rc),
+            "" if d is None else f"{d:.1f}s", r.meta.inventory, r.meta.summary)))
     console.print(table)
 
 
@@ -206,7 +221,8 @@ def runs() -> None:
 @click.option("--rank", type=int, default=None, help="Show this rank's log (default: the launcher's log).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the run ends.")
 def logs(run_id: str, rank: int | None, follow: bool) -> None:
-    """Print a run's logs: the launcher's, or one rank's with --rank."""
+    """Print a train run's logs: the launcher's, or one rank's with --rank. RUN_ID: an id
+    from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last train run)."""
     from . import job
 
     job.print_logs(run_id, rank, follow)
@@ -215,7 +231,10 @@ def logs(run_id: str, rank: int | None, follow: bool) -> None:
 @main.command()
 @click.argument("run_id", default="last")
 def stop(run_id: str) -> None:
-    """Stop a run: every process of it on every node."""
+    """Stop a train run: every process of it on every node, with a count per node.
+
+    RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last
+    train run). Exits 1 naming the nodes it could not reach."""
     from . import job
 
     sys.exit(job.stop_run(run_id))

@@ -22,10 +22,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rich.markup import escape
+
 from . import paths
 from . import slurm as slurm_run
-from .ansible_bridge import PlaybookResult, run_playbook
-from .collect import UNREACHABLE, collect_hosts, pull_run
+from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
+from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
 from .launchers import mpirun_argv, torchrun_argv
@@ -33,10 +35,10 @@ from .launchers.slurm import sbatch_files
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .remote import shell_argv
-from .plan import WORKLOADS, JobPlan, build_plan, render_hostfile, render_rank_wrapper
+from .plan import WORKLOADS, JobPlan, build_plan, render_env_file, render_hostfile, render_rank_wrapper
 from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
-from .ui import PlaybookProgress, console, err_console, print_summary
+from .ui import PlaybookProgress, console, err_console, print_summary, warn
 
 EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
 RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
@@ -122,12 +124,16 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
     def script(host: str, body: list[str]) -> str:
         # Host names are checked when the inventory is loaded; quoted here all the same.
         pid, log = shlex.quote(f"launcher-{host}.pid"), shlex.quote(f"launcher-{host}.log")
+        pgid = shlex.quote(f"launcher-{host}.pgid")
         tmp, code = shlex.quote(f"exitcode-{host}.tmp"), shlex.quote(f"exitcode-{host}")
         return (
             "#!/bin/bash\n"
             f"# distrun run {plan.run_id}: generated launch script for {_comment(host)}\n"
             f"cd {shlex.quote(plan.run_dir)}\n"
             f"echo $$ > {pid}\n"
+            # The launcher leads its own process group (started with setsid): 'distrun stop'
+            # stops that group too, even a process that dropped DISTRUN_RUN_ID from its environment.
+            f"read -r _ _ _ _ pgid _ < /proc/$$/stat && echo \"$pgid\" > {pgid}\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in launcher_env(plan, host))
             + shlex.join(body) + f" > {log} 2>&1 < /dev/null\n"
             "rc=$?\n"
@@ -185,6 +191,9 @@ def dry_run_text(request: JobRequest) -> str:
         out.append("")
         out.append(f"# {plan.run_dir}/{name}")
         out.append(text.rstrip("\n"))
+    if plan.user_env_keys:
+        out.append("")
+        out.append(f"# {plan.env_file} (0600, values not shown): {' '.join(plan.user_env_keys)}")
     for host, text in launch_scripts(plan).items():
         out.append("")
         out.append(f"# launch on {host}")
@@ -243,11 +252,17 @@ def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_worklo
 
 
 def _stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
-                script: Path | None, jittor_warm: bool) -> dict:
-    """Extravars of run.yml and stage.yml (the launch play reads the same names)."""
+                script: Path | None, jittor_warm: bool, env: dict[str, str] | None = None) -> dict:
+    """Extravars of run.yml and stage.yml (the launch play reads the same names).
+
+    ``env`` (the user's --env) goes in its own 0600 file, never in the bundle, the plan or an
+    extravar: ansible-runner records extravars, and the bundle is a logged task's stdin.
+    """
     launch_files = {f"launch-{h}.sh": text for h, text in scripts.items()}
     bundle, digest = run_bundle(run, {**files, **launch_files}, script.resolve() if script else None)
+    env_file = str(run.write("env.sh", render_env_file(env), mode=0o600)) if env else ""
     return {
+        "distrun_env_file": env_file,
         **_common_vars(plan),
         "distrun_run_bundle": bundle,
         "distrun_workloads_digest": digest,
@@ -341,6 +356,7 @@ def run_job(request: JobRequest) -> int:
     cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))  # a bad inventory leaves no record
     if request.launcher == "slurm":
         slurm_run.require_enabled(cluster)
+    _collect_limits()  # a bad limit is refused before anything starts
     phases = Phases(new_run("train", request.inventory), t0)
     try:
         return _run_job(request, cluster, phases)
@@ -358,7 +374,7 @@ def run_job(request: JobRequest) -> int:
 
 def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
     run = phases.run
-    console.print(f"run {run.id}: record in {run.dir}")
+    console.print(f"run {run.id}: record in {run.dir}", markup=False)
     phases.mark("load inventory")
     if request.preflight and _facts_unusable(cluster):
         # First run against these nodes: the plan needs their interfaces and GPUs, so gather
@@ -384,7 +400,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
             rank_hosts = [h.name for h in plan.hosts]
             limit = ",".join(dict.fromkeys([cluster.head.name, *rank_hosts]))
             extravars = {
-                **_stage_vars(plan, run, files, scripts, request.script, _needs_jittor(plan)),
+                **_stage_vars(plan, run, files, scripts, request.script, _needs_jittor(plan), request.env),
                 "distrun_planned_network": _planned_network(plan, network),
                 "distrun_skip_preflight": not request.preflight,
                 "preflight_ports": [request.port],
@@ -418,7 +434,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
             if outcome.lost:
                 lost = outcome.host
             if outcome.host and outcome.rc != 0:
-                err_console.print(f"[red]{outcome.reason}: stopping every rank on every node[/red]")
+                err_console.print(f"[red]{escape(outcome.reason)}: stopping every rank on every node[/red]")
                 lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
     except KeyboardInterrupt:
         interrupted = True
@@ -479,7 +495,8 @@ def _show_line(text: str, plan: JobPlan) -> None:
             console.print(
                 f"epoch {e.get('epoch')}/{e.get('epochs')}  loss {e.get('loss', 0):.4f}  "
                 f"train_acc {e.get('train_acc', 0):.3f}  val_acc {e.get('val_acc', 0):.3f}  "
-                f"{e.get('epoch_time_s', 0) * 1000:.0f} ms/epoch"
+                f"{e.get('epoch_time_s', 0) * 1000:.0f} ms/epoch",
+                markup=False,
             )
             return
         except (ValueError, TypeError):
@@ -495,9 +512,13 @@ def _collect(inventory: Path, run: Run, plan: JobPlan, cluster: Cluster, lost: s
     dest = run.dir / "nodes"
     dest.mkdir(exist_ok=True, mode=0o700)
     hosts = [h for h in collect_hosts(cluster, [h.name for h in plan.hosts]) if h != lost]
-    failed = pull_run(cluster, plan.run_dir, hosts, dest)
+    failed = pull_run(cluster, plan.run_dir, hosts, dest, **_collect_limits())
+    for h, e in failed.items():
+        if e.startswith((REFUSED, CAPPED)):
+            what = "refused" if e.startswith(REFUSED) else "incomplete"
+            warn(f"collect from {h} {what}: {e.split(': ', 1)[1]}")
     unreachable = {h: e for h, e in failed.items() if e.startswith(UNREACHABLE)}
-    retry = [h for h in failed if h not in unreachable]
+    retry = [h for h in failed if not failed[h].startswith(FINAL)]
     lost_msgs = [f"{h} ({e[len(UNREACHABLE):]})" for h, e in unreachable.items()]
     if lost:
         lost_msgs.insert(0, f"{lost} (lost during the run)")
@@ -507,7 +528,20 @@ def _collect(inventory: Path, run: Run, plan: JobPlan, cluster: Cluster, lost: s
                               extravars={**_common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(retry))
         lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
     if lost_msgs:
-        err_console.print(f"[yellow]logs not collected from: {', '.join(lost_msgs)}[/yellow]")
+        warn(f"logs not collected from: {', '.join(lost_msgs)}")
+
+
+def _collect_limits() -> dict:
+    """Bytes and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB and
+    DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
+    limits: dict = {}
+    for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
+        text = os.environ.get(var)
+        if text:
+            if not text.isdigit() or int(text) == 0:
+                raise UserError(f"{var}={text!r}: give a positive whole number")
+            limits[key] = int(text) * scale
+    return limits
 
 
 def rank_logs(run: Run) -> dict[int, Path]:
@@ -540,17 +574,17 @@ def _summarise(run: Run, plan: JobPlan, rc: int, elapsed: float, lines: list[str
     if result is not None:
         run.write("result.json", json.dumps(result, indent=2) + "\n")
     logs = rank_logs(run)
-    console.print(f"per-rank logs: {len(logs)} of {plan.world_size} collected under {run.dir / 'nodes'}")
+    console.print(f"per-rank logs: {len(logs)} of {plan.world_size} collected under {run.dir / 'nodes'}", markup=False)
     if rc == 0:
         acc = f" test_acc={result.get('test_acc')}" if result else ""
-        console.print(f"[green]run {run.id} succeeded[/green] in {elapsed:.1f}s{acc}")
+        console.print(f"[green]run {run.id} succeeded[/green] in {elapsed:.1f}s{escape(acc)}")
         return f"ok{acc}"
     first_bad = _first_failed_rank(lines)
-    console.print(f"[red]run {run.id} failed[/red] (launcher exit {rc}) after {elapsed:.1f}s{first_bad}")
+    console.print(f"[red]run {run.id} failed[/red] (launcher exit {rc}) after {elapsed:.1f}s{escape(first_bad)}")
     text = "\n".join(lines)
     for needle, fix in DIAGNOSES:
         if needle in text:
-            console.print(f"  hint: {fix}")
+            console.print(f"  hint: {fix}", markup=False)
     return f"failed rc={rc}{first_bad}"
 
 
@@ -615,7 +649,7 @@ def remote_log_command(plan: dict, rank: int) -> str | None:
 
 
 def print_logs(run_id: str, rank: int | None, follow: bool) -> None:
-    run = load_run(run_id)
+    run = load_run(run_id, verb="train")
     if rank is None:
         # The runner writes launcher.log as the run goes: following it is following the run.
         path = run.dir / "launcher.log"
@@ -681,11 +715,63 @@ def _follow_remote_rank(run: Run, rank: int) -> None:
                 proc.kill()
 
 
+STOPPED_RE = re.compile(r"^DISTRUN_STOPPED (\d+)$", re.M)
+
+
+@dataclass
+class StopReport:
+    """What 'distrun stop' did on each node: processes stopped, or why the node was missed."""
+
+    stopped: dict[str, int] = field(default_factory=dict)
+    missed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rc(self) -> int:
+        return 1 if self.missed else 0
+
+
+def stop_report(result: PlaybookResult, outputs: dict[str, str]) -> StopReport:
+    """Per node: the count the stop step printed (``outputs``: host -> its stdout), or the
+    error of a node that failed or could not be reached."""
+    report = StopReport()
+    for name in sorted(set(result.hosts) | set(outputs)):
+        h = result.hosts.get(name)
+        m = STOPPED_RE.search(outputs.get(name, ""))
+        if h is not None and (h.unreachable or h.failed):
+            report.missed[name] = ("unreachable: " if h.unreachable else "") + (h.last_error or "failed")
+        elif m:
+            report.stopped[name] = int(m.group(1))
+        else:
+            report.missed[name] = "no report from the stop step"
+    return report
+
+
 def stop_run(run_id: str) -> int:
-    run = load_run(run_id)
+    run = load_run(run_id, verb="train")
+    if run.meta.verb != "train":
+        raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs have processes to stop")
     inv = Path(run.meta.inventory)
-    _stop(inv, run, run.id, None)
+    outputs: dict[str, str] = {}
+
+    def on_event(ev: PlaybookEvent) -> None:
+        out = str((ev.data or {}).get("stdout") or "") if ev.host else ""
+        if ev.host and STOPPED_RE.search(out):
+            outputs[ev.host] = out
+
+    result = run_playbook("playbooks/stop.yml", inv, run.dir, extravars={"distrun_run_id": run.id}, on_event=on_event)
+    report = stop_report(result, outputs)
+    for host, n in report.stopped.items():
+        console.print(f"  {host}: stopped {n} process(es)", markup=False)
+    for host, why in report.missed.items():
+        err_console.print(f"  {host}: NOT stopped: {why}", markup=False, soft_wrap=True)
+    if report.missed:
+        if run.meta.status == "running":
+            run.finish(130, f"stop incomplete: {', '.join(report.missed)} not reached", status="stopped")
+        raise UserError(f"run {run.id}: could not stop it on {', '.join(report.missed)}; "
+                        "its processes there may still run: bring the node back and run 'distrun stop' again",
+                        exit_code=1)
     if run.meta.status == "running":
         run.finish(130, "stopped by 'distrun stop'", status="stopped")
-    console.print(f"run {run.id}: stopped on every node")
+    total = sum(report.stopped.values())
+    console.print(f"run {run.id}: stopped {total} process(es) on {len(report.stopped)} node(s)", markup=False)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class JobPlan:
     partition: tuple[str, ...] | None = None  # the partitioner's argv, when the workload needs one
     partition_dir: str | None = None
     slurm: Mapping[str, str] = field(default_factory=dict)
+    # Names of the user's --env variables. Their values never enter the plan (which is
+    # recorded, and rendered into argv and launch scripts): they travel in env.sh, 0600.
+    user_env_keys: tuple[str, ...] = ()
 
     @property
     def run_dir(self) -> str:
@@ -68,6 +72,10 @@ class JobPlan:
     @property
     def hostfile(self) -> str:
         return f"{self.run_dir}/hostfile"
+
+    @property
+    def env_file(self) -> str:
+        return f"{self.run_dir}/env.sh"
 
     @property
     def wrapper(self) -> str:
@@ -210,11 +218,8 @@ def build_plan(
         # at exit and Open MPI waits for every other rank before it reports the failure.
         program = (program[0], "-m", "mpi4py", *program[1:])
     env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
-    if extra_env:
-        for key in extra_env:
-            if not key.replace("_", "").isalnum() or key[0].isdigit():
-                raise PlanError(f"--env {key}=...: not a valid environment variable name")
-        env.update(extra_env)
+    for key in extra_env or {}:
+        check_env_key(key)
     return JobPlan(
         run_id=run_id,
         launcher=launcher,
@@ -234,6 +239,31 @@ def build_plan(
         partition=partition,
         partition_dir=part_dir,
         slurm=dict(slurm or {}),
+        user_env_keys=tuple(sorted(extra_env or {})),
+    )
+
+
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV_PREFIX = "DISTRUN_"
+
+
+def check_env_key(key: str) -> None:
+    """A --env name a rank may receive: a shell variable name, not one distrun sets itself
+    (DISTRUN_RUN_ID tags a run's processes for 'distrun stop')."""
+    if not _ENV_KEY_RE.fullmatch(key):
+        raise PlanError(f"--env {key}=...: not a valid environment variable name")
+    if key.upper().startswith(RESERVED_ENV_PREFIX):
+        raise PlanError(f"--env {key}=...: DISTRUN_* variables are set by distrun itself; choose another name")
+
+
+def render_env_file(env: Mapping[str, str]) -> str:
+    """env.sh: the user's --env variables, sourced by the rank wrapper. Staged 0600, owned by
+    the training user, so no other local user reads the values (launch scripts and argv are
+    world-readable)."""
+    for key in env:
+        check_env_key(key)
+    return "# distrun --env variables. Generated; do not edit.\n" + "".join(
+        f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())
     )
 
 
@@ -264,6 +294,7 @@ def render_rank_wrapper(plan: JobPlan) -> str:
             f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
             "fi\n"
         )
+    source_env = ". ./env.sh\n" if plan.user_env_keys else ""
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
 set -euo pipefail
@@ -279,5 +310,5 @@ export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
 fi
 echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$(hostname -s) pid=$$"
 cd {shlex.quote(plan.run_dir)}
-exec "$@"
+{source_env}exec "$@"
 """

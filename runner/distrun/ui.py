@@ -6,6 +6,7 @@ import time
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from .ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
@@ -25,7 +26,7 @@ class PlaybookProgress:
         self.interactive = console.is_terminal
 
     def __enter__(self) -> PlaybookProgress:
-        console.print(f"[bold]{self.title}[/bold]")
+        console.print(f"[bold]{escape(self.title)}[/bold]")
         if self.interactive:
             self.live = Live(self._table(), console=console, refresh_per_second=4, transient=False)
             self.live.__enter__()
@@ -42,7 +43,7 @@ class PlaybookProgress:
             table.add_column(col)
         for h in self.hosts.values():
             style = {"ok": "", "failed": "red", "unreachable": "red"}[h.state]
-            table.add_row(h.name, str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)), h.task[:60], style=style)
+            table.add_row(escape(h.name), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)), escape(h.task[:60]), style=style)
         return table
 
     def __call__(self, ev: PlaybookEvent) -> None:
@@ -62,33 +63,38 @@ class PlaybookProgress:
             return
         elapsed = time.monotonic() - self.started
         if ev.kind == "task":
-            console.print(f"  [{elapsed:6.1f}s] {ev.task}")
+            console.print(f"  \\[{elapsed:6.1f}s] {escape(ev.task)}")
         elif ev.kind == "changed":
-            console.print(f"           changed: {ev.host}")
+            console.print(f"           changed: {escape(str(ev.host))}")
         elif ev.kind in ("failed", "unreachable"):
-            console.print(f"           [red]{ev.kind}: {ev.host}: {ev.message}[/red]")
+            console.print(f"           [red]{ev.kind}: {escape(str(ev.host))}: {escape(ev.message)}[/red]")
 
 
 def print_summary(result: PlaybookResult, elapsed: float) -> None:
-    table = Table(title=f"{result.playbook}: {result.status} in {elapsed:.1f}s", show_edge=False)
+    table = Table(title=escape(f"{result.playbook}: {result.status} in {elapsed:.1f}s"), show_edge=False)
     for col in ("host", "ok", "changed", "failed", "unreachable", "skipped"):
         table.add_column(col)
     for h in sorted(result.hosts.values(), key=lambda x: x.name):
-        table.add_row(h.name, str(h.ok), str(h.changed), str(h.failed), str(int(h.unreachable)), str(h.skipped))
+        table.add_row(escape(h.name), str(h.ok), str(h.changed), str(h.failed), str(int(h.unreachable)), str(h.skipped))
     console.print(table)
     # Parseable line: scripts and tests read it instead of the table.
     console.print(
         f"PLAY RECAP {result.playbook}: hosts={len(result.hosts)} changed={result.changed} "
         f"failed={sum(h.failed for h in result.hosts.values())} "
-        f"unreachable={sum(int(h.unreachable) for h in result.hosts.values())} rc={result.rc}"
+        f"unreachable={sum(int(h.unreachable) for h in result.hosts.values())} rc={result.rc}",
+        markup=False,
     )
     for h in result.failures():
-        err_console.print(f"[red]{h.name}: {h.last_error}[/red]")
+        err_console.print(f"[red]{escape(h.name)}: {escape(h.last_error)}[/red]")
+
+
+def warn(message: str) -> None:
+    """A yellow line on stderr; the text is never read as markup (it may come from a node)."""
+    err_console.print(f"[yellow]{escape(message)}[/yellow]", soft_wrap=True)
 
 
 def fatal(message: str) -> None:
-    err_console.print(f"[red]distrun: error:[/red] {message}", soft_wrap=True)
-
+    err_console.print(f"[red]distrun: error:[/red] {escape(message)}", soft_wrap=True)
 
 
 def print_check_report(report: dict) -> None:
@@ -98,18 +104,18 @@ def print_check_report(report: dict) -> None:
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("check")
     for h in hosts:
-        table.add_column(h, justify="center")
+        table.add_column(escape(h), justify="center")
     for check, items in report["checks"].items():
         cells = []
         for h in hosts:
             item = items.get(h)
             cells.append("-" if item is None else ("[green]✓[/green]" if item["ok"] else "[red]✗[/red]"))
-        table.add_row(check, *cells)
+        table.add_row(escape(check), *cells)
     console.print(table)
     failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
     for check, host, item in failures:
-        console.print(f"[red]✗ {check} on {host}:[/red] {item['detail']}", soft_wrap=True)
+        console.print(f"[red]✗ {escape(check)} on {escape(host)}:[/red] {escape(str(item['detail']))}", soft_wrap=True)
         if item.get("fix"):
-            console.print(f"    fix: {item['fix']}", soft_wrap=True)
+            console.print(f"    fix: {escape(str(item['fix']))}", soft_wrap=True)
     verdict = "[green]all checks passed[/green]" if report["ok"] else f"[red]{len(failures)} check(s) failed[/red]"
     console.print(f"{verdict} in {report.get('elapsed_s', 0):.1f}s")

@@ -1,0 +1,391 @@
+"""What a job or a user cannot make distrun do: run ids that are paths, markup in text from
+nodes, secrets in readable places, stop reporting success it did not have, collect reading
+outside the run dir."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from distrun import ansible_bridge, collect, job, runs, ui
+from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.errors import PlanError, UserError
+from distrun.inventory import cluster_from_json
+from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
+from distrun.plan import build_plan, check_env_key, render_env_file, render_rank_wrapper
+
+from .conftest import distrun_bin
+
+HOSTS = {"n1": {"ansible_host": "10.0.0.1", "slots": 1}, "n2": {"ansible_host": "10.0.0.2", "slots": 1}}
+SECRET = "s3cr3t-'$(touch /tmp/pwned)'-value"
+
+
+def cluster(**gv):
+    data = {
+        "_meta": {"hostvars": {h: {**gv, **hv} for h, hv in HOSTS.items()}},
+        "all": {"children": ["head", "workers"]},
+        "head": {"hosts": ["n1"]},
+        "workers": {"hosts": list(HOSTS)},
+    }
+    return cluster_from_json(Path("/inv/hosts.yml"), data, None)
+
+
+def make_run(verb: str, started: float, status: str = "succeeded", suffix: str = "0a0a") -> runs.Run:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    run_id = f"{stamp}-{verb}-{suffix}"
+    d = runs.paths.runs_dir() / run_id
+    d.mkdir(mode=0o700)
+    r = runs.Run(d, runs.RunMeta(run_id=run_id, verb=verb, inventory="/inv", started=started, status=status))
+    r.save()
+    return r
+
+
+# --- run ids --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("ref", "ok"), [
+    ("20261123-001018-train-4630", True),
+    ("20261123-0010", True),
+    ("4630", True),
+    ("last", True),
+    ("../../tmp/x", False),
+    ("/etc", False),
+    ("a/b", False),
+    ("..", False),
+    ("[/x]", False),
+    ("x;rm -rf ~", False),
+    ("", False),
+    ("a" * 65, False),
+])
+def test_only_run_ids_prefixes_and_last_name_a_run(ref, ok):
+    if ok:
+        assert runs.check_run_ref(ref) == ref
+    else:
+        with pytest.raises(UserError, match="is not a run id"):
+            runs.check_run_ref(ref)
+
+
+def test_a_planted_record_outside_the_runs_folder_is_never_loaded(tmp_path):
+    planted = tmp_path / "x"
+    planted.mkdir()
+    (planted / "meta.json").write_text(json.dumps({"run_id": "x", "verb": "train", "inventory": "/evil", "started": 1}))
+    runs.paths.runs_dir()
+    with pytest.raises(UserError, match="not a run id"):
+        runs.load_run(os.path.relpath(planted, runs.paths.runs_dir()))
+    # A link or a record whose id is not its folder's name is not a run either.
+    (runs.paths.runs_dir() / "20260101-000000-train-ffff").symlink_to(planted)
+    assert runs.list_runs() == []
+
+
+def test_a_prefix_matching_several_runs_is_ambiguous_and_lists_them():
+    t = time.time() - 100
+    a = make_run("train", t, suffix="aaaa")
+    b = make_run("train", t, suffix="bbbb")
+    with pytest.raises(UserError, match="ambiguous") as exc:
+        runs.load_run(a.id[:15])
+    assert a.id in str(exc.value) and b.id in str(exc.value)
+    assert runs.load_run("bbbb").id == b.id
+    with pytest.raises(UserError, match="not found"):
+        runs.load_run("cccc")
+
+
+def test_last_means_the_last_train_run_for_stop_and_logs():
+    t = time.time() - 100
+    train = make_run("train", t, suffix="aaaa")
+    make_run("setup", t + 10, suffix="bbbb")
+    assert runs.load_run("last", verb="train").id == train.id
+    assert runs.load_run("last").meta.verb == "setup"
+
+
+def test_prune_removes_old_finished_records_keeps_running_and_recent():
+    now = time.time()
+    old = make_run("train", now - 40 * 86400, suffix="aaaa")
+    running = make_run("train", now - 40 * 86400, status="running", suffix="bbbb")
+    recent = make_run("setup", now - 3600, suffix="cccc")
+    removed = runs.prune_runs(runs.parse_duration("30d"), now=now)
+    assert [r.id for r in removed] == [old.id]
+    assert not old.dir.exists() and running.dir.exists() and recent.dir.exists()
+    with pytest.raises(UserError, match="--older-than '30 days'"):
+        runs.parse_duration("30 days")
+    assert runs.parse_duration("12h") == 12 * 3600
+
+
+def test_prune_on_the_command_line_says_what_it_removed(cli_env):
+    old = make_run("train", time.time() - 3 * 86400, suffix="aaaa")
+    res = subprocess.run([distrun_bin(), "runs", "--prune", "--older-than", "2d"], capture_output=True, text=True,
+                         env=cli_env)
+    assert res.returncode == 0, res.stderr
+    assert f"removed {old.id} (train, succeeded)" in res.stdout
+    assert "pruned 1 run record(s)" in res.stdout
+
+
+# --- markup -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["logs", "[/x]"], ["stop", "../../tmp/x"], ["logs", "[head]"]])
+def test_hostile_run_names_end_in_one_line_not_a_traceback(cli_env, args):
+    res = subprocess.run([distrun_bin(), *args], capture_output=True, text=True, env=cli_env)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distrun: error: ")
+    assert "Traceback" not in res.stderr and "MarkupError" not in res.stderr
+    assert repr(args[1]) in lines[0]
+
+
+def test_brackets_survive_in_errors_and_node_output(monkeypatch):
+    out = Console(file=io.StringIO(), width=200, highlight=False)
+    monkeypatch.setattr(ui, "err_console", out)
+    monkeypatch.setattr(ui, "console", out)
+    ui.fatal("host [head] said [/x] and [bold]no[/bold]")
+    ui.warn("logs not collected from: [w1] ([/red])")
+    result = PlaybookResult("playbooks/stop.yml", 2, "failed",
+                            {"[n1]": HostProgress("[n1]", failed=1, last_error="task: [/oops] [red]x")}, Path("."))
+    ui.print_summary(result, 1.0)
+    text = out.file.getvalue()
+    assert "host [head] said [/x] and [bold]no[/bold]" in text
+    assert "logs not collected from: [w1] ([/red])" in text
+    assert "[n1]: task: [/oops] [red]x" in text
+
+
+# --- secrets and reserved keys ------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["DISTRUN_RUN_ID", "DISTRUN_RUN_DIR", "distrun_run_id", "DISTRUN_X"])
+def test_reserved_env_keys_are_refused(key):
+    with pytest.raises(PlanError, match="DISTRUN_\\* variables are set by distrun"):
+        check_env_key(key)
+    with pytest.raises(PlanError, match="DISTRUN_"):
+        build_plan(cluster(), run_id="r1", extra_env={key: "other-run"})
+
+
+def test_reserved_env_key_is_refused_at_parse_time(cli_env):
+    res = subprocess.run([distrun_bin(), "train", "-i", "/nonexistent", "--env", "DISTRUN_RUN_ID=20260101-000000-train-ffff"],
+                         capture_output=True, text=True, env=cli_env)
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("distrun: error: --env DISTRUN_RUN_ID=...: DISTRUN_* variables are set by distrun "
+                                  "itself; choose another name")
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "slurm"])
+def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
+    plan = build_plan(cluster(), run_id="r1", launcher=launcher, workload="ddp", extra_env={"TOKEN": SECRET},
+                      slurm={"partition": "p", "time_limit": "10", "mode": "single"} if launcher == "slurm" else None)
+    assert plan.user_env_keys == ("TOKEN",)
+    assert SECRET not in json.dumps(job.asdict(plan), default=str)
+    texts = [*job.launch_scripts(plan).values(), *job.plan_files(plan).values(), render_rank_wrapper(plan)]
+    texts += [" ".join(mpirun_argv(plan))] if launcher == "mpirun" else []
+    texts += [" ".join(torchrun_argv(plan, h)) for h in plan.hosts] if launcher == "torchrun" else []
+    texts += [sbatch_script(plan)] if launcher == "slurm" else []
+    assert not [t for t in texts if SECRET in t]
+    assert ". ./env.sh" in render_rank_wrapper(plan)
+
+
+def test_env_file_is_0600_and_sources_to_the_exact_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    run = runs.new_run("train", tmp_path / "hosts.yml")
+    plan = build_plan(cluster(), run_id=run.id, extra_env={"TOKEN": SECRET, "EMPTY": ""})
+    vars_ = job._stage_vars(plan, run, job.plan_files(plan), job.launch_scripts(plan), None, False,
+                            {"TOKEN": SECRET, "EMPTY": ""})
+    env_file = Path(vars_["distrun_env_file"])
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert SECRET not in json.dumps({k: v for k, v in vars_.items() if k != "distrun_env_file"})
+    assert SECRET not in Path(vars_["distrun_run_bundle"]).read_text()
+    out = subprocess.run(["bash", "-c", f'. {env_file} && printf %s "$TOKEN|$EMPTY"'], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.stdout == f"{SECRET}|"
+    assert not (tmp_path / "pwned").exists() and not Path("/tmp/pwned").exists()
+    assert render_env_file({}).count("export") == 0
+    # No --env: no file, and the wrapper sources nothing.
+    assert job._stage_vars(plan, run, {}, {}, None, False, {})["distrun_env_file"] == ""
+
+
+def test_run_record_keeps_only_the_ansible_environment(tmp_path):
+    command = tmp_path / "command"
+    command.write_text(json.dumps({"command": ["ansible-playbook"], "cwd": "/",
+                                   "env": {"AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t", "HOME": "/root",
+                                           "ANSIBLE_CONFIG": "/a.cfg", "PATH": "/bin"}}))
+    ansible_bridge._scrub_command(command)
+    data = json.loads(command.read_text())
+    assert data["env"] == {"ANSIBLE_CONFIG": "/a.cfg", "PATH": "/bin"}
+    assert data["command"] == ["ansible-playbook"]
+    assert stat.S_IMODE(command.stat().st_mode) == 0o600
+
+
+# --- stop ---------------------------------------------------------------------------------
+
+def _stop_result(**hosts: HostProgress) -> PlaybookResult:
+    return PlaybookResult("playbooks/stop.yml", 0, "successful", dict(hosts), Path("."))
+
+
+def test_stop_counts_per_node_and_succeeds_only_when_every_node_answered():
+    healthy = job.stop_report(_stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", ok=2)),
+                              {"n1": "DISTRUN_STOPPED 4", "n2": "DISTRUN_STOPPED 0"})
+    assert healthy.stopped == {"n1": 4, "n2": 0} and healthy.missed == {} and healthy.rc == 0
+
+    down = job.stop_report(
+        _stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", unreachable=True, last_error="Gathering: timed out")),
+        {"n1": "DISTRUN_STOPPED 3"})
+    assert down.stopped == {"n1": 3}
+    assert down.missed == {"n2": "unreachable: Gathering: timed out"} and down.rc == 1
+
+    silent = job.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {})
+    assert silent.missed == {"n1": "no report from the stop step"} and silent.rc == 1
+
+
+def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch, capsys):
+    r = make_run("train", time.time() - 10, status="running", suffix="aaaa")
+
+    def fake_playbook(playbook, inventory, run_dir, *, extravars, on_event):
+        assert extravars == {"distrun_run_id": r.id}
+        on_event(ansible_bridge.PlaybookEvent("changed", "n1", "stop", data={"stdout": "DISTRUN_STOPPED 5"}))
+        return _stop_result(n1=HostProgress("n1", ok=1, changed=1),
+                            n2=HostProgress("n2", unreachable=True, last_error="ssh: connect timed out"))
+
+    monkeypatch.setattr(job, "run_playbook", fake_playbook)
+    with pytest.raises(UserError, match="could not stop it on n2") as exc:
+        job.stop_run("last")
+    assert exc.value.exit_code == 1
+    assert "n1: stopped 5 process(es)" in capsys.readouterr().out
+    assert runs.load_run(r.id).meta.status == "stopped"
+
+
+def test_stop_refuses_a_run_that_is_not_a_train_run():
+    r = make_run("setup", time.time() - 10, suffix="aaaa")
+    with pytest.raises(UserError, match="only train runs"):
+        job.stop_run(r.id)
+
+
+STOP_TASK = Path(__file__).resolve().parents[2] / "roles/job/tasks/stop.yml"
+
+
+def test_stop_step_runs_as_the_training_user_and_rechecks_pids_before_kill():
+    text = STOP_TASK.read_text()
+    assert 'become_user: "{{ job_user }}"' in text
+    assert '[ "$(stat -c %u "$dir" 2>/dev/null)" = "$uid" ] || continue' in text
+    assert 'same "$p" && kill -KILL' in text
+
+
+def test_stop_step_stops_only_its_run_and_leaves_reused_pids(tmp_path):
+    """The stop script, run here as this user: the run's tagged process and a process of its
+    recorded process group stop; a process of another run survives."""
+    import yaml
+
+    task = yaml.safe_load(STOP_TASK.read_text())[1]
+    script = task["ansible.builtin.shell"]["cmd"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    script = script.replace("{{ job_run_id }}", "RUN-A").replace("{{ job_run_dir | quote }}", str(run_dir))
+    script = script.replace("{{ job_stop_grace * 10 }}", "30")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
+    mine = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": "RUN-A"})
+    grouped = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": "RUN-B"})
+    (run_dir / "launcher-n1.pgid").write_text(f"{grouped.pid}\n")
+    try:
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == "DISTRUN_STOPPED 2", out.stderr
+        assert mine.wait(timeout=10) == -15 and grouped.wait(timeout=10) == -15
+        assert other.poll() is None
+    finally:
+        for p in (mine, grouped, other):
+            p.kill()
+            p.wait()
+
+
+# --- collect ------------------------------------------------------------------------------
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0) -> tarfile.TarInfo:
+    t = tarfile.TarInfo(name)
+    t.type = kind
+    t.size = size
+    return t
+
+
+@pytest.mark.parametrize(("name", "kind", "ok"), [
+    ("./ranks/1/rank.0/stdout", tarfile.REGTYPE, True),
+    ("ranks", tarfile.DIRTYPE, True),
+    ("/etc/passwd", tarfile.REGTYPE, False),
+    ("../../.ssh/authorized_keys", tarfile.REGTYPE, False),
+    ("ranks/../../x", tarfile.REGTYPE, False),
+    ("root", tarfile.SYMTYPE, False),
+    ("hard", tarfile.LNKTYPE, False),
+    ("dev", tarfile.CHRTYPE, False),
+    ("fifo", tarfile.FIFOTYPE, False),
+])
+def test_collect_member_filter(name, kind, ok):
+    assert collect._safe(_info(name, kind)) is ok
+
+
+def _local_cluster(user: str):
+    data = {"_meta": {"hostvars": {"n1": {"ansible_connection": "local", "ansible_host": "127.0.0.1",
+                                          "distrun_user": user}}},
+            "all": {"children": ["head", "workers"]}, "head": {"hosts": ["n1"]}, "workers": {"hosts": ["n1"]}}
+    return cluster_from_json(Path("/inv/hosts.yml"), data, None)
+
+
+def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
+    import getpass
+
+    runs_dir = tmp_path / "shared" / "runs"
+    runs_dir.mkdir(parents=True)
+    (runs_dir / "r1").symlink_to("/")
+    dest = tmp_path / "dest"
+    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(runs_dir / "r1"), ["n1"], dest)
+    assert failed["n1"].startswith(collect.REFUSED) and "is a link" in failed["n1"]
+    assert not list(dest.rglob("*")) or all(p.is_dir() for p in dest.rglob("*"))
+    # The runs folder replaced by a link moves every run dir elsewhere: refused too.
+    real = tmp_path / "elsewhere" / "r2"
+    real.mkdir(parents=True)
+    (real / "f").write_text("x")
+    (tmp_path / "shared2").mkdir()
+    (tmp_path / "shared2" / "runs").symlink_to(tmp_path / "elsewhere")
+    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(tmp_path / "shared2" / "runs" / "r2"), ["n1"], dest)
+    assert failed["n1"].startswith(collect.REFUSED)
+    assert not (dest / "n1" / "f").exists()
+
+
+def test_collect_stops_at_the_byte_cap_with_a_clear_line(tmp_path):
+    import getpass
+
+    run_dir = tmp_path / "shared" / "runs" / "r1"
+    (run_dir / "ranks").mkdir(parents=True)
+    (run_dir / "a.log").write_bytes(b"a" * 1000)
+    (run_dir / "ranks" / "big").write_bytes(os.urandom(300_000))
+    dest = tmp_path / "dest"
+    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], dest, max_bytes=200_000)
+    assert failed["n1"].startswith(collect.CAPPED)
+    assert "stopped at the cap of 0.2 MiB" in failed["n1"] and str(run_dir) in failed["n1"]
+    assert not (dest / "n1" / "ranks" / "big").exists()
+    # Under the cap: everything arrives.
+    assert collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], tmp_path / "d2") == {}
+    assert (tmp_path / "d2" / "n1" / "ranks" / "big").stat().st_size == 300_000
+
+
+def test_collect_runs_the_tar_as_the_training_user():
+    command = collect.tar_command("/srv/d/runs/r1", "trainer", as_user=True)
+    assert command.startswith("sudo -n -u trainer -- bash -c ")
+    assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", as_user=False)
+
+
+def test_collect_limits_from_the_environment_are_checked(monkeypatch):
+    monkeypatch.setenv("DISTRUN_COLLECT_MAX_MB", "5")
+    assert job._collect_limits() == {"max_bytes": 5 << 20}
+    monkeypatch.setenv("DISTRUN_COLLECT_MAX_MB", "lots")
+    with pytest.raises(UserError, match="DISTRUN_COLLECT_MAX_MB='lots'"):
+        job._collect_limits()
+
+
+def test_fallback_collect_playbook_rejects_links_and_paths_outside_the_run_dir():
+    import yaml
+
+    tasks = yaml.safe_load((STOP_TASK.parent / "collect.yml").read_text())
+    fetch = next(t for t in tasks if "ansible.builtin.fetch" in t)
+    assert "'..' not in (item.path | relpath(job_run_dir)).split('/')" in fetch["when"]
+    assert any("not _job_run_dir_stat.stat.islnk" in t.get("ansible.builtin.assert", {}).get("that", []) for t in tasks)
+    assert all(t.get("become_user") == "{{ job_user }}" for t in tasks if "ansible.builtin.assert" not in t)
