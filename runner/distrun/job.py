@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import paths
+from . import contract, paths
 from . import slurm as slurm_run
 from .ansible_bridge import PlaybookResult, run_playbook
 from .collect import UNREACHABLE, collect_hosts, pull_run
@@ -32,7 +32,7 @@ from .launchers import mpirun_argv, torchrun_argv
 from .launchers.slurm import sbatch_files
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
-from .remote import shell_argv
+from .remote import as_user, shell_argv
 from .plan import WORKLOADS, JobPlan, build_plan, render_hostfile, render_rank_wrapper
 from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
@@ -600,10 +600,16 @@ def remote_log_command(plan: dict, rank: int) -> str | None:
         "torchrun": f"torchrun/{host}/*/attempt_*/{local}/stdout.log",
         "slurm": f"ranks/{rank}/stdout",
     }.get(str(plan.get("launcher")), f"ranks/*/rank.{rank}/stdout")
-    d = shlex.quote(f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}")
-    return (f"cd {d} 2>/dev/null || exit 3; for i in $(seq 1200); do "
-            f"f=$(ls -1 {patterns} 2>/dev/null | tail -n 1); [ -n \"$f\" ] && break; sleep 0.5; done; "
-            f"[ -n \"$f\" ] || exit 4; exec tail -n +1 -F -s 0.5 \"$f\"")
+    run_dir = f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}"
+    user = str(plan.get("user") or contract.DEFAULT_USER)
+    d = shlex.quote(run_dir)
+    # As the training user, as the launchers: the run dir may be open to that user only (sshfs).
+    return as_user(user, (
+        f"cd {d} 2>/dev/null || {{ echo \"{host}: cannot enter {run_dir} as user {user}\" >&2; exit 3; }}; "
+        f"for i in $(seq 1200); do "
+        f"f=$(ls -1 {patterns} 2>/dev/null | tail -n 1); [ -n \"$f\" ] && break; sleep 0.5; done; "
+        f"[ -n \"$f\" ] || {{ echo \"{host}: no log of rank {rank} in {run_dir} after 10 minutes\" >&2; exit 4; }}; "
+        f"exec tail -n +1 -F -s 0.5 \"$f\""))
 
 
 def print_logs(run_id: str, rank: int | None, follow: bool) -> None:
