@@ -25,6 +25,7 @@ from pathlib import Path
 from . import contract, paths
 from . import slurm as slurm_run
 from .ansible_bridge import PlaybookResult, run_playbook
+from .check import ProbeCollector, build_report, refusal
 from .collect import UNREACHABLE, collect_hosts, pull_run
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
@@ -33,7 +34,7 @@ from .launchers.slurm import sbatch_files
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .remote import as_user, shell_argv
-from .plan import WORKLOADS, JobPlan, build_plan, render_hostfile, render_rank_wrapper
+from .plan import WORKLOADS, JobPlan, build_plan, preflight_needs, render_hostfile, render_rank_wrapper
 from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
 from .ui import PlaybookProgress, console, err_console, print_summary
@@ -188,11 +189,16 @@ def dry_run_text(request: JobRequest) -> str:
 
 
 def _playbook(title: str, playbook: str, request_inv: Path, run: Run, hosts: list[str], extravars: dict,
-              limit: str | None = None) -> PlaybookResult:
+              limit: str | None = None, probes: dict[str, dict] | None = None) -> PlaybookResult:
+    """Run a playbook with live progress; the preflight's probes land in probes when given."""
     started = time.monotonic()
     with PlaybookProgress(title, hosts) as progress:
-        result = run_playbook(playbook, request_inv, run.dir, extravars=extravars, on_event=progress, limit=limit)
-    if not result.ok:
+        collector = ProbeCollector(progress)
+        result = run_playbook(playbook, request_inv, run.dir, extravars=extravars, on_event=collector, limit=limit)
+    if probes is not None:
+        probes.update(collector.probes)
+    # A failed preflight is told in one line by the same judge as 'distrun check' (_refuse_preflight).
+    if not result.ok and not (collector.probes and _failed_step(result) == "preflight"):
         print_summary(result, time.monotonic() - started)
     return result
 
@@ -259,18 +265,29 @@ def _common_vars(plan: JobPlan) -> dict:
 
 
 def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
+    probes: dict[str, dict] = {}
     result = _playbook("preflight", "playbooks/preflight.yml", request.inventory, run,
-                       [n.name for n in cluster.nodes], {"preflight_ports": [request.port]})
+                       [n.name for n in cluster.nodes], {"preflight_ports": [request.port]}, probes=probes)
     if not result.ok:
-        _refuse_preflight(request, run, result)
+        _refuse_preflight(request, cluster, run, result, probes)
 
 
-def _refuse_preflight(request: JobRequest, run: Run, result: PlaybookResult) -> None:
-    first = result.failures()[0] if result.failures() else None
-    where = f" on {first.name}: {first.last_error}" if first else ""
+def _refuse_preflight(request: JobRequest, cluster: Cluster, run: Run, result: PlaybookResult,
+                      probes: dict[str, dict]) -> None:
+    """Refuse in one line: what 'distrun check' says about the same probes, every failing node named."""
+    hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
+    report = build_report(
+        nodes=list(hosts), head=cluster.head.name, probes=probes, seen={}, hosts=hosts,
+        shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.DEFAULT_SHARED_FS_MODE),
+        shared_dir=cluster.shared_dir, setup=f"distrun setup --inventory {request.inventory}",
+        log_dir=str(run.dir / "ansible"),
+    )
+    line = refusal(report)
+    if not line:
+        first = result.failures()[0] if result.failures() else None
+        line = f"{first.name}: {first.last_error}" if first else "a node failed the preflight"
     run.finish(3, "preflight failed")
-    raise UserError(f"preflight failed{where}; nothing was started (see 'distrun check --inventory {request.inventory}')",
-                    exit_code=3)
+    raise UserError(f"preflight refused the run, nothing was started: {line}", exit_code=3)
 
 
 def _facts_unusable(cluster: Cluster) -> str | None:
@@ -380,11 +397,14 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
                 "distrun_planned_network": _planned_network(plan, network),
                 "distrun_skip_preflight": not request.preflight,
                 "preflight_ports": [request.port],
+                **preflight_needs(plan),
             }
             phases.mark("plan and bundle")
             started = time.monotonic()
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
-            result = _playbook(title, "playbooks/run.yml", request.inventory, run, limit.split(","), extravars, limit=limit)
+            probes: dict[str, dict] = {}
+            result = _playbook(title, "playbooks/run.yml", request.inventory, run, limit.split(","), extravars,
+                               limit=limit, probes=probes)
             phases.mark("run.yml (preflight, stage, launch)")
             step = "launch" if result.ok else _failed_step(result)
             launched = step == "launch"
@@ -396,7 +416,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
                     console.print("[yellow]the nodes' network changed since the last run: planning again[/yellow]")
                     cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))  # facts now fresh
                     continue
-                _refuse_preflight(request, run, result)
+                _refuse_preflight(request, cluster, run, result, probes)
             if step == "stage":
                 run.finish(4, "staging failed")
                 return 4
