@@ -202,6 +202,7 @@ def probe_mount(path, fstypes):
     Read from /proc/self/mounts, not by stat: a FUSE mount that only its user may enter is not
     stat-able by root.
     """
+    as_user(["stat", "-c", "%n", path + "/."])  # an automount (nfs x-systemd.automount) mounts on access
     want = os.path.normpath(path)
     found = ""
     with open("/proc/self/mounts", encoding="utf-8") as fh:
