@@ -42,17 +42,38 @@ from .ui import PlaybookProgress, console, err_console, print_summary
 EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
 RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
 
-# Known error texts of failed runs and what fixes them (shown in the run's summary).
+# Known error texts of failed runs (regular expressions, matched across lines) and what fixes
+# them, shown in the run's summary; a fix may name what its pattern captured ({node}, {exe}).
 DIAGNOSES: tuple[tuple[str, str], ...] = (
-    ("orted: command not found", "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
-    ("Permission denied (publickey", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
-    ("Host key verification failed", "a node's host key is not in known_hosts (a node was rebuilt?): run 'distrun setup --tags ssh_mesh'"),
-    ("RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
-    ("RendezvousConnectionError", "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
-    ("There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
-    ("ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
-    ("does not match the number of MPI ranks", "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
+    (r"could not access\s+or execute an executable:\s+Executable:\s*(?P<exe>\S+)\s+Node:\s*(?P<node>\S+)",
+     "{node} cannot run {exe}: is the shared folder mounted there? 'distrun check' names it; "
+     "fix: run 'distrun setup --tags shared_fs'"),
+    (r"orted: command not found", "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
+    (r"ssh: Could not resolve hostname (?P<node>[^:\s]+)", "the head cannot resolve {node}: correct /etc/hosts or DNS "
+     "(role base manages /etc/hosts: 'distrun setup --tags base')"),
+    (r"Permission denied \(publickey", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
+    (r"Host key verification failed", "a node's host key is not in known_hosts (a node was rebuilt?): run 'distrun setup --tags ssh_mesh'"),
+    (r"unable to reach each other for\s+MPI communications",
+     "two ranks cannot reach each other over MPI: a firewall or a wrong interface between nodes; run 'distrun check'"),
+    (r"RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
+    (r"RendezvousConnectionError", "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
+    (r"There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
+    (r"ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
+    (r"does not match the number of MPI ranks", "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
 )
+# Said only when nothing above explains the failure: Open MPI's catch-all for a daemon that did not start.
+FALLBACK_DIAGNOSES: tuple[tuple[str, str], ...] = (
+    (r"ORTE was unable to reliably start one or more daemons",
+     "Open MPI could not start its daemon on a node (ssh, the env or /tmp there): run 'distrun check'"),
+)
+
+
+def diagnose(text: str) -> list[str]:
+    """The hints for a failed run's launcher output, most specific first."""
+    hints = [fix.format(**m.groupdict()) for pattern, fix in DIAGNOSES if (m := re.search(pattern, text))]
+    if not hints:
+        hints = [fix.format(**m.groupdict()) for pattern, fix in FALLBACK_DIAGNOSES if (m := re.search(pattern, text))]
+    return hints
 
 
 @dataclass
@@ -560,9 +581,8 @@ def _summarise(run: Run, plan: JobPlan, rc: int, elapsed: float, lines: list[str
     first_bad = _first_failed_rank(lines)
     console.print(f"[red]run {run.id} failed[/red] (launcher exit {rc}) after {elapsed:.1f}s{first_bad}")
     text = "\n".join(lines)
-    for needle, fix in DIAGNOSES:
-        if needle in text:
-            console.print(f"  hint: {fix}")
+    for fix in diagnose(text):
+        console.print(f"  hint: {fix}", markup=False)
     return f"failed rc={rc}{first_bad}"
 
 
