@@ -304,11 +304,13 @@ def _refuse_preflight(request: JobRequest, cluster: Cluster, run: Run, result: P
         log_dir=str(run.dir / "ansible"),
     )
     line = refusal(report)
+    bad = sorted({h for items in report.values() for h, it in items.items() if not it.ok})
     if not line:
-        first = result.failures()[0] if result.failures() else None
-        line = f"{first.name}: {first.last_error}" if first else "a node failed the preflight"
+        bad = [h.name for h in result.failures()]
+        line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
     run.finish(3, "preflight failed")
-    raise UserError(f"preflight refused the run, nothing was started: {line}", exit_code=3)
+    raise UserError(f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
+                    f"(see 'distrun check --inventory {request.inventory}')", exit_code=3)
 
 
 def _facts_unusable(cluster: Cluster) -> str | None:
