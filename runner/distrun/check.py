@@ -25,7 +25,7 @@ from .plan import gpu_slot_mismatches
 from .runs import new_run
 
 # Report order; also the rows of the human table.
-CHECKS = ("reach", "env", "mpi4py", "versions", "ports", "ssh", "names", "shared folder", "gpus vs slots", "preflight")
+CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "versions", "ports", "ssh", "names", "shared folder", "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
 PROBE_TASK = "Probe env, versions"
 SEEN_TASK = "Look for the head's probe file"
@@ -136,6 +136,7 @@ def build_report(
     shared_dir: str,
     setup: str,
     gpus: Mapping[str, Item] | None = None,
+    log_dir: str = "the run record's ansible/ folder",
 ) -> Report:
     """Turn the probes (host -> the role's JSON), the probe-file sightings and the Ansible host
     states into check -> node -> Item. Pure: the unit tests feed it fake probes."""
@@ -147,8 +148,23 @@ def build_report(
                                       f"start {h}, check its ansible_host and that sshd runs; then 'distrun check' again")
         else:
             report["reach"][h] = Item(True, "reached over ssh")
+    probes = dict(probes)
+    for h, p in list(probes.items()):
+        if "probe_error" in p:
+            step = (p.get("probe_error") or {}).get("step", "unknown")
+            report["preflight"][h] = Item(False, f"the probe failed at step '{step}'", f"its full log is in {log_dir}")
+            del probes[h]
+        elif not (p.get("setup") or {"ok": True}).get("ok"):
+            report["setup"][h] = Item(False, str(p["setup"].get("detail", f"distrun never set up {h}")), f"run '{setup}'")
+            del probes[h]
     for h, p in probes.items():
         env = p.get("env") or {}
+        missing = sorted((k, v) for k, v in (p.get("needs") or {}).items() if not v.get("ok"))
+        if env.get("ok") and missing:
+            report["needs"][h] = Item(False, "; ".join(f"{k} is {v.get('detail', 'missing')}" for k, v in missing),
+                                      need_fix([k for k, _ in missing], setup))
+        elif env.get("ok") and p.get("needs"):
+            report["needs"][h] = Item(True, ", ".join(sorted(p["needs"])) + " found")
         report["env"][h] = Item(bool(env.get("ok")), str(env.get("detail", "")),
                                 "" if env.get("ok") else f"run '{setup}' (mpi_env)")
         mpi = p.get("mpi4py") or {}
@@ -183,6 +199,40 @@ def build_report(
     return {c: dict(sorted(items.items())) for c, items in report.items() if items}
 
 
+# What installs each thing a run may need (the labels the runner gives the preflight).
+NEED_PACKAGES = {"torchrun": "torch", "module torch": "torch", "module jittor": "jittor", "module pymetis": "pymetis",
+                 "module mpi4py": "mpi4py", "module numpy": "numpy"}
+
+
+def need_fix(labels: Sequence[str], setup: str) -> str:
+    """The fix for missing needs: the env's package list for Python things, the roles for the rest."""
+    packages = list(dict.fromkeys(NEED_PACKAGES[k] for k in labels if k in NEED_PACKAGES))
+    others = [k for k in labels if k not in NEED_PACKAGES]
+    fixes = []
+    if packages:
+        fixes.append(f"add {', '.join(packages)} to the env's packages (mpi_env_packages) and run '{setup}'")
+    if any(k in ("mpirun", "orted") for k in others):
+        fixes.append(f"run '{setup} --tags mpi_env' (Open MPI)")
+    if any(k in ("srun", "sbatch") for k in others):
+        fixes.append(f"enable Slurm for the inventory (slurm_enabled: true) and run '{setup}'")
+    return "; ".join(fixes) or f"run '{setup}'"
+
+
+def refusal(report: Report) -> str:
+    """Every problem of a report on one line, hosts with the same problem named together.
+
+    ``torchrun is not in /opt/distrun/venv/bin on node1, node2: add torch to ...``
+    """
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for check in CHECKS:
+        for h, it in (report.get(check) or {}).items():
+            if not it.ok:
+                groups.setdefault((check, it.detail, it.fix), []).append(h)
+    parts = [f"{check}: {detail} on {', '.join(hosts)}" + (f": {fix}" if fix else "")
+             for (check, detail, fix), hosts in groups.items()]
+    return " | ".join(parts)
+
+
 def _shared(probes: Mapping[str, Mapping[str, Any]], seen: Mapping[str, str], head: str, mode: str,
             shared_dir: str, setup: str) -> dict[str, Item]:
     fix = f"run '{setup} --tags shared_fs'"
@@ -190,6 +240,11 @@ def _shared(probes: Mapping[str, Mapping[str, Any]], seen: Mapping[str, str], he
     head_probe = probes.get(head, {})
     for h, p in probes.items():
         w = p.get("shared_writable") or {}
+        mount = p.get("shared_mount") or {"ok": True}
+        if not mount.get("ok"):
+            # Before writability: an empty mount point is writable, and nothing there is shared.
+            out[h] = Item(False, str(mount.get("detail")), fix)
+            continue
         if not w.get("ok"):
             out[h] = Item(False, str(w.get("detail", f"{shared_dir} not writable")), fix)
             continue
@@ -229,7 +284,7 @@ def report_json(report: Report, hosts: Mapping[str, Mapping[str, str]], elapsed:
     }
 
 
-class _Collector:
+class ProbeCollector:
     """Keeps the role's probe results from the event stream, and forwards events to the UI."""
 
     def __init__(self, forward: Callable[[PlaybookEvent], None] | None) -> None:
@@ -267,11 +322,12 @@ def run_check(inventory: Path, label: str,
     run = new_run("check", inventory)
     names = [n.name for n in cluster.nodes]
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
-        collector = _Collector(on_event)
+        collector = ProbeCollector(on_event)
         result: PlaybookResult = run_playbook(
             "playbooks/preflight.yml", inventory, run.dir, on_event=collector,
             extravars={"preflight_full": True, "preflight_inventory": label},
         )
+    log_dir = str(run.dir / "ansible")
     hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
     for node in cluster.nodes:
         hosts.setdefault(node.name, {"state": "not reached", "error": ""})
@@ -282,7 +338,7 @@ def run_check(inventory: Path, label: str,
         seen=collector.seen, hosts=hosts,
         shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.DEFAULT_SHARED_FS_MODE),
         shared_dir=cluster.shared_dir, setup=f"distrun setup --inventory {label}",
-        gpus=gpu_items(reached, label),
+        gpus=gpu_items(reached, label), log_dir=log_dir,
     )
     out = report_json(report, hosts, time.monotonic() - started)
     if not result.ok:

@@ -15,17 +15,22 @@ import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .inventory import Cluster, Node
 from .plan import JobPlan
-from .remote import shell_argv
+from .remote import as_user, shell_argv
 
 EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
+# A remote step that failed says what failed, on which path; printed instead of an exit marker.
+ERROR_RE = re.compile(r"^DISTRUN_ERROR (.+)$")
 # Seconds between ssh keepalives and how many may go unanswered before a node counts as lost.
 KEEPALIVE_S = 5
 KEEPALIVE_COUNT = 3
+# ssh's own exit status when the connection failed (or its keepalives ran out).
+SSH_FAILED = 255
 
 
 @dataclass
@@ -36,25 +41,56 @@ class Outcome:
     lost: bool = False  # the host itself went away (no exit code came back)
 
 
-def _tail_command(plan: JobPlan, host: str) -> str:
+def _enter(plan: JobPlan, host: str) -> str:
     d = shlex.quote(plan.run_dir)
-    pid, log, code = (shlex.quote(f"{kind}-{host}{ext}") for kind, ext in
-                      (("launcher", ".pid"), ("launcher", ".log"), ("exitcode", "")))
     return (
-        f"cd {d} && for i in $(seq 600); do [ -s {pid} ] && break; sleep 0.1; done; "
-        f"tail -n +1 -F -s 0.5 --pid=$(cat {pid}) {log} 2>/dev/null; "
-        f"for i in $(seq 50); do [ -e {code} ] && break; sleep 0.1; done; "
-        f'echo; echo "DISTRUN_EXIT $(cat {code} 2>/dev/null || echo 255)"'
+        "set -e; "
+        f'cd {d} 2>/dev/null || {{ echo "DISTRUN_ERROR {host}: cannot enter the run directory {plan.run_dir} '
+        f'as user {plan.user} (is the shared folder mounted, and is it the training user\'s?)"; exit 3; }}; '
     )
 
 
-def _wait_command(plan: JobPlan, host: str) -> str:
-    d = shlex.quote(plan.run_dir)
-    code = shlex.quote(f"exitcode-{host}")
+def _exit_marker(plan: JobPlan, host: str) -> str:
+    """Print the launcher's exit code as DISTRUN_EXIT only when it is one; else say what is wrong."""
+    f = f"exitcode-{host}"
+    where = f"{plan.run_dir}/{f}"
     return (
-        f"cd {d} && while [ ! -e {code} ]; do sleep 1; done; "
-        f'echo "DISTRUN_EXIT $(cat {code})"'
+        f'[ -e {f} ] || {{ echo "DISTRUN_ERROR {host}: the launcher ended without writing {where}"; exit 4; }}; '
+        f'rc=$(cat {f} 2>/dev/null) || {{ echo "DISTRUN_ERROR {host}: cannot read {where} as user {plan.user}"; exit 4; }}; '
+        f'case "$rc" in ""|*[!0-9-]*) echo "DISTRUN_ERROR {host}: {where} holds no exit code"; exit 4;; esac; '
+        'echo; echo "DISTRUN_EXIT $rc"'
     )
+
+
+def tail_command(plan: JobPlan, host: str) -> str:
+    """The head's session: follow the launcher's log until the launcher exits, then its exit code."""
+    pid, log = f"launcher-{host}.pid", f"launcher-{host}.log"
+    return as_user(plan.user, (
+        _enter(plan, host)
+        + f"for i in $(seq 600); do [ -s {pid} ] && break; sleep 0.1; done; "
+        f'[ -s {pid} ] || {{ echo "DISTRUN_ERROR {host}: the launcher did not start: no {plan.run_dir}/{pid} after 60 s"; exit 4; }}; '
+        # tail ends with the launcher; the exit code below, not tail's, says how the launcher ended.
+        f'tail -n +1 -F -s 0.5 --pid="$(cat {pid})" {log} 2>/dev/null || :; '
+        f"for i in $(seq 50); do [ -e exitcode-{host} ] && break; sleep 0.1; done; "
+        + _exit_marker(plan, host)
+    ))
+
+
+def wait_command(plan: JobPlan, host: str) -> str:
+    """Another launch host's session (torchrun): wait for its launcher's exit code."""
+    return as_user(plan.user, (
+        _enter(plan, host)
+        + f"while [ ! -e exitcode-{host} ]; do sleep 1; done; "
+        + _exit_marker(plan, host)
+    ))
+
+
+def stop_command(plan: JobPlan, host: str) -> str:
+    """End host's launcher and everything it started (it leads its own session: setsid)."""
+    return as_user(plan.user, (
+        _enter(plan, host)
+        + f'pid=$(cat launcher-{host}.pid); [ -e exitcode-{host} ] || kill -TERM -- -"$pid" 2>/dev/null || :'
+    ))
 
 
 def _heartbeat_command() -> str:
@@ -68,6 +104,37 @@ def _with_keepalive(argv: list[str]) -> list[str]:
     return argv
 
 
+def session_ended(host: str, rc: int, output: list[str], over_ssh: bool) -> Outcome:
+    """What a follower session that ended without an exit marker means.
+
+    A DISTRUN_ERROR line is the remote step's own account (a failed cd, an unreadable file, no
+    exit code); ssh's 255 is a lost transport; anything else ended the session on the node
+    (e.g. sudo refused to act as the training user): its last line says why.
+    """
+    for text in reversed(output):
+        m = ERROR_RE.match(text.strip())
+        if m:
+            return Outcome(rc or 1, host, m.group(1))
+    last = next((t.strip() for t in reversed(output) if t.strip()), "")
+    if over_ssh and rc == SSH_FAILED:
+        why = f": {last}" if last else ""
+        return Outcome(SSH_FAILED, host, f"lost contact with {host} (ssh failed{why})", lost=True)
+    why = f": {last}" if last else " and printed nothing"
+    return Outcome(rc or 1, host, f"following the launcher on {host} failed (exit {rc}){why}")
+
+
+def _stop_launchers(nodes: dict[str, Node], plan: JobPlan, hosts: list[str]) -> None:
+    """End the launchers on hosts at once: none is left waiting on a rendezvous that is gone."""
+    procs = [subprocess.Popen(shell_argv(nodes[h], stop_command(plan, h)), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True) for h in hosts]
+    deadline = time.monotonic() + 15
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Callable[[str], None]) -> Outcome:
     """Block until the head's launcher exits or any node fails; return what ended the job."""
     nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
@@ -75,22 +142,28 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
     events: queue.Queue[tuple[str, str, str | int]] = queue.Queue()
     procs: dict[str, subprocess.Popen[str]] = {}
 
+    output: dict[str, deque[str]] = {}
+
     def reader(host: str, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
+        kept = output.setdefault(host, deque(maxlen=20))
         for raw in proc.stdout:
             text = raw.rstrip("\n")
             m = EXIT_RE.match(text.strip())
             if m:
                 events.put((host, "exit", int(m.group(1))))
-            elif host == head:
+                continue
+            if text.strip():
+                kept.append(text)
+            if host == head and not ERROR_RE.match(text.strip()):
                 events.put((host, "line", text))
         events.put((host, "closed", proc.wait()))
 
     for h in dict.fromkeys([head, *(x.name for x in plan.hosts)]):
         if h == head:
-            command = _tail_command(plan, h)
+            command = tail_command(plan, h)
         elif h in launch_hosts:
-            command = _wait_command(plan, h)
+            command = wait_command(plan, h)
         else:
             command = _heartbeat_command()
         proc = subprocess.Popen(_with_keepalive(shell_argv(nodes[h], command)), stdout=subprocess.PIPE,
@@ -99,8 +172,9 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
         threading.Thread(target=reader, args=(h, proc), daemon=True).start()
 
     exited: dict[str, int] = {}
+    outcome: Outcome | None = None
     try:
-        while True:
+        while outcome is None:
             try:
                 # A timeout, not a bare get(): a signal that lands on a reader thread only sets a
                 # flag, and Ctrl-C would wait for the job's next output line to take effect.
@@ -115,17 +189,21 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                     # The head's launcher is done; other launchers (torchrun) must agree.
                     bad = {h: rc for h, rc in exited.items() if rc != 0}
                     if int(value) != 0:
-                        return Outcome(int(value), head, f"launcher on {head} exited {value}")
-                    waiting = [h for h in launch_hosts if h not in exited]
-                    if not waiting:
-                        return Outcome(0) if not bad else Outcome(next(iter(bad.values())), next(iter(bad)))
+                        outcome = Outcome(int(value), head, f"launcher on {head} exited {value}")
+                    elif not [h for h in launch_hosts if h not in exited]:
+                        outcome = Outcome(0) if not bad else Outcome(next(iter(bad.values())), next(iter(bad)))
                 elif int(value) != 0:
-                    return Outcome(int(value), host, f"launcher on {host} exited {value}")
+                    outcome = Outcome(int(value), host, f"launcher on {host} exited {value}")
                 elif head in exited and all(h in exited for h in launch_hosts):
-                    return Outcome(0)
+                    outcome = Outcome(0)
             elif kind == "closed" and host not in exited:
-                # The session ended without an exit code: the node (or our way to it) is gone.
-                return Outcome(255, host, f"lost contact with {host} (ssh exit {value})", lost=True)
+                outcome = session_ended(host, int(value), list(output.get(host, ())), nodes[host].connection != "local")
+        if outcome.rc != 0:
+            # torchrun: the other launch hosts would wait on the failed one's rendezvous.
+            others = [h for h in launch_hosts if h not in exited and h != outcome.host]
+            if others:
+                _stop_launchers(nodes, plan, others)
+        return outcome
     finally:
         for proc in procs.values():
             if proc.poll() is None:

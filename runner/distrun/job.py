@@ -24,9 +24,10 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from . import paths
+from . import contract, paths
 from . import slurm as slurm_run
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
+from .check import ProbeCollector, build_report, refusal
 from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
 from .errors import UserError
 from .inventory import Cluster, load_cluster, load_facts
@@ -34,8 +35,8 @@ from .launchers import mpirun_argv, torchrun_argv
 from .launchers.slurm import sbatch_files
 from .launchers.torchrun import torchrun_env
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
-from .remote import shell_argv
-from .plan import WORKLOADS, JobPlan, build_plan, render_env_file, render_hostfile, render_rank_wrapper
+from .remote import as_user, shell_argv
+from .plan import WORKLOADS, JobPlan, build_plan, preflight_needs, render_env_file, render_hostfile, render_rank_wrapper
 from .follow import Outcome, follow
 from .runs import Run, load_run, new_run
 from .ui import PlaybookProgress, console, err_console, print_summary, warn
@@ -43,17 +44,38 @@ from .ui import PlaybookProgress, console, err_console, print_summary, warn
 EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
 RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
 
-# Known error texts of failed runs and what fixes them (shown in the run's summary).
+# Known error texts of failed runs (regular expressions, matched across lines) and what fixes
+# them, shown in the run's summary; a fix may name what its pattern captured ({node}, {exe}).
 DIAGNOSES: tuple[tuple[str, str], ...] = (
-    ("orted: command not found", "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
-    ("Permission denied (publickey", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
-    ("Host key verification failed", "a node's host key is not in known_hosts (a node was rebuilt?): run 'distrun setup --tags ssh_mesh'"),
-    ("RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
-    ("RendezvousConnectionError", "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
-    ("There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
-    ("ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
-    ("does not match the number of MPI ranks", "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
+    (r"could not access\s+or execute an executable:\s+Executable:\s*(?P<exe>\S+)\s+Node:\s*(?P<node>\S+)",
+     "{node} cannot run {exe}: is the shared folder mounted there? 'distrun check' names it; "
+     "fix: run 'distrun setup --tags shared_fs'"),
+    (r"orted: command not found", "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
+    (r"ssh: Could not resolve hostname (?P<node>[^:\s]+)", "the head cannot resolve {node}: correct /etc/hosts or DNS "
+     "(role base manages /etc/hosts: 'distrun setup --tags base')"),
+    (r"Permission denied \(publickey", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
+    (r"Host key verification failed", "a node's host key is not in known_hosts (a node was rebuilt?): run 'distrun setup --tags ssh_mesh'"),
+    (r"unable to reach each other for\s+MPI communications",
+     "two ranks cannot reach each other over MPI: a firewall or a wrong interface between nodes; run 'distrun check'"),
+    (r"RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
+    (r"RendezvousConnectionError", "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
+    (r"There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
+    (r"ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
+    (r"does not match the number of MPI ranks", "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
 )
+# Said only when nothing above explains the failure: Open MPI's catch-all for a daemon that did not start.
+FALLBACK_DIAGNOSES: tuple[tuple[str, str], ...] = (
+    (r"ORTE was unable to reliably start one or more daemons",
+     "Open MPI could not start its daemon on a node (ssh, the env or /tmp there): run 'distrun check'"),
+)
+
+
+def diagnose(text: str) -> list[str]:
+    """The hints for a failed run's launcher output, most specific first."""
+    hints = [fix.format(**m.groupdict()) for pattern, fix in DIAGNOSES if (m := re.search(pattern, text))]
+    if not hints:
+        hints = [fix.format(**m.groupdict()) for pattern, fix in FALLBACK_DIAGNOSES if (m := re.search(pattern, text))]
+    return hints
 
 
 @dataclass
@@ -205,11 +227,16 @@ def dry_run_text(request: JobRequest) -> str:
 
 
 def _playbook(title: str, playbook: str, request_inv: Path, run: Run, hosts: list[str], extravars: dict,
-              limit: str | None = None) -> PlaybookResult:
+              limit: str | None = None, probes: dict[str, dict] | None = None) -> PlaybookResult:
+    """Run a playbook with live progress; the preflight's probes land in probes when given."""
     started = time.monotonic()
     with PlaybookProgress(title, hosts) as progress:
-        result = run_playbook(playbook, request_inv, run.dir, extravars=extravars, on_event=progress, limit=limit)
-    if not result.ok:
+        collector = ProbeCollector(progress)
+        result = run_playbook(playbook, request_inv, run.dir, extravars=extravars, on_event=collector, limit=limit)
+    if probes is not None:
+        probes.update(collector.probes)
+    # A failed preflight is told in one line by the same judge as 'distrun check' (_refuse_preflight).
+    if not result.ok and not (collector.probes and _failed_step(result) == "preflight"):
         print_summary(result, time.monotonic() - started)
     return result
 
@@ -282,18 +309,31 @@ def _common_vars(plan: JobPlan) -> dict:
 
 
 def _preflight(request: JobRequest, cluster: Cluster, run: Run) -> None:
+    probes: dict[str, dict] = {}
     result = _playbook("preflight", "playbooks/preflight.yml", request.inventory, run,
-                       [n.name for n in cluster.nodes], {"preflight_ports": [request.port]})
+                       [n.name for n in cluster.nodes], {"preflight_ports": [request.port]}, probes=probes)
     if not result.ok:
-        _refuse_preflight(request, run, result)
+        _refuse_preflight(request, cluster, run, result, probes)
 
 
-def _refuse_preflight(request: JobRequest, run: Run, result: PlaybookResult) -> None:
-    first = result.failures()[0] if result.failures() else None
-    where = f" on {first.name}: {first.last_error}" if first else ""
+def _refuse_preflight(request: JobRequest, cluster: Cluster, run: Run, result: PlaybookResult,
+                      probes: dict[str, dict]) -> None:
+    """Refuse in one line: what 'distrun check' says about the same probes, every failing node named."""
+    hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
+    report = build_report(
+        nodes=list(hosts), head=cluster.head.name, probes=probes, seen={}, hosts=hosts,
+        shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.DEFAULT_SHARED_FS_MODE),
+        shared_dir=cluster.shared_dir, setup=f"distrun setup --inventory {request.inventory}",
+        log_dir=str(run.dir / "ansible"),
+    )
+    line = refusal(report)
+    bad = sorted({h for items in report.values() for h, it in items.items() if not it.ok})
+    if not line:
+        bad = [h.name for h in result.failures()]
+        line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
     run.finish(3, "preflight failed")
-    raise UserError(f"preflight failed{where}; nothing was started (see 'distrun check --inventory {request.inventory}')",
-                    exit_code=3)
+    raise UserError(f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
+                    f"(see 'distrun check --inventory {request.inventory}')", exit_code=3)
 
 
 def _facts_unusable(cluster: Cluster) -> str | None:
@@ -404,11 +444,14 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
                 "distrun_planned_network": _planned_network(plan, network),
                 "distrun_skip_preflight": not request.preflight,
                 "preflight_ports": [request.port],
+                **preflight_needs(plan),
             }
             phases.mark("plan and bundle")
             started = time.monotonic()
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
-            result = _playbook(title, "playbooks/run.yml", request.inventory, run, limit.split(","), extravars, limit=limit)
+            probes: dict[str, dict] = {}
+            result = _playbook(title, "playbooks/run.yml", request.inventory, run, limit.split(","), extravars,
+                               limit=limit, probes=probes)
             phases.mark("run.yml (preflight, stage, launch)")
             step = "launch" if result.ok else _failed_step(result)
             launched = step == "launch"
@@ -420,7 +463,7 @@ def _run_job(request: JobRequest, cluster: Cluster, phases: Phases) -> int:
                     console.print("[yellow]the nodes' network changed since the last run: planning again[/yellow]")
                     cluster = load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))  # facts now fresh
                     continue
-                _refuse_preflight(request, run, result)
+                _refuse_preflight(request, cluster, run, result, probes)
             if step == "stage":
                 run.finish(4, "staging failed")
                 return 4
@@ -582,9 +625,8 @@ def _summarise(run: Run, plan: JobPlan, rc: int, elapsed: float, lines: list[str
     first_bad = _first_failed_rank(lines)
     console.print(f"[red]run {run.id} failed[/red] (launcher exit {rc}) after {elapsed:.1f}s{escape(first_bad)}")
     text = "\n".join(lines)
-    for needle, fix in DIAGNOSES:
-        if needle in text:
-            console.print(f"  hint: {fix}", markup=False)
+    for fix in diagnose(text):
+        console.print(f"  hint: {fix}", markup=False)
     return f"failed rc={rc}{first_bad}"
 
 
@@ -642,10 +684,16 @@ def remote_log_command(plan: dict, rank: int) -> str | None:
         "torchrun": f"torchrun/{shlex.quote(host)}/*/attempt_*/{int(local)}/stdout.log",
         "slurm": f"ranks/{int(rank)}/stdout",
     }.get(str(plan.get("launcher")), f"ranks/*/rank.{int(rank)}/stdout")
-    d = shlex.quote(f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}")
-    return (f"cd {d} 2>/dev/null || exit 3; for i in $(seq 1200); do "
-            f"f=$(ls -1 {patterns} 2>/dev/null | tail -n 1); [ -n \"$f\" ] && break; sleep 0.5; done; "
-            f"[ -n \"$f\" ] || exit 4; exec tail -n +1 -F -s 0.5 \"$f\"")
+    run_dir = f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}"
+    user = str(plan.get("user") or contract.DEFAULT_USER)
+    d = shlex.quote(run_dir)
+    # As the training user, as the launchers: the run dir may be open to that user only (sshfs).
+    return as_user(user, (
+        f"cd {d} 2>/dev/null || {{ echo \"{host}: cannot enter {run_dir} as user {user}\" >&2; exit 3; }}; "
+        f"for i in $(seq 1200); do "
+        f"f=$(ls -1 {patterns} 2>/dev/null | tail -n 1); [ -n \"$f\" ] && break; sleep 0.5; done; "
+        f"[ -n \"$f\" ] || {{ echo \"{host}: no log of rank {rank} in {run_dir} after 10 minutes\" >&2; exit 4; }}; "
+        f"exec tail -n +1 -F -s 0.5 \"$f\""))
 
 
 def print_logs(run_id: str, rank: int | None, follow: bool) -> None:

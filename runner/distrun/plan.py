@@ -312,3 +312,24 @@ echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host
 cd {shlex.quote(plan.run_dir)}
 {source_env}exec "$@"
 """
+
+
+# Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
+WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {"gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",)}
+
+
+def preflight_needs(plan: JobPlan) -> dict[str, object]:
+    """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
+    env_bin = f"{plan.env_prefix.rstrip('/')}/bin"
+    mpi_bin = f"{plan.mpi_prefix.rstrip('/')}/bin"
+    programs: dict[str, list[str]] = {}
+    head_programs: dict[str, list[str]] = {}
+    if plan.launcher == "torchrun":
+        programs["torchrun"] = [f"{env_bin}/torchrun"]
+    elif plan.launcher == "mpirun":
+        head_programs["mpirun"] = [f"{mpi_bin}/mpirun"]
+        programs["orted"] = [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]  # Open MPI 4 / 5
+    elif plan.launcher == "slurm":
+        head_programs.update({"sbatch": ["sbatch"], "srun": ["srun"]})
+    modules = list(WORKLOAD_MODULES.get(plan.workload or "", ()))
+    return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs}

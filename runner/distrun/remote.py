@@ -37,3 +37,20 @@ def shell_argv(node: Node, command: str) -> list[str]:
     # "--": a destination is never read as an option (an ansible_host of "-oProxyCommand=...").
     argv += ["--", target, command]
     return argv
+
+
+def as_user(user: str, command: str) -> str:
+    """command run by bash as user, whoever the connection logs in as.
+
+    A run directory on sshfs, or on NFS with root_squash, is open to the training user only:
+    the launchers run as that user (Ansible's become), and so must every shell that reads it.
+    Logged in as that user: plain bash; as root: runuser; otherwise sudo without a password
+    (the same right Ansible's become uses).
+    """
+    u = shlex.quote(user)
+    c = shlex.quote(command)
+    return (
+        f'if [ "$(id -un)" = {u} ]; then exec bash -c {c}; '
+        f'elif [ "$(id -u)" = 0 ]; then exec runuser -u {u} -- bash -c {c}; '
+        f"else exec sudo -n -u {u} -- bash -c {c}; fi"
+    )

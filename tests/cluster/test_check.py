@@ -76,7 +76,7 @@ def test_a_different_package_version_on_node3_is_named_and_train_refuses(provisi
         err = " ".join(train.stderr.split())
         assert train.rc == 3, train.stdout[-2000:] + train.stderr
         assert "preflight failed on node3" in err and "versions differ" in err
-        assert f"mpi4py {want} on node1 but 0.0.1 on node3" in err
+        assert f"mpi4py {want} on node1,node2 but 0.0.1 on node3" in err  # check's words
         assert "nothing was started" in err
     finally:
         provisioned.exec(3, f"cp /tmp/mpi4py.METADATA {meta}")

@@ -26,9 +26,10 @@ TIMEOUT = int(CFG.get("ssh_timeout", 5))
 # Run by the env's Python as the training user: versions by package metadata (importing torch or
 # jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
 ENV_SCRIPT = r"""
-import hashlib, json, os, platform, sys
+import hashlib, importlib.util, json, os, platform, sys
 from importlib import metadata
 out = {"python": platform.python_version()}
+out["_modules"] = {m: importlib.util.find_spec(m) is not None for m in json.loads(sys.argv[1])}
 for name in ("mpi4py", "torch", "jittor"):
     try:
         out[name] = metadata.version(name)
@@ -78,7 +79,7 @@ def probe_env():
     python = f"{PREFIX}/bin/python"
     if not os.path.exists(python):
         return {"ok": False, "detail": f"{python} is missing"}, {}
-    proc = as_user([python, "-c", ENV_SCRIPT])
+    proc = as_user([python, "-c", ENV_SCRIPT, json.dumps(CFG.get("modules", []))])
     if proc.returncode != 0:
         return {"ok": False, "detail": f"{python} does not start as {USER}: {_last_line(proc.stderr)}"}, {}
     try:
@@ -179,8 +180,59 @@ def probe_shared_file(path, targets):
     return {"ok": True, "file": path, "detail": f"wrote {path}"}, synced
 
 
+def probe_programs(programs):
+    """Each program this run needs -> found (the first candidate the training user may run)."""
+    out = {}
+    for label, candidates in programs.items():
+        found = ""
+        for c in candidates:
+            path = c if "/" in c else next((f"{d}/{c}" for d in (f"{PREFIX}/bin", "/usr/local/bin", "/usr/bin", "/bin")
+                                            if os.path.exists(f"{d}/{c}")), "")
+            if path and as_user(["test", "-x", path]).returncode == 0:
+                found = path
+                break
+        where = os.path.dirname(candidates[0]) if "/" in candidates[0] else "PATH"
+        out[label] = {"ok": bool(found), "detail": found or f"not in {where}"}
+    return out
+
+
+def probe_mount(path, fstypes):
+    """The shared folder must be the mounted filesystem itself (an empty mount point is writable too).
+
+    Read from /proc/self/mounts, not by stat: a FUSE mount that only its user may enter is not
+    stat-able by root.
+    """
+    as_user(["stat", "-c", "%n", path + "/."])  # an automount (nfs x-systemd.automount) mounts on access
+    want = os.path.normpath(path)
+    found = ""
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) >= 3 and fields[1].replace("\\040", " ") == want:
+                found = fields[2]  # the last mount on a path is the one in effect
+    if found and any(found == t or (t.endswith("*") and found.startswith(t[:-1])) for t in fstypes):
+        return {"ok": True, "detail": f"{path} is mounted ({found})"}
+    if found:
+        return {"ok": False, "detail": f"{path} is a {found} mount, not {' or '.join(fstypes)}"}
+    return {"ok": False, "detail": f"{path} is not mounted (expected {' or '.join(fstypes)})"}
+
+
 def main():
     report = {"host": CFG["host"]}
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        # Nothing below means anything without the training user: the node was never set up.
+        report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no user {USER}"}
+        print(json.dumps(report, sort_keys=True))
+        return
+    if not os.path.exists(f"{PREFIX}/bin/python"):
+        report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no env {PREFIX}"}
+        print(json.dumps(report, sort_keys=True))
+        return
+    report["setup"] = {"ok": True, "detail": f"user {USER} and env {PREFIX}"}
+    global STEP
+    STEP = "env, versions, shared folder, ssh, names"
     with ThreadPoolExecutor(max_workers=16) as pool:
         env_f = pool.submit(probe_env)
         ompi_f = pool.submit(probe_openmpi)
@@ -191,6 +243,7 @@ def main():
         report["env"] = env
         mpi = versions.pop("_mpi4py", "error: the env's Python did not run")
         report["mpi4py"] = {"ok": mpi.startswith("ok"), "detail": mpi.split(": ", 1)[-1]}
+        versions_modules = versions.pop("_modules", {})
         report["versions"] = {"python": versions.get("python", "missing"), "openmpi": ompi_f.result(),
                               "mpi4py": versions.get("mpi4py", "missing"), "torch": versions.get("torch", "missing"),
                               "jittor": versions.get("jittor", "missing"),
@@ -198,13 +251,31 @@ def main():
         report["shared_writable"] = writable_f.result()
         report["ssh"] = {t: f.result() for t, f in ssh_f.items()}
         report["names"] = {n: f.result() for n, f in names_f.items()}
+    STEP = "needs"
+    modules = versions_modules
+    report["needs"] = {f"module {m}": {"ok": bool(modules.get(m)),
+                                       "detail": "importable" if modules.get(m) else f"not in {PREFIX}"}
+                       for m in CFG.get("modules", [])}
+    report["needs"].update(probe_programs(CFG.get("programs", {})))
+    if CFG.get("mount_fstypes"):
+        STEP = "shared folder mount"
+        report["shared_mount"] = probe_mount(CFG["shared_dir"], CFG["mount_fstypes"])
     if CFG.get("ports"):
+        STEP = "ports"
         report["ports"] = probe_ports(CFG["ports"])
     if CFG.get("shared_probe"):
+        STEP = "shared folder probe file"
         # A unique name: two checks at once, or a file left by a killed check, never match.
         path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{uuid.uuid4().hex[:12]}")
         report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
     print(json.dumps(report, sort_keys=True))
 
 
-main()
+STEP = "start"
+try:
+    main()
+except Exception:  # noqa: BLE001 - whatever broke, the report names the step; the trace goes to the log
+    import traceback
+
+    traceback.print_exc()
+    print(json.dumps({"host": CFG["host"], "probe_error": {"step": STEP}}, sort_keys=True))

@@ -1,0 +1,129 @@
+"""The follower's remote commands and what their ends mean, run for real in a local shell."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from distrun import follow
+from distrun.inventory import cluster_from_json
+from distrun.plan import build_plan
+from distrun.remote import as_user
+
+ME = getpass.getuser()
+HOSTS = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(("n1", "n2", "n3"), 1)}
+
+
+def plan_in(tmp_path: Path, launcher: str = "torchrun"):
+    inv = {
+        "_meta": {"hostvars": HOSTS},
+        "all": {"children": ["head", "workers"]},
+        "head": {"hosts": ["n1"]},
+        "workers": {"hosts": list(HOSTS)},
+    }
+    cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
+    plan = build_plan(cluster, run_id="R1", launcher=launcher, workload="ddp")
+    return cluster, dataclasses.replace(plan, user=ME, shared_dir=str(tmp_path))
+
+
+def sh(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+
+
+def test_wait_prints_the_exit_marker_with_the_launchers_code(tmp_path):
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "exitcode-n2").write_text("7\n")
+    out = sh(follow.wait_command(plan, "n2"))
+    assert out.returncode == 0 and "DISTRUN_EXIT 7" in out.stdout
+
+
+def test_a_failed_cd_stops_the_command_and_names_host_and_path(tmp_path):
+    _, plan = plan_in(tmp_path)  # the run dir does not exist
+    out = sh(follow.wait_command(plan, "n2"))
+    assert out.returncode == 3
+    assert "DISTRUN_EXIT" not in out.stdout
+    assert f"DISTRUN_ERROR n2: cannot enter the run directory {plan.run_dir} as user {ME}" in out.stdout
+
+
+@pytest.mark.parametrize("content", ["", "garbage\n"])
+def test_an_exit_file_without_a_number_gives_no_exit_marker(tmp_path, content):
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "exitcode-n3").write_text(content)
+    out = sh(follow.wait_command(plan, "n3"))
+    assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
+    assert f"DISTRUN_ERROR n3: {run_dir}/exitcode-n3 holds no exit code" in out.stdout
+
+
+def test_the_head_reports_a_launcher_that_never_wrote_its_exit_code(tmp_path):
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "launcher-n1.pid").write_text("999999\n")  # no such process: tail returns at once
+    (run_dir / "launcher-n1.log").write_text("hello\n")
+    out = sh(follow.tail_command(plan, "n1"))
+    assert "hello" in out.stdout and "DISTRUN_EXIT" not in out.stdout
+    assert f"DISTRUN_ERROR n1: the launcher ended without writing {run_dir}/exitcode-n1" in out.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+def test_as_user_runs_the_command_as_that_user_from_root():
+    out = sh(as_user("nobody", "id -un"))
+    assert out.stdout.strip() == "nobody"
+
+
+def test_as_user_names_the_training_user_for_every_login():
+    text = as_user("distrun", "cd /srv/distrun/runs/R1")
+    assert "runuser -u distrun -- bash -c" in text and "sudo -n -u distrun -- bash -c" in text
+
+
+def test_a_remote_error_is_reported_as_what_it_is_not_as_lost_contact():
+    out = follow.session_ended("w3", 3, ["DISTRUN_ERROR w3: cannot enter the run directory /srv/distrun/runs/R1 as user distrun"], True)
+    assert not out.lost and out.host == "w3"
+    assert out.reason == "w3: cannot enter the run directory /srv/distrun/runs/R1 as user distrun"
+
+
+def test_only_ssh_failing_is_lost_contact():
+    lost = follow.session_ended("w3", 255, ["Timeout, server w3 not responding."], True)
+    assert lost.lost and lost.reason == "lost contact with w3 (ssh failed: Timeout, server w3 not responding.)"
+    local = follow.session_ended("w3", 255, [], False)
+    assert not local.lost
+    sudo = follow.session_ended("w3", 1, ["sudo: a password is required"], True)
+    assert not sudo.lost and sudo.reason == "following the launcher on w3 failed (exit 1): sudo: a password is required"
+
+
+def test_one_failed_launch_host_stops_the_others_at_once(tmp_path):
+    cluster, plan = plan_in(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    # n3's launcher: a process group that would wait forever on a rendezvous.
+    waiting = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        (run_dir / "launcher-n3.pid").write_text(f"{waiting.pid}\n")
+        (run_dir / "launcher-n1.pid").write_text("999999\n")
+        (run_dir / "launcher-n1.log").write_text("")
+        (run_dir / "exitcode-n2").write_text("1\n")  # n2's launcher failed
+        outcome = follow.follow(cluster, plan, ["n1", "n2", "n3"], lambda _: None)
+        assert outcome.host == "n2" and outcome.rc == 1 and not outcome.lost
+        assert outcome.reason == "launcher on n2 exited 1"
+        assert waiting.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+
+
+def test_the_follower_reports_an_unenterable_run_dir_with_its_path(tmp_path):
+    cluster, plan = plan_in(tmp_path, launcher="mpirun")  # the run dir was never made
+    outcome = follow.follow(cluster, plan, ["n1"], lambda _: None)
+    assert not outcome.lost and outcome.host == "n1" and outcome.rc != 0
+    assert outcome.reason.startswith(f"n1: cannot enter the run directory {plan.run_dir}")
