@@ -42,37 +42,35 @@ class Outcome:
 
 
 def _enter(plan: JobPlan, host: str) -> str:
-    d = shlex.quote(plan.run_dir)
+    """Name the host, run dir and user once, quoted, as shell variables; enter the run dir or say why not.
+    Every later line uses the variables, so no inventory value is parsed by the shell twice."""
     return (
-        "set -e; "
-        f'cd {d} 2>/dev/null || {{ echo "DISTRUN_ERROR {host}: cannot enter the run directory {plan.run_dir} '
-        f'as user {plan.user} (is the shared folder mounted, and is it the training user\'s?)"; exit 3; }}; '
+        f"set -e; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; u={shlex.quote(plan.user)}; "
+        'cd "$d" 2>/dev/null || { echo "DISTRUN_ERROR $h: cannot enter the run directory $d '
+        "as user $u (is the shared folder mounted, and is it the training user's?)\"; exit 3; }; "
     )
 
 
-def _exit_marker(plan: JobPlan, host: str) -> str:
+def _exit_marker() -> str:
     """Print the launcher's exit code as DISTRUN_EXIT only when it is one; else say what is wrong."""
-    f = f"exitcode-{host}"
-    where = f"{plan.run_dir}/{f}"
     return (
-        f'[ -e {f} ] || {{ echo "DISTRUN_ERROR {host}: the launcher ended without writing {where}"; exit 4; }}; '
-        f'rc=$(cat {f} 2>/dev/null) || {{ echo "DISTRUN_ERROR {host}: cannot read {where} as user {plan.user}"; exit 4; }}; '
-        f'case "$rc" in ""|*[!0-9-]*) echo "DISTRUN_ERROR {host}: {where} holds no exit code"; exit 4;; esac; '
+        '[ -e "exitcode-$h" ] || { echo "DISTRUN_ERROR $h: the launcher ended without writing $d/exitcode-$h"; exit 4; }; '
+        'rc=$(cat "exitcode-$h" 2>/dev/null) || { echo "DISTRUN_ERROR $h: cannot read $d/exitcode-$h as user $u"; exit 4; }; '
+        'case "$rc" in ""|*[!0-9-]*) echo "DISTRUN_ERROR $h: $d/exitcode-$h holds no exit code"; exit 4;; esac; '
         'echo; echo "DISTRUN_EXIT $rc"'
     )
 
 
 def tail_command(plan: JobPlan, host: str) -> str:
     """The head's session: follow the launcher's log until the launcher exits, then its exit code."""
-    pid, log = f"launcher-{host}.pid", f"launcher-{host}.log"
     return as_user(plan.user, (
         _enter(plan, host)
-        + f"for i in $(seq 600); do [ -s {pid} ] && break; sleep 0.1; done; "
-        f'[ -s {pid} ] || {{ echo "DISTRUN_ERROR {host}: the launcher did not start: no {plan.run_dir}/{pid} after 60 s"; exit 4; }}; '
+        + 'for i in $(seq 600); do [ -s "launcher-$h.pid" ] && break; sleep 0.1; done; '
+        '[ -s "launcher-$h.pid" ] || { echo "DISTRUN_ERROR $h: the launcher did not start: no $d/launcher-$h.pid after 60 s"; exit 4; }; '
         # tail ends with the launcher; the exit code below, not tail's, says how the launcher ended.
-        f'tail -n +1 -F -s 0.5 --pid="$(cat {pid})" {log} 2>/dev/null || :; '
-        f"for i in $(seq 50); do [ -e exitcode-{host} ] && break; sleep 0.1; done; "
-        + _exit_marker(plan, host)
+        'tail -n +1 -F -s 0.5 --pid="$(cat "launcher-$h.pid")" "launcher-$h.log" 2>/dev/null || :; '
+        'for i in $(seq 50); do [ -e "exitcode-$h" ] && break; sleep 0.1; done; '
+        + _exit_marker()
     ))
 
 
@@ -80,8 +78,8 @@ def wait_command(plan: JobPlan, host: str) -> str:
     """Another launch host's session (torchrun): wait for its launcher's exit code."""
     return as_user(plan.user, (
         _enter(plan, host)
-        + f"while [ ! -e exitcode-{host} ]; do sleep 1; done; "
-        + _exit_marker(plan, host)
+        + 'while [ ! -e "exitcode-$h" ]; do sleep 1; done; '
+        + _exit_marker()
     ))
 
 
@@ -89,7 +87,7 @@ def stop_command(plan: JobPlan, host: str) -> str:
     """End host's launcher and everything it started (it leads its own session: setsid)."""
     return as_user(plan.user, (
         _enter(plan, host)
-        + f'pid=$(cat launcher-{host}.pid); [ -e exitcode-{host} ] || kill -TERM -- -"$pid" 2>/dev/null || :'
+        + 'pid=$(cat "launcher-$h.pid"); [ -e "exitcode-$h" ] || kill -TERM -- -"$pid" 2>/dev/null || :'
     ))
 
 
