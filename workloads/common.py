@@ -23,7 +23,7 @@ import numpy as np
 import datasets
 import partition
 from datasets import DatasetError
-from graph import SparseRows, gcn_norm_local
+from graph import SparseRows, gcn_norm_local, propagation_rows
 
 T = TypeVar("T")
 UserError = DatasetError  # one exception type for every mistake a user can fix
@@ -35,7 +35,7 @@ class CollectiveError(UserError):
 
 def parser(description: str, partitioned: bool) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
-    partition.add_dataset_args(ap)
+    datasets.add_dataset_args(ap)
     ap.add_argument("--epochs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0, help="weights, dropout and synthetic data")
     ap.add_argument("--lr", type=float, default=0.01)
@@ -55,6 +55,7 @@ def parser(description: str, partitioned: bool) -> argparse.ArgumentParser:
 
 
 def validate(args: argparse.Namespace) -> None:
+    datasets.gdc_spec(args)  # raises on bad GDC values
     if args.epochs < 1:
         raise UserError("--epochs must be at least 1")
     if args.hidden < 1:
@@ -66,23 +67,6 @@ def validate(args: argparse.Namespace) -> None:
 def check_world(args: argparse.Namespace, world: int) -> None:
     if args.num_parts is not None and args.num_parts != world:
         raise CollectiveError(f"--num-parts {args.num_parts} but MPI started {world} ranks; they must be equal (mpirun -n {args.num_parts})")
-
-
-def start_jittor_mpi(args: argparse.Namespace):  # noqa: ANN201
-    """Import Jittor, then mpi4py, and check the world size: (jt, MPI, comm, rank, world).
-
-    Jittor first: the other order aborts inside MPI_Init under mpirun (see docs/testbed.md).
-    """
-    import jittor as jt
-    from mpi4py import MPI
-
-    # Dense matmuls run on the GPU when Jittor found CUDA (nvcc_path set by the user); the
-    # sparse propagation and the MPI exchanges run in numpy on the host either way.
-    jt.flags.use_cuda = 1 if jt.has_cuda else 0
-    comm = MPI.COMM_WORLD
-    rank, world = comm.Get_rank(), comm.Get_size()
-    check_world(args, world)
-    return jt, MPI, comm, rank, world
 
 
 @dataclass
@@ -100,17 +84,35 @@ class FullGraph:
 
 
 def load_full_graph(args: argparse.Namespace) -> FullGraph:
-    g = datasets.load(args.dataset, args.data_dir, partition.synthetic_spec(args))
-    indptr = np.zeros(g.num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(g.src, minlength=g.num_nodes), out=indptr[1:])
-    degree = np.diff(indptr)
-    adj = gcn_norm_local(indptr, g.dst, degree, g.num_nodes)
+    """The whole graph and its propagation matrix: the GCN's normalised adjacency, or with
+    --use-gdc the sparsified diffusion (computed here, in this process)."""
+    g = datasets.load(args.dataset, args.data_dir, datasets.synthetic_spec(args))
+    gdc_spec = datasets.gdc_spec(args)
+    if gdc_spec is not None:
+        import gdc
+
+        diff = gdc.diffuse(g.indptr, g.indices, gdc_spec)
+        adj = SparseRows.build(diff.indptr, diff.indices, diff.weights, (g.num_nodes, g.num_nodes))
+    else:
+        adj = gcn_norm_local(g.indptr, g.indices, g.degree, g.num_nodes)
     return FullGraph(adj, g.features, g.labels, g.train_mask, g.val_mask, g.test_mask, g.num_classes, g.name)
 
 
-def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
-    z = logits - logits.max(1, keepdims=True)
-    return float(-(z[np.arange(len(labels)), labels] - np.log(np.exp(z).sum(1))).sum())
+def load_partition(args: argparse.Namespace, rank: int, world: int, allgather: Callable[[object], list]) -> tuple[dict, dict, SparseRows]:
+    """This rank's part (every rank agrees on any error), checked against the world size and the
+    trainer's flags: (manifest, arrays, rows of the propagation matrix)."""
+    part_dir = args.part_dir or partition.default_out(args.dataset, world)
+    man, p = agree(lambda: partition.load_part(part_dir, rank), allgather)
+    if man["num_parts"] != world:
+        raise CollectiveError(
+            f"{part_dir} has {man['num_parts']} parts but MPI started {world} ranks; "
+            f"run mpirun -n {man['num_parts']} or partition again with --num-parts {world}"
+        )
+    try:
+        partition.check_matches(man, part_dir, args.dataset, datasets.gdc_spec(args))
+    except DatasetError as exc:
+        raise CollectiveError(str(exc)) from None
+    return man, p, propagation_rows(p)
 
 
 def counts(pred: np.ndarray, labels: np.ndarray, masks: list[np.ndarray]) -> np.ndarray:
@@ -121,6 +123,20 @@ def counts(pred: np.ndarray, labels: np.ndarray, masks: list[np.ndarray]) -> np.
 
 def accuracies(c: np.ndarray) -> list[float]:
     return [float(c[i] / c[i + 1]) if c[i + 1] else 0.0 for i in range(0, len(c), 2)]
+
+
+def rank_profile(rep: "Reporter", comm_s: list[float], halo_bytes: int, allreduce_bytes: int,
+                 allgather: Callable[[object], list]) -> list[dict]:
+    """Every rank's mean training-step time split into communication (halo exchanges, gradient
+    allreduce where the trainer runs it) and the rest, and the bytes it sent per epoch. The
+    first epoch carries one-time work (kernel compilation, allocator warm-up) and is left out."""
+    times = [h.epoch_time_s for h in rep.history]
+    skip = 1 if len(times) > 1 else 0
+    epoch = float(np.mean(times[skip:]))
+    comm = float(np.mean(comm_s[skip:])) if comm_s else 0.0
+    mine = {"rank": rep.rank, "epoch_s": epoch, "comm_s": comm, "compute_s": epoch - comm,
+            "halo_bytes": int(halo_bytes), "allreduce_bytes": int(allreduce_bytes)}
+    return allgather(mine)
 
 
 @dataclass

@@ -18,7 +18,6 @@ any launcher variables the program trains in one process without a process group
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -26,86 +25,32 @@ import time
 import numpy as np
 
 import common
+import torch_dist
 from common import CollectiveError, EpochStats, Reporter
 from graph import init_params
 
 PROG = "gcn_ddp.py"
 
 
-def map_mpi_env(env: dict[str, str]) -> None:
-    """torch's env:// rendezvous reads RANK/WORLD_SIZE/LOCAL_RANK; mpirun sets OMPI_* instead."""
-    pairs = {
-        "RANK": "OMPI_COMM_WORLD_RANK",
-        "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
-        "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
-        "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE",
-    }
-    for torch_var, ompi_var in pairs.items():
-        if torch_var not in env and ompi_var in env:
-            env[torch_var] = env[ompi_var]
-
-
-def add_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                    help="auto: nccl when torch sees a GPU, else gloo")
-
-
 def main() -> int:
     ap = common.parser(__doc__.split("\n\n")[0], partitioned=False)
-    add_args(ap)
+    torch_dist.add_args(ap)
     args = ap.parse_args()
     common.validate(args)
-    map_mpi_env(os.environ)  # type: ignore[arg-type]
-    import torch
-    import torch.distributed as dist
+    td = torch_dist.start(args)
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    distributed = "WORLD_SIZE" in os.environ
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    common.check_world(args, world)
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise CollectiveError("--backend nccl needs a GPU that torch can see; use --backend gloo on CPU")
-    if distributed:
-        for var in ("MASTER_ADDR", "MASTER_PORT"):
-            if not os.environ.get(var):
-                raise CollectiveError(f"{var} is not set; export it (mpirun -x {var}=...) or launch with torchrun")
-    device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
-    if device.type == "cpu":
-        # Ranks sharing a host would otherwise each start one thread per core.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
-    else:
-        torch.cuda.set_device(device)
-
-    if distributed:
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world)
     try:
-        def allgather(obj: object) -> list:
-            if not distributed:
-                return [obj]
-            out: list = [None] * world
-            dist.all_gather_object(out, obj)
-            return out
-
-        g = common.agree(lambda: common.load_full_graph(args), allgather)
+        g = common.agree(lambda: common.load_full_graph(args), td.allgather)
         n = g.features.shape[0]
         train_idx = np.flatnonzero(g.train_mask)
         if train_idx.size == 0:
             raise CollectiveError(f"dataset {g.name} has no training nodes")
-        mine = np.array_split(train_idx, world)[rank]
-        return train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, dist, F, DDP)
+        mine = np.array_split(train_idx, td.world)[td.rank]
+        return train(args, g, n, train_idx, mine, td.world, td.rank, td.device, td.distributed, td.torch, td.dist, F, DDP)
     finally:
-        if distributed:
-            # Without this barrier some ranks tore the group down while others were still in
-            # their last collective, and the job aborted at exit (2 of 7 runs, testbed.md).
-            dist.barrier()
-            dist.destroy_process_group()
+        td.close()
 
 
 def train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, dist, F, DDP) -> int:  # noqa: ANN001,PLR0913

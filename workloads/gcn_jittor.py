@@ -15,75 +15,39 @@ single-process full-graph training. Jittor also broadcasts rank 0's parameters a
 every rank initialises from the same --seed, so that broadcast changes nothing. Weight decay is
 applied by the optimizer to the (identical) parameters after the averaging, so it is not scaled.
 --check-exact writes the gradients taken from that same optimizer path.
+
+The result reports, per rank, the time spent in the halo exchange (forward and backward) and
+the bytes it sent per epoch; the gradient allreduce runs inside Jittor's optimizer step and is
+counted in bytes only.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
-# Jittor reads these at import: a CUDA nvcc without its runtime makes it fail, and MKL/oneDNN
-# would be downloaded. The user's own settings win.
-os.environ.setdefault("nvcc_path", "")
-os.environ.setdefault("use_mkl", "0")
+import jittor_ops  # first: sets Jittor's import-time environment
 
 import numpy as np
 
 import common
-import partition
-from common import CollectiveError, EpochStats, Reporter
-from graph import SparseRows, gcn_norm_local, init_params
+from common import EpochStats, Reporter
+from graph import init_params
 from halo import Halo
 
 PROG = "gcn_jittor.py"
 
 
-def build_functions(jt):  # noqa: ANN001,ANN201 - jittor is imported lazily
-    class HaloExchange(jt.Function):
-        def __init__(self, halo: Halo) -> None:
-            self.halo = halo
-
-        def execute(self, h):  # noqa: ANN001,ANN201
-            a = h.numpy()
-            return jt.array(np.concatenate([a, self.halo.gather(a)]))
-
-        def grad(self, g):  # noqa: ANN001,ANN201
-            g = g.numpy()
-            n = self.halo.num_owned
-            return jt.array(g[:n] + self.halo.scatter_add_back(g[n:]))
-
-    class SpMM(jt.Function):
-        def __init__(self, adj: SparseRows) -> None:
-            self.adj = adj
-
-        def execute(self, h):  # noqa: ANN001,ANN201
-            return jt.array(self.adj.matmul(h.numpy()))
-
-        def grad(self, g):  # noqa: ANN001,ANN201
-            return jt.array(self.adj.rmatmul_t(g.numpy()))
-
-    return HaloExchange, SpMM
-
-
 def main() -> int:
     args = common.parser(__doc__.split("\n\n")[0], partitioned=True).parse_args()
     common.validate(args)
-    jt, MPI, comm, rank, world = common.start_jittor_mpi(args)
-    part_dir = args.part_dir or partition.default_out(args.dataset, world)
-    man, p = common.agree(lambda: partition.load_part(part_dir, rank), comm.allgather)
-    if man["num_parts"] != world:
-        raise CollectiveError(
-            f"{part_dir} has {man['num_parts']} parts but MPI started {world} ranks; "
-            f"run mpirun -n {man['num_parts']} or partition again with --num-parts {world}"
-        )
-    if man["dataset"] != args.dataset:
-        raise CollectiveError(f"{part_dir} holds dataset {man['dataset']!r}, not --dataset {args.dataset}")
+    jm = jittor_ops.start(args)
+    jt, comm, rank, world = jm.jt, jm.comm, jm.rank, jm.world
+    man, p, adj = common.load_partition(args, rank, world, comm.allgather)
 
-    HaloExchange, SpMM = build_functions(jt)
+    stats = jittor_ops.CommStats()
+    SpMM, HaloExchange, _ = jittor_ops.functions(jt, stats)
     n_own = int(p["owned_gid"].size)
     halo = Halo(comm if world > 1 else None, n_own, p["send_idx"], p["send_counts"], p["recv_counts"])
-    adj = gcn_norm_local(p["indptr"], p["indices"], p["degree"], n_own)
     num_train = int(man["num_train"])
     num_classes = int(man["num_classes"])
 
@@ -94,9 +58,7 @@ def main() -> int:
     x = jt.array(p["features"].astype(np.float32))
     labels = p["labels"].astype(np.int64)
     train_mask = p["train_mask"].astype(bool)
-    onehot_train = np.zeros((n_own, num_classes), dtype=np.float32)
-    onehot_train[np.flatnonzero(train_mask), labels[train_mask]] = 1.0
-    onehot_train = jt.array(onehot_train)
+    onehot = jt.array(jittor_ops.onehot_train(labels, train_mask, num_classes))
 
     def forward(training: bool):  # noqa: ANN202
         h = jt.nn.dropout(x, args.dropout, is_train=True) if training and args.dropout else x
@@ -106,38 +68,22 @@ def main() -> int:
             h = jt.nn.dropout(h, args.dropout, is_train=True)
         return SpMM(adj)(HaloExchange(halo)(jt.matmul(h, params["W2"]))) + params["b2"]
 
-    def local_loss(logits):  # noqa: ANN001,ANN202
-        # The one-hot rows of non-training nodes are zero, so every rank's loss depends on all
-        # its logits, and every rank takes part in every backward exchange even with no
-        # training nodes of its own.
-        z = logits - logits.max(dim=1, keepdims=True).stop_grad()
-        logp = z - jt.log(jt.exp(z).sum(dim=1, keepdims=True))
-        return -(onehot_train * logp).sum() / num_train
-
     opt = jt.optim.Adam(
         [{"params": [params["W1"]], "weight_decay": args.weight_decay},
          {"params": [params["b1"], params["W2"], params["b2"]], "weight_decay": 0.0}],
         lr=args.lr,
     )
 
-    def global_sum(v: np.ndarray) -> np.ndarray:
-        v = np.ascontiguousarray(v, dtype=np.float64)
-        if world == 1:
-            return v
-        out = np.empty_like(v)
-        comm.Allreduce(v, out, op=MPI.SUM)
-        return out
-
     if args.check_exact is not None:
         logits = forward(training=False)
-        loss = local_loss(logits)
+        loss = jittor_ops.masked_cross_entropy(jt, logits, onehot, num_train)
         opt.backward(loss * world)  # the training path: Jittor's MPI mean of the gradients
         grads = {}
         for pg in opt.param_groups:
             for var, g in zip(pg["params"], pg["grads"]):
                 name = next(k for k, v in params.items() if v is var)
                 grads[name] = g.numpy()
-        total = float(global_sum(np.array([loss.item()]))[0])
+        total = float(jm.global_sum(np.array([loss.item()]))[0])
         parts = comm.gather((p["owned_gid"], logits.numpy()), root=0) if world > 1 else [(p["owned_gid"], logits.numpy())]
         if rank == 0:
             full = np.zeros((int(man["num_nodes"]), num_classes), dtype=np.float32)
@@ -148,18 +94,27 @@ def main() -> int:
 
     rep = Reporter("gcn_jittor", args, rank, world)
     masks = [train_mask, p["val_mask"].astype(bool), p["test_mask"].astype(bool)]
+    comm_s: list[float] = []
+    comm_bytes = 0
     for epoch in range(1, args.epochs + 1):
+        stats.reset()
         t0 = time.perf_counter()
-        loss = local_loss(forward(training=True))
+        loss = jittor_ops.masked_cross_entropy(jt, forward(training=True), onehot, num_train)
         opt.step(loss * world)
         loss_local = loss.item()
         epoch_time = time.perf_counter() - t0
+        comm_s.append(stats.seconds)
+        comm_bytes = stats.bytes_sent
         with jt.no_grad():
             pred = np.argmax(forward(training=False).numpy(), axis=1)
-        stats = global_sum(np.concatenate([[loss_local], common.counts(pred, labels, masks)]))
-        acc = common.accuracies(stats[1:])
-        rep.epoch(EpochStats(epoch, args.epochs, float(stats[0]), acc[0], acc[1], epoch_time))
-    rep.result(acc[2], {"num_nodes": int(man["num_nodes"]), "num_edges": int(man["num_edges"]), "edge_cut": man["edge_cut"]})
+        totals = jm.global_sum(np.concatenate([[loss_local], common.counts(pred, labels, masks)]))
+        acc = common.accuracies(totals[1:])
+        rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time))
+    grad_bytes = sum(int(v.numel()) * 4 for v in params.values()) if world > 1 else 0
+    per_rank = common.rank_profile(rep, comm_s, comm_bytes, grad_bytes, comm.allgather)
+    rep.result(acc[2], {"num_nodes": int(man["num_nodes"]), "num_edges": int(man["num_edges"]),
+                        "edge_cut": man["edge_cut"], "propagation": man.get("propagation", "gcn"),
+                        "ranks_profile": per_rank})
     return 0
 
 

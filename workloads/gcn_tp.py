@@ -23,17 +23,15 @@ multiplies the same X); hidden dropout masks are per rank, since each rank holds
 
 from __future__ import annotations
 
-import os
 import time
 
-os.environ.setdefault("nvcc_path", "")
-os.environ.setdefault("use_mkl", "0")
+import jittor_ops  # first: sets Jittor's import-time environment
 
 import numpy as np
 
 import common
 from common import EpochStats, Reporter
-from graph import SparseRows, init_params
+from graph import init_params
 
 PROG = "gcn_tp.py"
 
@@ -47,35 +45,15 @@ def shard_columns(hidden: int, world: int) -> list[np.ndarray]:
 def main() -> int:
     args = common.parser(__doc__.split("\n\n")[0], partitioned=False).parse_args()
     common.validate(args)
-    jt, MPI, comm, rank, world = common.start_jittor_mpi(args)
+    jm = jittor_ops.start(args)
+    jt, comm, rank, world = jm.jt, jm.comm, jm.rank, jm.world
     cols = shard_columns(args.hidden, world)[rank]
     g = common.agree(lambda: common.load_full_graph(args), comm.allgather)
     n = g.features.shape[0]
     num_train = int(g.train_mask.sum())
     if num_train == 0:
         raise common.CollectiveError(f"dataset {g.name} has no training nodes")
-
-    class SpMM(jt.Function):
-        def __init__(self, adj: SparseRows) -> None:
-            self.adj = adj
-
-        def execute(self, h):  # noqa: ANN001,ANN201
-            return jt.array(self.adj.matmul(h.numpy()))
-
-        def grad(self, grad_out):  # noqa: ANN001,ANN201
-            return jt.array(self.adj.rmatmul_t(grad_out.numpy()))
-
-    class AllReduceSum(jt.Function):
-        def execute(self, h):  # noqa: ANN001,ANN201
-            a = np.ascontiguousarray(h.numpy())
-            if world > 1:
-                out = np.empty_like(a)
-                comm.Allreduce(a, out, op=MPI.SUM)
-                a = out
-            return jt.array(a)
-
-        def grad(self, grad_out):  # noqa: ANN001,ANN201
-            return grad_out  # the loss is replicated: each partial sees the full dL/dZ
+    SpMM, _, AllReduceSum = jittor_ops.functions(jt)
 
     full = init_params(args.seed, g.features.shape[1], args.hidden, g.num_classes)
     params = {
@@ -88,10 +66,7 @@ def main() -> int:
     jt.set_global_seed(args.seed * 1000 + rank)
     x_np = g.features.astype(np.float32)
     x = jt.array(x_np)
-    onehot = np.zeros((n, g.num_classes), dtype=np.float32)
-    tr = np.flatnonzero(g.train_mask)
-    onehot[tr, g.labels[tr]] = 1.0
-    onehot = jt.array(onehot)
+    onehot = jt.array(jittor_ops.onehot_train(g.labels, g.train_mask, g.num_classes))
 
     def forward(training: bool, epoch: int = 0):  # noqa: ANN202
         h = x
@@ -101,12 +76,10 @@ def main() -> int:
         h = jt.nn.relu(SpMM(g.adj)(jt.matmul(h, params["W1"])) + params["b1"])
         if training and args.dropout:
             h = jt.nn.dropout(h, args.dropout, is_train=True)
-        return SpMM(g.adj)(AllReduceSum()(jt.matmul(h, params["W2"]))) + params["b2"]
+        return SpMM(g.adj)(AllReduceSum(comm, jm.MPI)(jt.matmul(h, params["W2"]))) + params["b2"]
 
     def loss_of(logits):  # noqa: ANN001,ANN202
-        z = logits - logits.max(dim=1, keepdims=True).stop_grad()
-        logp = z - jt.log(jt.exp(z).sum(dim=1, keepdims=True))
-        return -(onehot * logp).sum() / num_train
+        return jittor_ops.masked_cross_entropy(jt, logits, onehot, num_train)
 
     names = list(params)
     if args.check_exact is not None:

@@ -1,9 +1,11 @@
-"""Graph pieces shared by the partitioner and the trainers: CSR, GCN normalisation, numpy SpMM.
+"""Graph pieces shared by the trainers: CSR, GCN normalisation, numpy SpMM.
 
 The GCN propagation matrix is Kipf & Welling's  = D^-1/2 (A + I) D^-1/2, where D counts each
-node's neighbours plus its self loop. On a partition a rank holds the rows of  for the nodes it
-owns; columns are local ids: owned nodes first, then halo nodes (owned elsewhere). Each halo
-node's *global* degree travels in the part file, so the local rows equal the global rows exactly.
+node's neighbours plus its self loop; with GDC it is the sparsified diffusion P (gdc.py). On a
+partition a rank holds the rows of that matrix for the nodes it owns; columns are local ids:
+owned nodes first, then halo nodes (owned elsewhere). For Â each halo node's *global* degree
+travels in the part file, so the local rows equal the global rows exactly; P's rows travel with
+their weights.
 """
 
 from __future__ import annotations
@@ -94,6 +96,15 @@ def gcn_norm_local(
     values = (inv_sqrt[all_rows] * inv_sqrt[all_cols]).astype(dtype)
     new_indptr, _ = csr_from_sorted(all_rows, all_cols, num_owned)
     return SparseRows.build(new_indptr, all_cols, values, (num_owned, num_local))
+
+
+def propagation_rows(part: dict[str, np.ndarray]) -> SparseRows:
+    """The rows of the propagation matrix a part holds (see partition.py for the arrays)."""
+    n_own = int(part["owned_gid"].size)
+    n_local = n_own + int(part["halo_gid"].size)
+    if "weights" in part:
+        return SparseRows.build(part["indptr"], part["indices"], part["weights"], (n_own, n_local))
+    return gcn_norm_local(part["indptr"], part["indices"], part["degree"], n_own)
 
 
 def glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:

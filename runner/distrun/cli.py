@@ -85,16 +85,26 @@ def hostfile(inventory: str) -> None:
     click.echo(render_hostfile(cluster), nl=False)
 
 
+def gdc_options(fn):  # noqa: ANN001,ANN201
+    """--use-gdc and its two settings, shared by train and partition."""
+    fn = click.option("--gdc-topk", type=int, default=128, show_default=True, help="With --use-gdc: entries kept per node.")(fn)
+    fn = click.option("--gdc-alpha", type=float, default=0.05, show_default=True, help="With --use-gdc: PPR teleport probability.")(fn)
+    return click.option("--use-gdc", is_flag=True,
+                        help="Train on the graph diffusion (GDC, personalized PageRank) instead of the graph; "
+                             "the partition follows the diffused graph.")(fn)
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @inventory_option
 @click.option("--launcher", type=click.Choice(["mpirun", "torchrun", "slurm"]), default="mpirun", show_default=True)
 @click.option("--np", "np", type=int, default=None, help="Number of ranks (default: the sum of the workers' slots).")
-@click.option("--workload", type=click.Choice(["gcn", "gcn-tp", "ddp"]), default="gcn", show_default=True,
+@click.option("--workload", type=click.Choice(["gcn", "gcn-torch", "gcn-tp", "ddp"]), default="gcn", show_default=True,
               help="A reference workload; ignored with --script.")
 @click.option("--script", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Your own program: copied to the run directory and started on every rank.")
 @click.option("--dataset", type=click.Choice(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
 @click.option("--data-dir", default=None, help="Directory holding the dataset files on the head node.")
+@gdc_options
 @click.option("--epochs", type=int, default=None, help="Training epochs for the reference workloads.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra variable for every rank (repeatable).")
 @click.option("--port", type=int, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
@@ -106,7 +116,7 @@ def hostfile(inventory: str) -> None:
               help="Launch even where a node's slots differ from its detected GPU count.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
-          data_dir: str | None, epochs: int | None, env_pairs: tuple[str, ...], port: int, dry_run: bool,
+          data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None, env_pairs: tuple[str, ...], port: int, dry_run: bool,
           skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, script_args: tuple[str, ...]) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
@@ -128,7 +138,7 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
         inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
         env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
-        allow_gpu_mismatch=allow_gpu_mismatch,
+        allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
     )
     if dry_run:
         click.echo(job.dry_run_text(request), nl=False)
@@ -179,11 +189,14 @@ def check(inventory: str, as_json: bool) -> None:
 @click.option("--dataset", type=click.Choice(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
 @click.option("--data-dir", default=None, help="Directory holding the dataset files on the head node.")
 @click.option("--np", "np", type=int, default=None, help="Parts (default: the world size the inventory gives).")
-def partition(inventory: str, dataset: str, data_dir: str | None, np: int | None) -> None:
+@gdc_options
+def partition(inventory: str, dataset: str, data_dir: str | None, np: int | None, use_gdc: bool, gdc_alpha: float,
+              gdc_topk: int) -> None:
     """Partition a graph with Metis on the head node into one part per rank."""
     from . import job
 
-    request = job.JobRequest(inventory=paths.resolve_inventory(inventory), np=np, dataset=dataset, data_dir=data_dir)
+    request = job.JobRequest(inventory=paths.resolve_inventory(inventory), np=np, dataset=dataset, data_dir=data_dir,
+                             gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
     sys.exit(job.run_partition_only(request))
 
 

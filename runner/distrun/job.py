@@ -94,6 +94,7 @@ class JobRequest:
     preflight: bool = True
     slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
     allow_gpu_mismatch: bool = False
+    gdc: tuple[float, int] | None = None  # --use-gdc: (alpha, top-k) for the reference workloads
 
 
 def _network(cluster: Cluster) -> NetworkChoice | None:
@@ -129,6 +130,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         master_port=request.port,
         slurm=slurm_run.settings(cluster, request.slurm_mode) if request.launcher == "slurm" else None,
         allow_gpu_mismatch=request.allow_gpu_mismatch,
+        gdc=request.gdc,
     )
 
 

@@ -29,6 +29,7 @@ WORKLOADS: Mapping[str, Workload] = {
     "gcn": Workload("gcn", "gcn_jittor.py", True, "jittor", "2-layer GCN, Jittor + MPI halo exchange over Metis parts"),
     "gcn-tp": Workload("gcn-tp", "gcn_tp.py", False, "jittor", "2-layer GCN, weights sharded across ranks"),
     "ddp": Workload("ddp", "gcn_ddp.py", False, "torch", "2-layer GCN, PyTorch DistributedDataParallel"),
+    "gcn-torch": Workload("gcn-torch", "gcn_torch.py", True, "torch", "2-layer GCN, PyTorch, all-to-all halo exchange over Metis parts"),
 }
 
 
@@ -148,6 +149,18 @@ def allocate(cluster: Cluster, np: int | None) -> list[tuple[str, int]]:
     return placed
 
 
+def gdc_args(gdc: tuple[float, int] | None) -> list[str]:
+    """The workloads' GDC flags for (alpha, top-k), checked here so a bad value fails before any node is touched."""
+    if gdc is None:
+        return []
+    alpha, topk = gdc
+    if not 0.0 < alpha < 1.0:
+        raise PlanError(f"--gdc-alpha {alpha}: the teleport probability must lie in (0, 1)")
+    if topk < 1:
+        raise PlanError(f"--gdc-topk {topk}: keep at least 1 entry per node")
+    return ["--use-gdc", "--gdc-alpha", repr(float(alpha)), "--gdc-topk", str(int(topk))]
+
+
 def build_plan(
     cluster: Cluster,
     *,
@@ -165,6 +178,7 @@ def build_plan(
     master_port: int = contract.DEFAULT_MASTER_PORT,
     slurm: Mapping[str, str] | None = None,
     allow_gpu_mismatch: bool = False,
+    gdc: tuple[float, int] | None = None,
 ) -> JobPlan:
     if launcher not in LAUNCHERS:
         raise PlanError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
@@ -191,6 +205,8 @@ def build_plan(
     partition: tuple[str, ...] | None = None
     part_dir: str | None = None
     if script:
+        if gdc is not None:
+            raise PlanError("--use-gdc applies to the reference workloads; pass your own program's options after --")
         program = (python, f"{run_dir}/{PurePosixPath(script).name}", *script_args)
         workload_name = None
     else:
@@ -201,9 +217,10 @@ def build_plan(
         data_args: list[str] = ["--dataset", dataset]
         if data_dir:
             data_args += ["--data-dir", data_dir]
+        data_args += gdc_args(gdc)
         program_args = [*data_args]
         if wl.needs_partition:
-            part_dir = f"{cluster.shared_dir.rstrip('/')}/partitions/{dataset}-{world}parts"
+            part_dir = f"{cluster.shared_dir.rstrip('/')}/partitions/{dataset}-{world}parts{'-gdc' if gdc else ''}"
             partition = (python, f"{workloads_dir}/partition.py", *data_args, "--num-parts", str(world), "--out", part_dir)
             program_args += ["--part-dir", part_dir, "--num-parts", str(world)]
         if epochs is not None:
@@ -315,7 +332,9 @@ cd {shlex.quote(plan.run_dir)}
 
 
 # Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
-WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {"gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",)}
+WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
+    "gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",), "gcn-torch": ("torch", "pymetis"),
+}
 
 
 def preflight_needs(plan: JobPlan) -> dict[str, object]:

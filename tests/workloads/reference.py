@@ -46,3 +46,22 @@ def gcn_reference(adj: np.ndarray, x: np.ndarray, labels: np.ndarray, train: np.
     da1 = dh * (a1 > 0)
     grads = {"W1": ax.T @ da1, "b1": da1.sum(0), "W2": ah.T @ dz, "b2": dz.sum(0)}
     return Reference(z, float(loss), grads)
+
+
+def dense_gdc(num_nodes: int, src: np.ndarray, dst: np.ndarray, alpha: float, topk: int | None = None,
+              eps: float | None = None) -> np.ndarray:
+    """GDC's propagation matrix by the matrix inverse (Klicpera et al. 2019, PPR kernel):
+    S = alpha (I - (1 - alpha) T)^-1 with T the symmetric normalisation of A + I; row i keeps its
+    top-k entries (ties to the lower column) or those >= eps (and always its diagonal), then is
+    normalised to sum to one."""
+    t = dense_norm_adj(num_nodes, src, dst)
+    s = alpha * np.linalg.inv(np.eye(num_nodes) - (1.0 - alpha) * t)
+    p = np.zeros_like(s)
+    for i in range(num_nodes):
+        row = s[i]
+        if eps is not None:
+            keep = np.union1d(np.flatnonzero(row >= eps), [i])
+        else:
+            keep = np.argsort(-row, kind="stable")[:topk]
+        p[i, keep] = row[keep] / row[keep].sum()
+    return p

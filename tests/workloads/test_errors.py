@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_workload
+from conftest import free_port, run_workload
 
 
 def one_clear_line(run, needle: str) -> None:  # noqa: ANN001
@@ -17,11 +17,8 @@ def one_clear_line(run, needle: str) -> None:  # noqa: ANN001
 
 
 @pytest.fixture(scope="module")
-def parts3(tmp_path_factory: pytest.TempPathFactory, cora_raw: Path, work_env) -> Path:
-    out = tmp_path_factory.mktemp("p") / "cora-3"
-    r = run_workload("partition.py", ["--dataset", "cora", "--data-dir", str(cora_raw), "--num-parts", "3", "--out", str(out)], work_env)
-    assert r.rc == 0
-    return out
+def parts3(cora_parts) -> Path:  # noqa: ANN001
+    return cora_parts(3)
 
 
 @pytest.mark.jittor
@@ -58,3 +55,17 @@ def test_bad_flag_values(cora_raw: Path, work_env):
 def test_tensor_parallel_needs_a_hidden_unit_per_rank(cora_raw: Path, work_env):
     r = run_workload("gcn_tp.py", ["--dataset", "cora", "--data-dir", str(cora_raw), "--hidden", "2"], work_env, ranks=3)
     one_clear_line(r, "--hidden 2 is smaller than the 3 ranks")
+
+
+def test_gdc_flags_must_match_the_partition(parts3: Path, work_env):
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    r = run_workload("gcn_torch.py", ["--dataset", "cora", "--part-dir", str(parts3), "--use-gdc", "--epochs", "1"],
+                     work_env, ranks=3, extra_env=env)
+    one_clear_line(r, "was partitioned without --use-gdc but the trainer runs with --use-gdc")
+
+
+def test_torch_partitioned_rank_count_differs_from_partition(parts3: Path, work_env):
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    r = run_workload("gcn_torch.py", ["--dataset", "cora", "--part-dir", str(parts3), "--epochs", "1"],
+                     work_env, ranks=2, extra_env=env)
+    one_clear_line(r, "has 3 parts but MPI started 2 ranks")

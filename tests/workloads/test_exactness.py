@@ -21,22 +21,19 @@ SEED = 7
 
 @pytest.fixture(scope="module")
 def cora_reference(cora_raw: Path):
-    import datasets
+    import loaders
     from graph import init_params
 
-    g = datasets.load_cora(cora_raw, download=False)
+    g = loaders.load_cora(cora_raw, download=False)
     params = init_params(SEED, g.features.shape[1], 16, g.num_classes)
     adj = dense_norm_adj(g.num_nodes, g.src, g.dst)
     return gcn_reference(adj, g.features, g.labels, g.train_mask, params)
 
 
 @pytest.fixture(scope="module")
-def cora_partitions(tmp_path_factory: pytest.TempPathFactory, cora_raw: Path, work_env: dict[str, str]) -> Path:
-    root = tmp_path_factory.mktemp("parts")
+def cora_partitions(cora_parts) -> Path:  # noqa: ANN001
     for n in (1, 2, 3):
-        r = run_workload("partition.py", ["--dataset", "cora", "--data-dir", str(cora_raw),
-                                          "--num-parts", str(n), "--out", str(root / f"cora-{n}")], work_env)
-        assert r.rc == 0, r.stderr
+        root = cora_parts(n).parent
     return root
 
 
@@ -70,6 +67,49 @@ def test_jittor_partitioned_matches_full_graph(ranks, cora_partitions, cora_refe
     r = run_workload("gcn_jittor.py", args, work_env, ranks=ranks if ranks > 1 else None)
     assert r.rc == 0, r.stderr[-3000:]
     assert_matches(out, cora_reference)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_torch_partitioned_matches_full_graph(ranks, cora_partitions, cora_reference, work_env, tmp_path):
+    out = tmp_path / "check.npz"
+    args = ["--dataset", "cora", "--seed", str(SEED), "--part-dir", str(cora_partitions / f"cora-{ranks}"),
+            "--num-parts", str(ranks), "--check-exact", str(out)]
+    if ranks == 1:
+        r = run_workload("gcn_torch.py", args, work_env)  # no launcher: one process, no process group
+    else:
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        r = run_workload("gcn_torch.py", args, work_env, ranks=ranks, extra_env=env)
+    assert r.rc == 0, r.stderr[-3000:]
+    assert_matches(out, cora_reference)
+
+
+def test_torch_partitioned_gdc_matches_full_graph_under_torchrun(cora_raw, cora_gdc, work_env, tmp_path):
+    """Parts of the GDC diffusion carry its rows and weights (test_partition, test_gdc check that
+    they are the diffusion's); here 2 ranks under torchrun against the dense float64 GCN with the
+    same P assembled from the parts."""
+    import subprocess
+    import sys
+
+    import loaders
+    from conftest import WORKLOADS
+    from graph import init_params
+
+    g = loaders.load_cora(cora_raw, download=False)
+    p_dense = np.zeros((g.num_nodes, g.num_nodes))
+    for i in range(2):
+        with np.load(cora_gdc / f"part-{i}.npz") as z:
+            local_to_global = np.concatenate([z["owned_gid"], z["halo_gid"]])
+            rows = np.repeat(z["owned_gid"], np.diff(z["indptr"]))
+            p_dense[rows, local_to_global[z["indices"]]] = z["weights"]
+    assert np.allclose(p_dense.sum(1), 1.0, atol=1e-5) and (p_dense > 0).sum() > 30 * g.num_nodes
+    ref = gcn_reference(p_dense, g.features, g.labels, g.train_mask, init_params(SEED, g.features.shape[1], 16, g.num_classes))
+    out = tmp_path / "check.npz"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           str(WORKLOADS / "gcn_torch.py"), "--dataset", "cora", "--use-gdc", "--part-dir", str(cora_gdc),
+           "--seed", str(SEED), "--check-exact", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=work_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_matches(out, ref)
 
 
 @pytest.mark.jittor

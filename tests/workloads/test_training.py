@@ -14,14 +14,6 @@ RESULT_KEYS = {"test_acc", "val_acc", "loss", "epochs", "ranks", "epoch_time_s",
 PUBLISHED = 0.815  # Kipf & Welling 2017, Table 2, Cora
 
 
-def partition(tmp: Path, cora_raw: Path, env: dict[str, str], n: int) -> Path:
-    out = tmp / f"cora-{n}"
-    r = run_workload("partition.py", ["--dataset", "cora", "--data-dir", str(cora_raw), "--num-parts", str(n),
-                                      "--out", str(out)], env)
-    assert r.rc == 0, r.stderr
-    return out
-
-
 def check_protocol(run, epochs: int, ranks: int, workload: str) -> dict:  # noqa: ANN001
     assert run.rc == 0, run.stderr[-3000:]
     epochs_seen = run.lines("DISTRUN_EPOCH")
@@ -35,14 +27,13 @@ def check_protocol(run, epochs: int, ranks: int, workload: str) -> dict:  # noqa
 
 
 @pytest.mark.jittor
-def test_jittor_two_ranks_follow_one_rank_without_dropout(tmp_path, cora_raw, work_env):
+def test_jittor_two_ranks_follow_one_rank_without_dropout(cora_parts, work_env):
     # With dropout off the only randomness is the shared initialisation, so after several Adam
     # steps (Jittor's MPI gradient mean, its first-step broadcast and the weight decay all in
     # play) the two-rank run must still be the one-process run.
     common = ["--dataset", "cora", "--epochs", "5", "--dropout", "0", "--seed", "3"]
-    one = run_workload("gcn_jittor.py", [*common, "--part-dir", str(partition(tmp_path, cora_raw, work_env, 1))], work_env)
-    two = run_workload("gcn_jittor.py", [*common, "--part-dir", str(partition(tmp_path, cora_raw, work_env, 2))],
-                       work_env, ranks=2)
+    one = run_workload("gcn_jittor.py", [*common, "--part-dir", str(cora_parts(1))], work_env)
+    two = run_workload("gcn_jittor.py", [*common, "--part-dir", str(cora_parts(2))], work_env, ranks=2)
     losses1 = [e["loss"] for e in one.lines("DISTRUN_EPOCH")]
     losses2 = [e["loss"] for e in two.lines("DISTRUN_EPOCH")]
     assert one.rc == 0 and two.rc == 0, one.stderr[-2000:] + two.stderr[-2000:]
@@ -77,8 +68,8 @@ def test_ddp_two_ranks_follow_one_process_with_dropout(cora_raw, work_env):
 
 
 @pytest.mark.jittor
-def test_jittor_learns_cora_to_published_accuracy(tmp_path, cora_raw, work_env):
-    part = partition(tmp_path, cora_raw, work_env, 2)
+def test_jittor_learns_cora_to_published_accuracy(tmp_path, cora_parts, work_env):
+    part = cora_parts(2)
     result_file = tmp_path / "out" / "result.json"
     r = run_workload("gcn_jittor.py", ["--dataset", "cora", "--num-parts", "2", "--part-dir", str(part),
                                        "--result-file", str(result_file)], work_env, ranks=2)
@@ -96,3 +87,35 @@ def test_ddp_learns_cora_to_published_accuracy(tmp_path, cora_raw, work_env):
     assert res["test_acc"] >= PUBLISHED - 0.02, res
     # With no --result-file the result lands in $DISTRUN_RUN_DIR/result.json.
     assert json.loads((tmp_path / "result.json").read_text()) == res
+
+
+@pytest.fixture(scope="module")
+def torch_cora(cora_parts, cora_gdc, work_env) -> dict[str, dict]:  # noqa: ANN001
+    """gcn_torch on Cora at 2 ranks, on the graph and on its GDC diffusion (defaults: alpha 0.05,
+    top-128 per node), each partitioned into 2 parts."""
+    out = {}
+    for name, part, extra in (("plain", cora_parts(2), []), ("gdc", cora_gdc, ["--use-gdc"])):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        r = run_workload("gcn_torch.py", ["--dataset", "cora", "--num-parts", "2", "--part-dir", str(part), *extra],
+                         work_env, ranks=2, extra_env=env)
+        out[name] = check_protocol(r, 200, 2, "gcn_torch")
+        assert out[name]["propagation"] == ("gdc" if extra else "gcn")
+    print(f"cora, gcn_torch, 2 ranks, test accuracy: GCN {out['plain']['test_acc']:.3f}, "
+          f"GCN + GDC {out['gdc']['test_acc']:.3f}")
+    return out
+
+
+def test_torch_partitioned_learns_cora_and_reports_its_communication(torch_cora):
+    res = torch_cora["plain"]
+    assert res["test_acc"] >= 0.795, res
+    prof = {p["rank"]: p for p in res["ranks_profile"]}
+    assert sorted(prof) == [0, 1]
+    for p in prof.values():
+        # Each rank sent its halo rows (forward and back) and the gradients (W1 1433x16, b1 16,
+        # W2 16x7, b2 7 floats) once per epoch.
+        assert p["halo_bytes"] > 0 and p["allreduce_bytes"] == 4 * (1433 * 16 + 16 + 16 * 7 + 7)
+        assert 0 < p["comm_s"] < p["epoch_s"] and p["compute_s"] > 0
+
+
+def test_gdc_on_cora_next_to_the_plain_graph(torch_cora):
+    assert torch_cora["gdc"]["test_acc"] >= 0.81, torch_cora

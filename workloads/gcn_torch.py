@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""2-layer GCN in PyTorch, one graph partition per rank, halo rows exchanged with all-to-all.
+
+    python partition.py --dataset cora --num-parts 2
+    torchrun --nproc-per-node 2 gcn_torch.py --dataset cora --num-parts 2
+    mpirun -n 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python gcn_torch.py --dataset cora --num-parts 2
+
+Each rank owns the nodes of one Metis part and holds their rows of the propagation matrix
+(Â = D^-1/2 (A + I) D^-1/2, or the GDC diffusion when partitioned with --use-gdc), whose columns
+are its own nodes followed by its halo: the neighbours owned elsewhere. A layer computes
+A_rows · [H_own; H_halo] · W, where the halo rows arrive through HaloExchange, an autograd
+function: forward, one torch.distributed.all_to_all_single sends every rank the rows it needs
+(the partitioner wrote the send and receive lists in matching order); backward, the gradient of
+each halo row goes back to the rank that owns the node and is added to that node's gradient.
+
+Why the gradients are those of single-process training. Rank r's loss is
+L_r = sum over its training nodes of CE / N_train, so the global loss is L = sum_r L_r. Through
+the halo exchange's backward, the gradient rank r computes for the shared weights is exactly
+dL_r/dW including every path through other parts; one all_reduce (sum) of the gradients gives
+dL/dW on every rank. Every rank starts from the same --seed and applies the same Adam step
+(weight decay on the first layer, as Kipf & Welling) to the same gradient, so the parameters
+stay identical without any broadcast. Dropout masks are drawn per rank, as per node.
+
+Runs under torchrun, mpirun (Open MPI's variables are mapped to torch's; MASTER_ADDR and
+MASTER_PORT come from the environment) and Slurm (distrun's rank wrapper exports torch's
+variables). The result reports, per rank, compute and communication time per epoch and the
+bytes its halo exchanges and gradient allreduce sent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+import common
+import torch_dist
+from common import CollectiveError, EpochStats, Reporter
+from graph import SparseRows, init_params
+
+PROG = "gcn_torch.py"
+
+
+def csr_tensor(torch, indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, shape: tuple[int, int]):  # noqa: ANN001,ANN201
+    idx_dtype = np.int32 if max(indptr[-1], shape[1]) < 2**31 else np.int64
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(np.ascontiguousarray(indptr, dtype=idx_dtype)),
+            torch.from_numpy(np.ascontiguousarray(indices, dtype=idx_dtype)),
+            torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)),
+            size=shape, check_invariants=False,
+        )
+
+
+def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray], stats: dict):  # noqa: ANN201
+    torch, dist = td.torch, td.dist
+    a = csr_tensor(torch, adj.indptr, adj.indices, adj.values, adj.shape)
+    a_t = csr_tensor(torch, adj.t_indptr, adj.t_indices, adj.t_values, (adj.shape[1], adj.shape[0]))
+    n_own = int(part["owned_gid"].size)
+    send_idx = torch.from_numpy(part["send_idx"].astype(np.int64))
+    send_counts = [int(c) for c in part["send_counts"]]
+    recv_counts = [int(c) for c in part["recv_counts"]]
+    num_halo = sum(recv_counts)
+
+    def exchange(send, in_split: list[int], out_split: list[int], rows: int):  # noqa: ANN001,ANN202
+        out = send.new_empty((rows, send.shape[1]))
+        if td.world > 1:
+            t0 = time.perf_counter()
+            dist.all_to_all_single(out, send.contiguous(), output_split_sizes=out_split, input_split_sizes=in_split)
+            stats["comm_s"] += time.perf_counter() - t0
+            stats["halo_bytes"] += send.numel() * send.element_size()
+        return out
+
+    class SpMM(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h):  # noqa: ANN001,ANN205
+            return a @ h
+
+        @staticmethod
+        def backward(ctx, g):  # noqa: ANN001,ANN205
+            return a_t @ g
+
+    class HaloExchange(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h):  # noqa: ANN001,ANN205
+            recv = exchange(h[send_idx], send_counts, recv_counts, num_halo)
+            return torch.cat([h, recv])
+
+        @staticmethod
+        def backward(ctx, g):  # noqa: ANN001,ANN205
+            back = exchange(g[n_own:], recv_counts, send_counts, int(send_idx.numel()))
+            return g[:n_own].index_add(0, send_idx, back)
+
+    def propagate(h):  # noqa: ANN001,ANN202
+        return SpMM.apply(HaloExchange.apply(h))
+
+    return propagate
+
+
+def main() -> int:
+    ap = common.parser(__doc__.split("\n\n")[0], partitioned=True)
+    torch_dist.add_args(ap)
+    args = ap.parse_args()
+    common.validate(args)
+    td = torch_dist.start(args)
+    try:
+        return train(args, td)
+    finally:
+        td.close()
+
+
+def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
+    torch, dist, rank, world = td.torch, td.dist, td.rank, td.world
+    import torch.nn.functional as F
+
+    man, p, adj = common.load_partition(args, rank, world, td.allgather)
+    if td.device.type != "cpu":
+        raise CollectiveError("gcn_torch.py runs its sparse products on the CPU; use --backend gloo")
+    stats = {"comm_s": 0.0, "halo_bytes": 0}
+    propagate = build_ops(td, adj, p, stats)
+    num_train = int(man["num_train"])
+    num_classes = int(man["num_classes"])
+
+    init = init_params(args.seed, int(man["num_features"]), args.hidden, num_classes)
+    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in init.items()}
+    names = list(params)
+    opt = torch.optim.Adam(
+        [{"params": [params["W1"]], "weight_decay": args.weight_decay},
+         {"params": [params["b1"], params["W2"], params["b2"]], "weight_decay": 0.0}],
+        lr=args.lr,
+    )
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    x = torch.from_numpy(p["features"].astype(np.float32))
+    labels_np = p["labels"].astype(np.int64)
+    labels = torch.from_numpy(labels_np)
+    train_mask = p["train_mask"].astype(bool)
+    train_idx = torch.from_numpy(np.flatnonzero(train_mask))
+
+    def dropout(h, training: bool):  # noqa: ANN001,ANN202
+        if not (training and args.dropout):
+            return h
+        keep = torch.rand(h.shape, generator=gen) >= args.dropout
+        return h * keep / (1.0 - args.dropout)
+
+    def forward(training: bool):  # noqa: ANN202
+        h = dropout(x, training)
+        h = torch.relu(propagate(h @ params["W1"]) + params["b1"])
+        h = dropout(h, training)
+        return propagate(h @ params["W2"]) + params["b2"]
+
+    def local_loss(logits):  # noqa: ANN001,ANN202
+        # Sum over this rank's training nodes / all training nodes: sum_r L_r is the mean loss.
+        return F.cross_entropy(logits[train_idx], labels[train_idx], reduction="sum") / num_train
+
+    def allreduce_grads() -> int:
+        flat = torch.cat([params[k].grad.reshape(-1) for k in names])
+        if world > 1:
+            t0 = time.perf_counter()
+            dist.all_reduce(flat)
+            stats["comm_s"] += time.perf_counter() - t0
+        offset = 0
+        for k in names:
+            n = params[k].numel()
+            params[k].grad.copy_(flat[offset : offset + n].view_as(params[k]))
+            offset += n
+        return flat.numel() * flat.element_size() if world > 1 else 0
+
+    def global_sum(v: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
+        if world > 1:
+            dist.all_reduce(t)
+        return t.numpy()
+
+    if args.check_exact is not None:
+        logits = forward(training=False)
+        loss = local_loss(logits)
+        loss.backward()
+        allreduce_grads()
+        total = float(global_sum(np.array([loss.item()]))[0])
+        gathered = td.allgather((p["owned_gid"], logits.detach().numpy()))
+        if rank == 0:
+            full = np.zeros((int(man["num_nodes"]), num_classes), dtype=np.float32)
+            for gid, lg in gathered:
+                full[gid] = lg
+            common.write_check(args.check_exact, full, total,
+                               {k: params[k].grad.numpy() for k in names})
+        return 0
+
+    rep = Reporter("gcn_torch", args, rank, world)
+    masks = [train_mask, p["val_mask"].astype(bool), p["test_mask"].astype(bool)]
+    comm_s: list[float] = []
+    halo_bytes = grad_bytes = 0
+    for epoch in range(1, args.epochs + 1):
+        stats["comm_s"], stats["halo_bytes"] = 0.0, 0
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = local_loss(forward(training=True))
+        loss.backward()
+        grad_bytes = allreduce_grads()
+        opt.step()
+        epoch_time = time.perf_counter() - t0
+        comm_s.append(stats["comm_s"])
+        halo_bytes = stats["halo_bytes"]
+        with torch.no_grad():
+            pred = forward(training=False).argmax(1).numpy()
+        totals = global_sum(np.concatenate([[loss.item()], common.counts(pred, labels_np, masks)]))
+        acc = common.accuracies(totals[1:])
+        rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time))
+    per_rank = common.rank_profile(rep, comm_s, halo_bytes, grad_bytes, td.allgather)
+    rep.result(acc[2], {"num_nodes": int(man["num_nodes"]), "num_edges": int(man["num_edges"]),
+                        "edge_cut": man["edge_cut"], "propagation": man.get("propagation", "gcn"),
+                        "threads": torch.get_num_threads(), "ranks_profile": per_rank})
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        common.run_main(PROG, main)
+    except SystemExit as done:
+        # As in gcn_ddp.py: gloo's threads can race the interpreter's teardown after the result
+        # is out and the group destroyed; leave without running C++ destructors.
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
