@@ -52,24 +52,19 @@ def owner_dtype(num_parts: int) -> type:
     return np.int8 if num_parts <= 127 else np.int16 if num_parts <= 32767 else np.int32
 
 
-def _edge_hash(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """A 32-bit mix of an undirected edge's two ends (both directions hash alike)."""
-    h = lo.astype(np.uint32) * np.uint32(0x9E3779B1)
-    h ^= hi.astype(np.uint32) * np.uint32(0x85EBCA77)
-    h ^= h >> np.uint32(15)
-    h *= np.uint32(0x2C1B3C6D)
-    h ^= h >> np.uint32(12)
-    return h
-
-
 def sample_edges(g: Csr, max_edges: int, chunk: int = 1 << 23) -> tuple[Csr, float]:
-    """Keep each undirected edge with probability max_edges / nnz, both directions or neither
-    (a hash of its ends decides, so the result is deterministic and still symmetric)."""
+    """Keep each undirected edge with probability max_edges / nnz, both directions or neither.
+
+    A random 32-bit key per node (fixed seed) and the edge key (key[u] ^ key[v]) * odd constant,
+    which is the same for (u, v) and (v, u), decide: the sample is deterministic, symmetric, and
+    costs a few passes over 32-bit integers.
+    """
     nnz = int(g.indices.size)
     if nnz <= max_edges:
         return g, 1.0
     rate = max_edges / nnz
     limit = np.uint32(min(2**32 - 1, int(rate * 2**32)))
+    node_key = np.random.default_rng(0x5EED).integers(0, 2**32, g.num_rows, dtype=np.uint32)
     counts = np.zeros(g.num_rows, dtype=np.int64)
     kept: list[np.ndarray] = []
     # Row chunks so the temporaries stay near `chunk` entries.
@@ -77,10 +72,18 @@ def sample_edges(g: Csr, max_edges: int, chunk: int = 1 << 23) -> tuple[Csr, flo
     bounds = np.unique(np.append(row_starts, g.num_rows))
     for r0, r1 in zip(bounds[:-1], bounds[1:]):
         a, b = int(g.indptr[r0]), int(g.indptr[r1])
-        rows = np.repeat(np.arange(r0, r1, dtype=np.int32), np.diff(g.indptr[r0 : r1 + 1]))
+        per_row = np.diff(g.indptr[r0 : r1 + 1])
         cols = g.indices[a:b]
-        keep = _edge_hash(np.minimum(rows, cols), np.maximum(rows, cols)) < limit
-        counts[r0:r1] = np.bincount(rows[keep] - r0, minlength=r1 - r0)
+        h = np.repeat(node_key[r0:r1], per_row)
+        h ^= node_key[cols]
+        h *= np.uint32(0x9E3779B1)
+        keep = h < limit
+        # Kept entries per row: a sum over each non-empty row's slice (reduceat over the starts
+        # of non-empty rows only, since an empty row's start would take its neighbour's entry).
+        nonempty = per_row > 0
+        if keep.size:
+            starts = (np.cumsum(per_row) - per_row)[nonempty]
+            counts[r0:r1][nonempty] = np.add.reduceat(keep.view(np.uint8), starts, dtype=np.int64)
         kept.append(cols[keep])
     indptr = np.zeros(g.num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
@@ -123,14 +126,13 @@ class PartsWritten:
     seconds: float = 0.0
 
 
-def halos(prop: Csr, owner: np.ndarray, num_parts: int) -> list[np.ndarray]:
+def halos(prop: Csr, owner: np.ndarray, num_parts: int, row_owner: np.ndarray) -> list[np.ndarray]:
     """For each part, the nodes owned elsewhere that its rows reference, sorted by (owner, id)."""
     n = prop.num_rows
     if num_parts == 1:
         return [np.zeros(0, dtype=np.int32)]
     needed = np.zeros((num_parts, n), dtype=bool)
     step = 1 << 24
-    row_owner = np.repeat(owner, np.diff(prop.indptr))
     for a in range(0, prop.indices.size, step):
         ro = row_owner[a : a + step]
         cols = prop.indices[a : a + step]
@@ -143,69 +145,83 @@ def halos(prop: Csr, owner: np.ndarray, num_parts: int) -> list[np.ndarray]:
     return out
 
 
+def _save(path: Path, arrays: dict[str, np.ndarray], hash_file) -> dict:  # noqa: ANN001
+    np.savez(path, **arrays)
+    return {"sha256": hash_file(path), "bytes": path.stat().st_size}
+
+
 def write_parts(folder: Path, prop: Csr, features: np.ndarray, labels: np.ndarray, masks: dict[str, np.ndarray],
                 owner: np.ndarray, num_parts: int, hash_file) -> PartsWritten:  # noqa: ANN001
-    """Write ``part-<p>.npz`` for every part, one at a time; ``hash_file(path)`` digests each."""
+    """Write ``part-<p>.npz`` for every part, one at a time; ``hash_file(path)`` digests each.
+
+    One writer thread saves and hashes part p (zlib and hashlib release the GIL) while part p + 1
+    is built, so at most two parts' arrays exist at once.
+    """
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     t0 = time.perf_counter()
     n = prop.num_rows
     degree = np.diff(prop.indptr)
-    halo = halos(prop, owner, num_parts)
+    row_owner = np.repeat(owner, degree) if num_parts > 1 else np.zeros(0, owner.dtype)
+    halo = halos(prop, owner, num_parts, row_owner)
     num_train = int(masks["train_mask"].sum())
     g2l = np.full(n, -1, dtype=np.int32)
     out = PartsWritten()
-    row_owner = np.repeat(owner, degree) if num_parts > 1 else None
-    for p in range(num_parts):
-        own = np.flatnonzero(owner == p).astype(np.int32)
-        h = halo[p]
-        g2l[own] = np.arange(own.size, dtype=np.int32)
-        g2l[h] = own.size + np.arange(h.size, dtype=np.int32)
-        if row_owner is None:
-            cols = prop.indices
-            weights = prop.weights
-        else:
-            mine = row_owner == p
-            cols = prop.indices[mine]
-            weights = prop.weights[mine] if prop.weights is not None else None
-            del mine
-        indices = g2l[cols]
-        del cols
-        indptr = np.zeros(own.size + 1, dtype=np.int64)
-        np.cumsum(degree[own], out=indptr[1:])
-        # What p sends to q = q's halo nodes owned by p, in q's order.
-        sends = [halo[q][owner[halo[q]] == p] for q in range(num_parts)]
-        send_counts = np.array([s.size for s in sends], dtype=np.int64)
-        send_idx = g2l[np.concatenate(sends)] if send_counts.sum() else np.zeros(0, np.int32)
-        halo_owner = owner[h]
-        arrays = {
-            "owned_gid": own,
-            "halo_gid": h,
-            "halo_owner": halo_owner,
-            "indptr": indptr,
-            "indices": indices,
-            "send_idx": send_idx,
-            "send_counts": send_counts,
-            "recv_counts": np.bincount(halo_owner, minlength=num_parts).astype(np.int64),
-            "features": features[own],
-            "labels": labels[own],
-            **{k: m[own] for k, m in masks.items()},
-            "part_id": np.int64(p),
-            "num_parts": np.int64(num_parts),
-            "num_nodes": np.int64(n),
-            "num_train": np.int64(num_train),
-        }
-        if weights is not None:
-            arrays["weights"] = weights
-        else:
-            arrays["degree"] = degree[np.concatenate([own, h])].astype(np.int32)
-        name = f"part-{p}.npz"
-        np.savez(folder / name, **arrays)
-        out.files[name] = {"sha256": hash_file(folder / name), "bytes": (folder / name).stat().st_size}
-        out.part_sizes.append(int(own.size))
-        out.halo_sizes.append(int(h.size))
-        out.nnz.append(int(indices.size))
-        g2l[own] = -1
-        g2l[h] = -1
-        del arrays, indices, weights
+    pending: list[tuple[str, Future]] = []
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        for p in range(num_parts):
+            own = np.flatnonzero(owner == p).astype(np.int32)
+            h = halo[p]
+            g2l[own] = np.arange(own.size, dtype=np.int32)
+            g2l[h] = own.size + np.arange(h.size, dtype=np.int32)
+            if num_parts == 1:
+                indices = g2l[prop.indices]
+                weights = prop.weights
+            else:
+                mine = row_owner == p
+                indices = g2l[prop.indices[mine]]
+                weights = prop.weights[mine] if prop.weights is not None else None
+                del mine
+            indptr = np.zeros(own.size + 1, dtype=np.int64)
+            np.cumsum(degree[own], out=indptr[1:])
+            # What p sends to q = q's halo nodes owned by p, in q's order.
+            sends = [halo[q][owner[halo[q]] == p] for q in range(num_parts)]
+            send_counts = np.array([s.size for s in sends], dtype=np.int64)
+            send_idx = g2l[np.concatenate(sends)] if send_counts.sum() else np.zeros(0, np.int32)
+            halo_owner = owner[h]
+            arrays = {
+                "owned_gid": own,
+                "halo_gid": h,
+                "halo_owner": halo_owner,
+                "indptr": indptr,
+                "indices": indices,
+                "send_idx": send_idx,
+                "send_counts": send_counts,
+                "recv_counts": np.bincount(halo_owner, minlength=num_parts).astype(np.int64),
+                "features": features[own],
+                "labels": labels[own],
+                **{k: m[own] for k, m in masks.items()},
+                "part_id": np.int64(p),
+                "num_parts": np.int64(num_parts),
+                "num_nodes": np.int64(n),
+                "num_train": np.int64(num_train),
+            }
+            if weights is not None:
+                arrays["weights"] = weights
+            else:
+                arrays["degree"] = degree[np.concatenate([own, h])].astype(np.int32)
+            out.part_sizes.append(int(own.size))
+            out.halo_sizes.append(int(h.size))
+            out.nnz.append(int(indices.size))
+            g2l[own] = -1
+            g2l[h] = -1
+            for _, done in pending:
+                done.result()  # the previous part is on disk before this one is queued
+            name = f"part-{p}.npz"
+            pending.append((name, writer.submit(_save, folder / name, arrays, hash_file)))
+            del arrays, indices, weights
+        for name, done in pending:
+            out.files[name] = done.result()
     out.seconds = time.perf_counter() - t0
     return out
 
