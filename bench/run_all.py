@@ -3,7 +3,7 @@
 
     bench/run [--quick] [--skip cluster] [--reuse DIR] [--out docs/benchmarks.md]
 
-Each section is its own script (bench/cluster.py, bench/partition.py, bench/train.py,
+Each section is its own script (bench/cluster.py, bench/partition.py, bench/gdc.py, bench/train.py,
 bench/scale.py) writing JSON into bench/results/ (git-ignored); this script prints each figure
 next to the comparison it belongs to and renders the Markdown. ``--reuse DIR`` renders sections
 whose JSON is already in DIR instead of measuring them again (the document says so).
@@ -13,6 +13,7 @@ Sections run one at a time: the machine has 2 cores.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -23,8 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, machine, say  # noqa: E402
 
-SECTIONS = ("cluster", "partition", "train", "scale")
+SECTIONS = ("cluster", "partition", "gdc", "train", "scale")
 RESULTS = REPO / "bench" / "results"
+IMAGES = REPO / "docs" / "img"
 LAUNCH_TARGET_S = 2.0
 RERUN_TARGET = 0.35
 
@@ -38,9 +40,11 @@ def measure(section: str, quick: bool) -> tuple[int, float]:
         cmd = [py, "bench/train.py", "--json", str(out)] + (["--quick"] if quick else [])
     elif section == "scale":
         cmd = [py, "bench/scale.py", "--json", str(out), "--sizes", *(["3", "1000"] if quick else ["3", "100", "1000", "5000"])]
+    elif section == "gdc":
+        cmd = [py, "bench/gdc.py", "--json", str(out)] + (["--sizes", "1M", "--seeds", "0"] if quick else [])
     else:
-        cmd = [py, "bench/partition.py", "--out", str(RESULTS / "partition.md"), "--sizes",
-               *(["1M"] if quick else ["1M", "10M"])]
+        cmd = [py, "bench/partition.py", "--json", str(out), "--sizes",
+               *(["1M", "10M", "--no-recursive"] if quick else ["1M", "10M", "114M"])]
     say(f"== {section}: {' '.join(cmd[1:])}")
     t0 = time.monotonic()
     rc = subprocess.call(cmd, cwd=REPO)
@@ -233,49 +237,36 @@ def render_failures(c: dict) -> list[str]:
     return out
 
 
-def render_partition(quick: bool) -> list[str]:
-    out = ["## Partition (Metis via pymetis)", ""]
-    fresh = RESULTS / "partition.md"
-    if fresh.exists():
-        text = fresh.read_text().strip().splitlines()
-        body = [ln for ln in text if not ln.startswith("## ")]
-        out += ["Fresh run of `bench/partition.py` at small sizes in this run:", "", *body, ""]
-    prev = REPO / "docs" / "benchmarks-partition.md"
-    if prev.exists():
-        body = [ln for ln in prev.read_text().strip().splitlines() if not ln.startswith("## ")]
-        out += ["Full table up to Reddit size (114M edges), from `docs/benchmarks-partition.md` "
-                "(measured earlier by `bench/partition.py`, not re-run here because the 114M cells take "
-                "minutes and 7.5 GiB):", "", *body, ""]
-    return out
+def bench_module(name: str):  # noqa: ANN201
+    """A section's script as a module (under its own name: bench/partition.py is not workloads/partition.py)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def with_plot(name: str, data: dict | None, image: str) -> list[str]:
+    """The section's Markdown, with its PNG next to the tables when matplotlib is installed."""
+    mod = bench_module(name)
+    rel = None
+    if data and mod.plot(data, IMAGES / image):
+        rel = f"img/{image}"
+    elif data:
+        say(f"{name}: no plot (matplotlib missing: pip install -e '.[bench]')")
+    return mod.render(data, rel)
+
+
+def render_partition(_quick: bool) -> list[str]:
+    return with_plot("partition", load("partition"), "partition-time-memory.png")
+
+
+def render_gdc() -> list[str]:
+    return bench_module("gdc").render(load("gdc"))
 
 
 def render_train(t: dict | None) -> list[str]:
-    out = ["## Training: epoch time for 1, 2 and 3 ranks (same graph)", ""]
-    if not t:
-        return out + ["Not measured in this run.", ""]
-    g = t["graph"]
-    out += [f"`workloads/gcn_ddp.py` (PyTorch {'DDP'}, gloo, CPU) under this machine's `mpirun --oversubscribe "
-            f"--allow-run-as-root`, `OMP_NUM_THREADS=1`, synthetic graph {g['nodes']:,} nodes / {g['edges']:,} "
-            f"directed edges / {g['features']} features, hidden {g['hidden']}, {t['epochs']} epochs; epoch time is the "
-            f"mean after the first epoch. {t['cpus']} cores, so the 3-rank run is oversubscribed.", "",
-            "| ranks | s/epoch | stdev | first epoch s | speedup vs 1 rank | test acc | process wall s | rc |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in t["rows"]:
-        out.append(f"| {r['ranks']} | {f(r['epoch_s'], 4)} | {f(r['epoch_s_stdev'], 4)} | {f(r['first_epoch_s'], 4)} | "
-                   f"{f(r['speedup'], 2)} | {f(r['test_acc'], 3)} | {f(r['wall_s'])} | {r['rc']} |")
-    out += ["", "Why there is no speedup to expect from this workload: gcn_ddp replicates the whole graph and "
-            "computes every logit on every rank (only the loss terms are split), so each rank does the full "
-            "forward and backward; what ranks add is DDP's gradient allreduce (W1, b1, W2, b2: a few KB per "
-            "epoch) plus one scalar allreduce, and competition for the 2 cores. The rows above therefore measure "
-            "the cost of running R replicas, i.e. the synchronisation and oversubscription overhead, not a scaling "
-            "curve. The communication share is not instrumented separately (the workload reports only epoch "
-            "time); with identical compute per rank, (t_R − t_1) / t_R bounds it from above where R ≤ cores:"]
-    rows = {r["ranks"]: r for r in t["rows"]}
-    if rows.get(1, {}).get("epoch_s") and rows.get(2, {}).get("epoch_s"):
-        t1, t2 = rows[1]["epoch_s"], rows[2]["epoch_s"]
-        out.append(f"for 2 ranks ({f(t2, 4)} s vs {f(t1, 4)} s) at most {max(0.0, (t2 - t1) / t2):.0%} of an epoch.")
-    out.append("")
-    return out
+    return with_plot("train", t, "strong-scaling.png")
 
 
 def render_scale(s: dict | None) -> list[str]:
@@ -367,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         if section in args.skip:
             timings[section] = "skipped"
             continue
-        src = (args.reuse / (f"{section}.json" if section != "partition" else "partition.md")) if args.reuse else None
+        src = (args.reuse / f"{section}.json") if args.reuse else None
         if src is not None and src.exists():
             if src.resolve() != (RESULTS / src.name).resolve():
                 shutil.copyfile(src, RESULTS / src.name)
@@ -375,8 +366,6 @@ def main(argv: list[str] | None = None) -> int:
             timings[section] = "reused"
             continue
         (RESULTS / f"{section}.json").unlink(missing_ok=True)
-        if section == "partition":
-            (RESULTS / "partition.md").unlink(missing_ok=True)
         rc, secs = measure(section, args.quick)
         timings[section] = f"{secs:.0f} s" + (f" (rc {rc})" if rc else "")
     total = time.monotonic() - started
@@ -390,13 +379,14 @@ def main(argv: list[str] | None = None) -> int:
              + (f" Sections rendered from earlier JSON of the same session (`--reuse`): {', '.join(reused)}." if reused else ""),
              "", "Numbers are single measurements on a shared 2-core VM; differences under ~10% are noise. "
              "Regenerate with `bench/run` (full, < 25 min) or `bench/run --quick` (< 8 min); each section "
-             "also runs alone (`bench/cluster.py`, `bench/partition.py`, `bench/train.py`, `bench/scale.py`).", ""]
+             "also runs alone (`bench/cluster.py`, `bench/partition.py`, `bench/gdc.py`, `bench/train.py`, "
+             "`bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
         lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_failures(cluster)
     else:
         lines += ["## Cluster sections", "", "Skipped in this run (`--skip cluster`).", ""]
-    lines += render_partition(args.quick) + render_train(load("train")) + render_scale(load("scale"))
+    lines += render_partition(args.quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
     lines += [NOT_MEASURED]
     args.out.write_text("\n".join(lines).rstrip() + "\n")
     say(f"wrote {args.out} ({total / 60:.1f} min)")
@@ -413,12 +403,13 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
     cluster = load("cluster")
     lines = ["# Benchmarks", "", header, "", "Numbers are single measurements on a shared 2-core VM; differences "
              "under ~10% are noise. Regenerate with `bench/run` (full, < 25 min) or `bench/run --quick` (< 8 min); "
-             "each section also runs alone (`bench/cluster.py`, `bench/partition.py`, `bench/train.py`, "
-             "`bench/scale.py`).", ""]
+             "each section also runs alone (`bench/cluster.py`, `bench/partition.py`, `bench/gdc.py`, "
+             "`bench/train.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
         lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_failures(cluster)
-    lines += render_partition(quick) + render_train(load("train")) + render_scale(load("scale")) + [NOT_MEASURED]
+    lines += render_partition(quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
+    lines += [NOT_MEASURED]
     out.write_text("\n".join(lines).rstrip() + "\n")
     say(f"re-rendered {out}")
     return 0
@@ -443,9 +434,32 @@ def render_summary(c: dict | None, t: dict | None, s: dict | None) -> list[str]:
         out.append(f"| distrun train --script, 10 s mpi4py job | {f(L['distrun_median_s'], 2)} s | by hand "
                    f"{f(L['hand_median_s'], 2)} s: +{L['gap_s']:.1f} s | ≤ +2 s | {'met' if L['gap_s'] <= LAUNCH_TARGET_S else 'not met'} |")
     if t:
-        rows = {r["ranks"]: r for r in t["rows"]}
-        out.append("| gcn_ddp epoch, 1 / 2 / 3 ranks | " + " / ".join(f(rows.get(k, {}).get("epoch_s"), 3) for k in (1, 2, 3))
-                   + " s | speedup " + " / ".join(f(rows.get(k, {}).get("speedup"), 2) for k in (1, 2, 3)) + " | — | replicated workload, see below |")
+        for w in sorted({r["workload"] for r in t["rows"]}):
+            rows = {r["label"]: r for r in t["rows"] if r["workload"] == w}
+            one, two = rows.get("1 rank x 1 thread", {}), rows.get("2 ranks x 1 thread", {})
+            sp = two.get("speedup")
+            out.append(f"| {w} epoch, 1 rank x 1 thread / 2 ranks x 1 thread | {f(one.get('epoch_s'), 3)} / "
+                       f"{f(two.get('epoch_s'), 3)} s | speedup {f(sp, 2)} | ≥ 1.7 | "
+                       f"{'met' if sp and sp >= 1.7 else 'not met'} (load {f(two.get('load_1min'))}) |")
+    part = load("partition")
+    if part:
+        big = next((c for c in part["cells"] if c.get("ok") and c["size"] == "114M" and c["parts"] == 2
+                    and c["method"] == "kway"), None)
+        if big:
+            ok = big["partition_s"] <= 10 and big["peak_rss_gib"] <= 4
+            out.append(f"| partition 114M edges, 2 parts | {big['partition_s']:.1f} s, {big['peak_rss_gib']:.2f} GiB | "
+                       f"before: 12.4 s, 7.51 GiB | ≤ 10 s, ≤ 4 GiB | {'met' if ok else 'not met'} (load {big['load']:.1f}) |")
+        for r in part.get("reuse") or []:
+            if r.get("ok"):
+                out.append(f"| reuse an existing partition, {r['label']} | {r['median_s']:.3f} s | — | ≤ 0.2 s | "
+                           f"{'met' if r['median_s'] <= 0.2 else 'not met'} |")
+    g = load("gdc")
+    if g:
+        for r in g["sizes"]:
+            if r.get("ok"):
+                out.append(f"| GDC diffusion, {r['edges']:,} edges | {r['seconds']:.1f} s, "
+                           f"{max(r['peak_rss_gib'], r['worker_peak_rss_gib']):.2f} GiB | — | minutes, bounded memory | "
+                           f"(load {r['load']:.1f}) |")
     if c and (c.get("torchrun") or {}).get("gap_s") is not None:
         T = c["torchrun"]
         out.append(f"| distrun train --launcher torchrun, 10 s job | {f(T['distrun_median_s'], 2)} s | torchrun by hand "
@@ -469,9 +483,10 @@ NOT_MEASURED = """\
 - **NFS shared folder**: this kernel has no NFS client or server; the test cluster uses
   `distrun_shared_fs_mode: sync` (rsync from the head).
 - **torchrun by hand vs `--launcher torchrun`**: only in the full run (`--quick` skips it).
-- **The partitioned Jittor GCN (`gcn` workload) epoch times**: Jittor compiles its core for
-  about 6 minutes on first import per machine, which does not fit the 25-minute budget next to
-  the cluster sections; `gcn_ddp` (torch) is used instead.
+- **The replicated DDP example (`ddp` workload) epoch times**: every rank computes the whole
+  graph, so it cannot scale with ranks; the strong-scaling section measures the partitioned
+  workloads (`gcn-torch`, `gcn`) instead. Jittor compiles its core once per machine (about 6
+  minutes) before the first `gcn` row.
 - **Cold vs warm ssh masters across runs**: every ansible run here starts with a fresh
   ControlPath directory, so ControlPersist only helps within one run.
 """

@@ -156,9 +156,13 @@ class Reporter:
         self.workload, self.args, self.rank, self.ranks = workload, args, rank, ranks
         self.t0 = time.perf_counter()
         self.history: list[EpochStats] = []
+        self.best: tuple[float, int, float] | None = None  # (val_acc, epoch, test_acc)
 
-    def epoch(self, stats: EpochStats) -> None:
+    def epoch(self, stats: EpochStats, test_acc: float | None = None) -> None:
+        """Record an epoch; ``test_acc`` (not printed per epoch) feeds the model selection below."""
         self.history.append(stats)
+        if test_acc is not None and (self.best is None or stats.val_acc > self.best[0]):
+            self.best = (stats.val_acc, stats.epoch, test_acc)
         if self.rank == 0:
             emit("DISTRUN_EPOCH", asdict(stats))
 
@@ -181,6 +185,10 @@ class Reporter:
             "wall_s": time.perf_counter() - self.t0,
             **(extra or {}),
         }
+        if self.best is not None:
+            # Model selection on the validation set, as Kipf & Welling and Klicpera et al.
+            # evaluate: the test accuracy of the epoch with the best validation accuracy.
+            res.update(best_val_acc=self.best[0], best_epoch=self.best[1], test_acc_at_best_val=self.best[2])
         if self.rank == 0:
             emit("DISTRUN_RESULT", res)
             path = self.args.result_file

@@ -15,7 +15,6 @@ import argparse
 import hashlib
 import json
 import os
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -168,6 +167,8 @@ def ensure_cora(data_dir: Path | None, download: bool = True) -> Path:
 
 
 def _download(url: str, dest: Path, sha256: str) -> None:
+    import urllib.request  # here, not at the top: the partitioner's reuse check never needs it
+
     tmp = dest.with_name(dest.name + ".part")
     try:
         with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as f:

@@ -120,7 +120,7 @@ def train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, 
         with torch.no_grad():
             pred = model(x).argmax(1).cpu().numpy()
         acc = common.accuracies(common.counts(pred, g.labels, masks))
-        rep.epoch(EpochStats(epoch, args.epochs, loss_value, acc[0], acc[1], epoch_time))
+        rep.epoch(EpochStats(epoch, args.epochs, loss_value, acc[0], acc[1], epoch_time), test_acc=acc[2])
     rep.result(acc[2], {"num_nodes": n, "num_edges": int(g.adj.indices.size - n), "backend": dist.get_backend() if distributed else "none"})
     return 0
 

@@ -109,7 +109,7 @@ def main() -> int:
             pred = np.argmax(forward(training=False).numpy(), axis=1)
         totals = jm.global_sum(np.concatenate([[loss_local], common.counts(pred, labels, masks)]))
         acc = common.accuracies(totals[1:])
-        rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time))
+        rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time), test_acc=acc[2])
     grad_bytes = sum(int(v.numel()) * 4 for v in params.values()) if world > 1 else 0
     per_rank = common.rank_profile(rep, comm_s, comm_bytes, grad_bytes, comm.allgather)
     rep.result(acc[2], {"num_nodes": int(man["num_nodes"]), "num_edges": int(man["num_edges"]),

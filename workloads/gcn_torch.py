@@ -209,7 +209,7 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
             pred = forward(training=False).argmax(1).numpy()
         totals = global_sum(np.concatenate([[loss.item()], common.counts(pred, labels_np, masks)]))
         acc = common.accuracies(totals[1:])
-        rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time))
+        rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time), test_acc=acc[2])
     per_rank = common.rank_profile(rep, comm_s, halo_bytes, grad_bytes, td.allgather)
     rep.result(acc[2], {"num_nodes": int(man["num_nodes"]), "num_edges": int(man["num_edges"]),
                         "edge_cut": man["edge_cut"], "propagation": man.get("propagation", "gcn"),

@@ -122,7 +122,7 @@ def main() -> int:
             pred = np.argmax(forward(training=False).numpy(), axis=1)
         # Every rank holds the same logits, so the accuracies need no communication.
         acc = common.accuracies(common.counts(pred, g.labels, masks))
-        rep.epoch(EpochStats(epoch, args.epochs, loss_value, acc[0], acc[1], epoch_time))
+        rep.epoch(EpochStats(epoch, args.epochs, loss_value, acc[0], acc[1], epoch_time), test_acc=acc[2])
     rep.result(acc[2], {"num_nodes": n, "num_edges": int(g.adj.indices.size - n), "hidden_shard": int(cols.size)})
     return 0
 

@@ -168,6 +168,22 @@ def test_torchrun_ddp_workload_trains_over_all_three_nodes(provisioned, distrun_
     assert outcome["ranks"] == 3 and outcome["test_acc"] > 0.8, outcome
 
 
+def test_torch_partitioned_gcn_on_the_gdc_diffusion_over_all_three_nodes(provisioned, distrun_home):
+    """The torch partitioned workload under mpirun, its partition made of the GDC diffusion on the
+    head: the runner passes --use-gdc to the partitioner and the trainer alike."""
+    result = distrun("train", "--inventory", "test", "--workload", "gcn-torch", "--use-gdc", "--gdc-topk", "32",
+                     "--epochs", "30")
+    assert result.rc == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    run = _latest_run(distrun_home)
+    logs = _rank_headers(run)
+    assert sorted(logs) == [0, 1, 2] and set(logs.values()) == {"node1", "node2", "node3"}, logs
+    outcome = json.loads((run / "result.json").read_text())
+    assert outcome["ranks"] == 3 and outcome["propagation"] == "gdc" and outcome["test_acc"] > 0.8, outcome
+    assert all(p["halo_bytes"] > 0 for p in outcome["ranks_profile"])
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["partition_dir"].endswith("-3parts-gdc") and "--use-gdc" in plan["partition"]
+
+
 def _rank_headers(run: Path) -> dict[int, str]:
     """Rank -> host, from the header line the rank wrapper prints into every rank's log."""
     found: dict[int, str] = {}

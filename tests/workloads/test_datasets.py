@@ -144,7 +144,9 @@ def test_cora_download_is_verified_against_the_embedded_digests(tmp_path: Path, 
             data = data[:-1] + bytes([data[-1] ^ 1])
         return _FakeResponse(data)
 
-    monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
+    import urllib.request
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
     monkeypatch.setenv("DISTRUN_DATA_DIR", str(tmp_path / "cache"))
     tamper = True
     with pytest.raises(datasets.DatasetError, match=r"ind\.cora\.tx has sha256 .* expected"):
