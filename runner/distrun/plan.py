@@ -11,9 +11,8 @@ from pathlib import PurePosixPath
 from . import contract
 from .errors import PlanError
 from .inventory import Cluster, Node
+from .launchers import launcher_named
 from .network import NetworkChoice
-
-LAUNCHERS = ("mpirun", "torchrun", "slurm")
 
 
 @dataclass(frozen=True)
@@ -80,10 +79,6 @@ class JobPlan:
     @property
     def wrapper(self) -> str:
         return f"{self.run_dir}/rank-env.sh"
-
-    @property
-    def python(self) -> str:
-        return f"{self.env_prefix.rstrip('/')}/bin/python"
 
     @property
     def has_gpus(self) -> bool:
@@ -166,8 +161,7 @@ def build_plan(
     slurm: Mapping[str, str] | None = None,
     allow_gpu_mismatch: bool = False,
 ) -> JobPlan:
-    if launcher not in LAUNCHERS:
-        raise PlanError(f"--launcher {launcher!r}: choose one of {', '.join(LAUNCHERS)}")
+    mpi_world = launcher_named(launcher).mpi_world
     check_gpu_slots(cluster, allow=allow_gpu_mismatch)
     placed = allocate(cluster, np)
     world = sum(n for _, n in placed)
@@ -212,7 +206,7 @@ def build_plan(
         program = (python, f"{workloads_dir}/{wl.program}", *program_args, *script_args)
         workload_name = wl.name
 
-    if launcher in ("mpirun", "slurm"):
+    if mpi_world:
         # Under MPI, run Python through mpi4py's runner: a rank that raises or exits non-zero
         # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
         # at exit and Open MPI waits for every other rank before it reports the failure.
@@ -320,16 +314,6 @@ WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {"gcn": ("jittor", "pymetis"),
 
 def preflight_needs(plan: JobPlan) -> dict[str, object]:
     """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
-    env_bin = f"{plan.env_prefix.rstrip('/')}/bin"
-    mpi_bin = f"{plan.mpi_prefix.rstrip('/')}/bin"
-    programs: dict[str, list[str]] = {}
-    head_programs: dict[str, list[str]] = {}
-    if plan.launcher == "torchrun":
-        programs["torchrun"] = [f"{env_bin}/torchrun"]
-    elif plan.launcher == "mpirun":
-        head_programs["mpirun"] = [f"{mpi_bin}/mpirun"]
-        programs["orted"] = [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]  # Open MPI 4 / 5
-    elif plan.launcher == "slurm":
-        head_programs.update({"sbatch": ["sbatch"], "srun": ["srun"]})
+    programs, head_programs = launcher_named(plan.launcher).needs(plan)
     modules = list(WORKLOAD_MODULES.get(plan.workload or "", ()))
     return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs}

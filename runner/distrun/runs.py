@@ -62,6 +62,26 @@ class Run:
         return path
 
 
+class Phases:
+    """Wall seconds of each step of a run, kept in timings.json of the run record: where a
+    run's time went (the launch overhead benchmark reads it)."""
+
+    def __init__(self, run: Run, t0: float | None = None) -> None:
+        self.run = run
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.last = self.t0
+        self.spans: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.spans.append((name, round(now - self.last, 3)))
+        self.last = now
+
+    def save(self) -> None:
+        data = {"phases": [{"name": n, "s": v} for n, v in self.spans], "total_s": round(self.last - self.t0, 3)}
+        self.run.write("timings.json", json.dumps(data, indent=2) + "\n")
+
+
 def new_run(verb: str, inventory: Path) -> Run:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id = f"{stamp}-{verb}-{secrets.token_hex(2)}"

@@ -16,7 +16,8 @@ import pytest
 from distrun.errors import InventoryError, PlanError
 from distrun.follow import tail_command, wait_command
 from distrun.inventory import Node, cluster_from_json
-from distrun.job import launch_scripts, remote_log_command
+from distrun.bundle import launch_scripts
+from distrun.logs import remote_log_command
 from distrun.launchers.slurm import sbatch_files
 from distrun.plan import build_plan, render_rank_wrapper
 from distrun.remote import shell_argv
