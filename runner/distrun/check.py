@@ -221,7 +221,7 @@ def need_fix(labels: Sequence[str], setup: str) -> str:
 def refusal(report: Report) -> str:
     """Every problem of a report on one line, hosts with the same problem named together.
 
-    ``torchrun is not in /opt/distrun/venv/bin on node1, node2: add torch to ...``
+    ``torchrun is not in /opt/env/bin on node1, node2: add torch to ...``
     """
     groups: dict[tuple[str, str, str], list[str]] = {}
     for check in CHECKS:
@@ -336,7 +336,7 @@ def run_check(inventory: Path, label: str,
     report = build_report(
         nodes=[n.name for n in cluster.nodes], head=cluster.head.name, probes=collector.probes,
         seen=collector.seen, hosts=hosts,
-        shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.DEFAULT_SHARED_FS_MODE),
+        shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.default("distrun_shared_fs_mode")),
         shared_dir=cluster.shared_dir, setup=f"distrun setup --inventory {label}",
         gpus=gpu_items(reached, label), log_dir=log_dir,
     )

@@ -44,7 +44,7 @@ def remote_log_command(plan: dict[str, Any], rank: int) -> str | None:
     launcher = launcher_named(name if name in LAUNCHERS else "mpirun")
     pattern = launcher.rank_log(rank, host, local)
     run_dir = f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}"
-    user = str(plan.get("user") or contract.DEFAULT_USER)
+    user = str(plan.get("user") or contract.default("distrun_user"))
     d = shlex.quote(run_dir)
     # As the training user, as the launchers: the run dir may be open to that user only (sshfs).
     return as_user(user, (

@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths
+from . import paths, rules
 from .bundle import launch_scripts, plan_files
 from .inventory import Cluster, load_cluster, load_facts
 from .launchers import launcher_named
@@ -45,7 +45,7 @@ def network(cluster: Cluster) -> NetworkChoice | None:
         return None
     addresses = {n.name: n.address for n in cluster.workers}
     ifaces = {h: ifaces_from_facts(f or {}) for h, f in facts.items()}
-    default_ipv4 = {h: ((f or {}).get("ansible_default_ipv4") or {}).get("address", "") for h, f in facts.items()}
+    default_ipv4 = {h: rules.default_ipv4(f) for h, f in facts.items()}
     overrides = {n.name: n.iface for n in cluster.workers if n.iface}
     if all(n.connection == "local" for n in cluster.workers):
         return None  # one machine: loopback is the network, nothing to choose
@@ -59,12 +59,11 @@ def facts_unusable(cluster: Cluster) -> str | None:
         facts = load_facts(cache, n.name)
         if facts is None:
             return f"no facts cached for {n.name}"
-        try:
-            ip = ipaddress.ip_address(n.address)
-        except ValueError:
+        if not rules.is_ip(n.address):
             continue  # a name: the preflight play checks what it resolves to
         if n.connection == "local" or n.iface:
             continue
+        ip = ipaddress.ip_address(n.address)
         if not any(ip in ipaddress.ip_network(i.network) for i in ifaces_from_facts(facts)):
             return f"the facts cached for {n.name} hold no interface on the subnet of its address {n.address}"
     return None

@@ -112,7 +112,7 @@ class _Run:
         hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
         report = build_report(
             nodes=list(hosts), head=cluster.head.name, probes=probes, seen={}, hosts=hosts,
-            shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.DEFAULT_SHARED_FS_MODE),
+            shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.default("distrun_shared_fs_mode")),
             shared_dir=cluster.shared_dir, setup=f"distrun setup --inventory {inventory}",
             log_dir=str(self.run.dir / "ansible"),
         )

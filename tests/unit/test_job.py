@@ -126,7 +126,8 @@ def test_facts_about_another_machine_are_not_planned_from(tmp_path, monkeypatch)
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     inv = tmp_path / "hosts.yml"
     node = Node("node1", "10.0.0.11", 1, "inventory", 0, True, True, {"ansible_host": "10.0.0.11"})
-    cluster = Cluster(inv, node, (node,), "distrun", "/srv/distrun", "venv", "/opt/distrun/venv", "/srv/distrun/hostfile")
+    cluster = Cluster(inv, node, (node,), user="distrun", shared_dir="/srv/distrun", mpi_provider="venv",
+                      env_prefix="/opt/distrun/venv", mpi_prefix="/usr")
     assert "no facts cached for node1" in (planning.facts_unusable(cluster) or "")
 
     def facts(address: str) -> str:
