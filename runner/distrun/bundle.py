@@ -13,12 +13,13 @@ import tarfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from . import paths
 from .launchers import launcher_named
 from .network import NetworkChoice
-from .plan import WORKLOADS, JobPlan, preflight_needs, render_env_file, render_hostfile, render_rank_wrapper
+from .plan import WORKLOADS, JobPlan, check_env_key, render_hostfile
 from .runs import Run
 
 
@@ -55,6 +56,58 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
             "exit $rc\n"
         )
     return scripts
+
+
+def render_env_file(env: Mapping[str, str]) -> str:
+    """env.sh: the user's --env variables, sourced by the rank wrapper. Staged 0600, owned by
+    the training user, so no other local user reads the values (launch scripts and argv are
+    world-readable)."""
+    for key in env:
+        check_env_key(key)
+    return "# distrun --env variables. Generated; do not edit.\n" + "".join(
+        f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())
+    )
+
+
+def render_rank_wrapper(plan: JobPlan) -> str:
+    """Every rank starts through this script, whichever launcher placed it.
+
+    It maps the launcher's variables to the RANK/WORLD_SIZE/LOCAL_RANK that torch and user
+    scripts read, sets the node's own interface for NCCL/Gloo (names can differ per node), and
+    prints one header line so per-rank logs can be matched to ranks afterwards.
+    """
+    # Explicit per-host choices first (keyed by host name), then whatever interface this node
+    # has on the shared subnet: names may differ per node, the subnet does not.
+    cases = "\n".join(
+        f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface
+    )
+    iface_block = "IFACE=\n"
+    if cases:
+        iface_block = 'case "$(hostname -s)" in\n' + cases + "\n  *) IFACE= ;;\nesac\n"
+    if plan.cidr:
+        iface_block += (
+            'if [ -z "$IFACE" ]; then\n'
+            f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
+            "fi\n"
+        )
+    source_env = ". ./env.sh\n" if plan.user_env_keys else ""
+    return f"""#!/bin/bash
+# Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
+set -euo pipefail
+export RANK="${{RANK:-${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-${{SLURM_PROCID:-0}}}}}}}}"
+export WORLD_SIZE="${{WORLD_SIZE:-${{OMPI_COMM_WORLD_SIZE:-${{PMI_SIZE:-${{SLURM_NTASKS:-1}}}}}}}}"
+export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALID:-0}}}}}}"
+if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
+export MASTER_ADDR
+export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
+{iface_block}if [ -n "$IFACE" ]; then
+  export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
+  export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
+fi
+echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$(hostname -s) pid=$$"
+cd {shlex.quote(plan.run_dir)}
+{source_env}exec "$@"
+"""
 
 
 def plan_files(plan: JobPlan) -> dict[str, str]:
@@ -140,15 +193,25 @@ def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, d
 
 
 def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str], *, script: Path | None,
-             env: dict[str, str], network: NetworkChoice | None, preflight: bool, port: int) -> dict[str, Any]:
-    """Extravars of run.yml: the stage step's, what the preflight checks and the network to verify."""
+             env: dict[str, str], network: NetworkChoice | None, preflight: bool) -> dict[str, Any]:
+    """Extravars of run.yml: the stage step's, what this run needs and the network to verify."""
     return {
         **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env),
         "distrun_planned_network": planned_network(plan, network),
         "distrun_skip_preflight": not preflight,
-        "preflight_ports": [port],
         **preflight_needs(plan),
     }
+
+
+# Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
+WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {"gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",)}
+
+
+def preflight_needs(plan: JobPlan) -> dict[str, object]:
+    """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
+    programs, head_programs = launcher_named(plan.launcher).needs(plan)
+    modules = list(WORKLOAD_MODULES.get(plan.workload or "", ()))
+    return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs}
 
 
 def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str]) -> None:

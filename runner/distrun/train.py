@@ -13,21 +13,23 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 
-from . import contract, paths
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import common_vars, launch_scripts, plan_files, record_plan, run_vars, stage_vars
-from .check import ProbeCollector, build_report, refusal
+from .check import PREFLIGHT_FACT, preflight_vars, report_of
 from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
 from .diagnosis import RunSummary, summarise
 from .errors import UserError
 from .follow import Outcome, follow
 from .inventory import Cluster
+from .judge import refusal
 from .launchers import launcher_named
 from .plan import JobPlan
 from .planning import JobRequest, facts_unusable, load, make_plan, network
 from .runs import Phases, Run, new_run
 
 EventHandler = Callable[[PlaybookEvent], None]
+# The steps of run.yml, in order; each play publishes its own as the fact distrun_step.
+STEPS = ("preflight", "stage", "launch")
 
 
 class Listener:
@@ -85,45 +87,29 @@ class _Run:
         self.run = phases.run
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
-                 limit: str | None = None, probes: dict[str, dict] | None = None) -> PlaybookResult:
-        """Run a playbook with progress; the preflight's probes land in probes when given."""
+                 limit: str | None = None) -> PlaybookResult:
+        """Run a playbook with progress."""
         started = time.monotonic()
         with self.listener.playbook(title, hosts) as on_event:
-            collector = ProbeCollector(on_event)
             result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
-                                  on_event=collector, limit=limit)
-        if probes is not None:
-            probes.update(collector.probes)
+                                  on_event=on_event, limit=limit)
         # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight).
-        if not result.ok and not (collector.probes and failed_step(result) == "preflight"):
+        if not result.ok and not (result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
         return result
 
-    def preflight(self, cluster: Cluster) -> None:
-        probes: dict[str, dict] = {}
-        result = self.playbook("preflight", "playbooks/preflight.yml", [n.name for n in cluster.nodes],
-                               {"preflight_ports": [self.request.port]}, probes=probes)
-        if not result.ok:
-            self.refuse_preflight(cluster, result, probes)
+    def preflight_vars(self) -> dict:
+        return {"preflight_ports": [self.request.port], **preflight_vars(str(self.request.inventory), self.run.dir)}
 
-    def refuse_preflight(self, cluster: Cluster, result: PlaybookResult, probes: dict[str, dict]) -> None:
-        """Refuse in one line: what 'distrun check' says about the same probes, every failing node named."""
-        inventory = self.request.inventory
-        hosts = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
-        report = build_report(
-            nodes=list(hosts), head=cluster.head.name, probes=probes, seen={}, hosts=hosts,
-            shared_mode=str(cluster.group_vars.get("distrun_shared_fs_mode") or contract.default("distrun_shared_fs_mode")),
-            shared_dir=cluster.shared_dir, setup=f"distrun setup --inventory {inventory}",
-            log_dir=str(self.run.dir / "ansible"),
-        )
-        line = refusal(report)
-        bad = sorted({h for items in report.values() for h, it in items.items() if not it.ok})
-        if not line:
-            bad = [h.name for h in result.failures()]
-            line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
+    def preflight(self, cluster: Cluster) -> None:
+        result = self.playbook("preflight", "playbooks/preflight.yml", [n.name for n in cluster.nodes],
+                               self.preflight_vars())
+        if not result.ok:
+            self.refuse_preflight(result)
+
+    def refuse_preflight(self, result: PlaybookResult) -> None:
         self.run.finish(3, "preflight failed")
-        raise UserError(f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
-                        f"(see 'distrun check --inventory {inventory}')", exit_code=3)
+        raise UserError(preflight_refusal(result, str(self.request.inventory)), exit_code=3)
 
     def stop(self, plan: JobPlan, limit: str | None) -> None:
         run_playbook("playbooks/stop.yml", self.request.inventory, self.run.dir,
@@ -190,25 +176,25 @@ class _Run:
                 scripts = launch_scripts(plan)
                 record_plan(run, plan, files, scripts)
                 limit = ",".join(dict.fromkeys([cluster.head.name, *(h.name for h in plan.hosts)]))
-                extravars = run_vars(plan, run, files, scripts, script=request.script, env=request.env, network=net,
-                                     preflight=request.preflight, port=request.port)
+                extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=request.env, network=net,
+                                        preflight=request.preflight),
+                             **self.preflight_vars()}
                 phases.mark("plan and bundle")
                 started = time.monotonic()
                 title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
-                probes: dict[str, dict] = {}
-                result = self.playbook(title, "playbooks/run.yml", limit.split(","), extravars, limit=limit, probes=probes)
+                result = self.playbook(title, "playbooks/run.yml", limit.split(","), extravars, limit=limit)
                 phases.mark("run.yml (preflight, stage, launch)")
                 step = "launch" if result.ok else failed_step(result)
                 launched = step == "launch"
                 if result.ok:
                     break
                 if step == "preflight":
-                    replan = any("DISTRUN_REPLAN" in h.last_error for h in result.failures())
+                    replan = any(h.facts.get("distrun_network_changed") for h in result.failures())
                     if replan and attempt == 1:
                         listener.replanning()
                         cluster = load(request)  # facts now fresh
                         continue
-                    self.refuse_preflight(cluster, result, probes)
+                    self.refuse_preflight(result)
                 if step == "stage":
                     run.finish(4, "staging failed")
                     return 4
@@ -251,12 +237,23 @@ class _Run:
 
 
 def failed_step(result: PlaybookResult) -> str:
-    """Which play of run.yml failed: 'preflight', 'stage' or 'launch'."""
-    plays = [h.failed_play.lower() for h in result.failures()]
-    for step in ("preflight", "stage", "start"):
-        if any(p.startswith(step) for p in plays):
-            return "launch" if step == "start" else step
-    return "launch" if not plays else "preflight"
+    """The earliest step of run.yml a host failed in, as the hosts' distrun_step said: 'preflight',
+    'stage' or 'launch' (a host that failed before any step said so: 'preflight')."""
+    steps = {h.failed_step or STEPS[0] for h in result.failures()}
+    return next((step for step in STEPS if step in steps), STEPS[-1])
+
+
+def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
+    """The one line that refuses a run: what 'distrun check' says about the same fault (the role's
+    verdict, and the nodes that did not answer), every failing node named."""
+    report = report_of(result, list(result.hosts))
+    line = refusal(report)
+    bad = sorted({h for items in report.values() for h, it in items.items() if not it.ok})
+    if not line:
+        bad = [h.name for h in result.failures()]
+        line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
+    return (f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
+            f"(see 'distrun check --inventory {inventory}')")
 
 
 def run_job(request: JobRequest, listener: Listener | None = None) -> int:

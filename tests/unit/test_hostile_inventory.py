@@ -19,7 +19,8 @@ from distrun.inventory import Node, cluster_from_json
 from distrun.bundle import launch_scripts
 from distrun.logs import remote_log_command
 from distrun.launchers.slurm import sbatch_files
-from distrun.plan import build_plan, render_rank_wrapper
+from distrun.bundle import render_rank_wrapper
+from distrun.plan import build_plan
 from distrun.remote import shell_argv
 
 from .test_cli import run

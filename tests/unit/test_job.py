@@ -8,9 +8,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from distrun import bundle, collect, logs, planning, train
-from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
 from distrun.runs import new_run
 
 
@@ -50,26 +51,49 @@ def test_bundle_digest_changes_only_with_the_workloads(run):
 
 
 def _result(*failures: tuple[str, str]) -> PlaybookResult:
-    hosts = {name: HostProgress(name, failed=1, failed_play=play, last_error="x") for name, play in failures}
+    hosts = {name: HostProgress(name, failed=1, failed_step=step, last_error="x") for name, step in failures}
     return PlaybookResult("playbooks/run.yml", 2, "failed", hosts, Path("."))
 
 
-@pytest.mark.parametrize(("play", "step"), [
-    ("Preflight every node of the run", "preflight"),
-    ("Stage the run's files on the head and the rank hosts", "stage"),
-    ("Start the run's launchers", "launch"),
-])
-def test_the_failed_step_is_read_from_the_play_name(play, step):
-    assert train.failed_step(_result(("node2", play))) == step
+@pytest.mark.parametrize("step", ["preflight", "stage", "launch"])
+def test_the_failed_step_is_the_one_the_host_published(step):
+    assert train.failed_step(_result(("node2", step))) == step
 
 
 def test_the_earliest_failed_step_wins():
-    assert train.failed_step(_result(("node1", "Start the run's launchers"), ("node3", "Preflight every node of the run"))) == "preflight"
+    assert train.failed_step(_result(("node1", "launch"), ("node3", "preflight"))) == "preflight"
 
 
-def test_play_names_in_run_yml_match_what_the_runner_reads():
-    text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
-    assert "- name: Preflight every node" in text and "- name: Stage the run" in text and "- name: Start the run" in text
+def test_a_host_that_failed_before_any_step_failed_the_preflight():
+    assert train.failed_step(_result(("node1", ""))) == "preflight"
+
+
+def test_every_play_of_run_yml_first_publishes_its_step():
+    plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
+    published = [play["tasks"][0]["ansible.builtin.set_fact"]["distrun_step"] for play in plays]
+    assert tuple(published) == train.STEPS
+
+
+def _event(kind: str, host: str, action: str = "ansible.builtin.set_fact", **res) -> dict:
+    return {"event": kind, "event_data": {"host": host, "task": "any name", "task_action": action, "res": res}}
+
+
+def test_the_bridge_keeps_published_facts_and_the_step_a_host_failed_in():
+    reader = EventReader()
+    for event in (
+        _event("runner_on_ok", "n1", "ansible.builtin.setup", ansible_facts={"distrun_step": "gathered, not set"}),
+        _event("runner_on_ok", "n1", ansible_facts={"distrun_step": "preflight"}),
+        _event("runner_on_ok", "n2", ansible_facts={"distrun_step": "preflight"}),
+        _event("runner_on_ok", "n1", ansible_facts={"preflight_verdict": {"env": {}}, "_preflight_own": 1}),
+        _event("runner_on_ok", "n1", ansible_facts={"distrun_step": "stage"}),
+        _event("runner_on_failed", "n1", "ansible.builtin.shell", msg="tar failed"),
+        _event("runner_on_unreachable", "n2", "ansible.builtin.command", msg="timed out"),
+    ):
+        reader(event)
+    result = PlaybookResult("playbooks/run.yml", 2, "failed", reader.hosts, Path("."))
+    assert reader.hosts["n1"].failed_step == "stage" and reader.hosts["n2"].failed_step == "preflight"
+    assert result.fact("preflight_verdict") == {"env": {}} and result.fact("_preflight_own") is None
+    assert train.failed_step(result) == "preflight"
 
 
 PLAN = {

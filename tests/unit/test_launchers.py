@@ -10,7 +10,8 @@ from distrun.errors import PlanError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.network import Iface, NetworkChoice
-from distrun.plan import allocate, build_plan, render_hostfile, render_rank_wrapper
+from distrun.bundle import render_rank_wrapper
+from distrun.plan import allocate, build_plan, render_hostfile
 from pathlib import Path
 
 

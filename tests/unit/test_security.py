@@ -24,7 +24,8 @@ from distrun.ansible_bridge import HostProgress, PlaybookResult
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
-from distrun.plan import build_plan, check_env_key, render_env_file, render_rank_wrapper
+from distrun.bundle import render_env_file, render_rank_wrapper
+from distrun.plan import build_plan, check_env_key
 
 from .conftest import distrun_bin
 
