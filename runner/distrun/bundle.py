@@ -11,9 +11,9 @@ import json
 import shlex
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 from . import paths
@@ -207,7 +207,7 @@ def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, 
 WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {"gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",)}
 
 
-def preflight_needs(plan: JobPlan) -> dict[str, object]:
+def preflight_needs(plan: JobPlan) -> dict[str, Any]:
     """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
     programs, head_programs = launcher_named(plan.launcher).needs(plan)
     modules = list(WORKLOAD_MODULES.get(plan.workload or "", ()))

@@ -112,8 +112,8 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
     """
-    from .plan import check_env_key
     from . import planning
+    from .plan import check_env_key
     from .planning import JobRequest
     from .train import run_job
     from .ui_run import TrainView, dry_run_text

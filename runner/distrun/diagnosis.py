@@ -24,7 +24,8 @@ DIAGNOSES: tuple[tuple[str, str], ...] = (
     (r"could not access\s+or execute an executable:\s+Executable:\s*(?P<exe>\S+)\s+Node:\s*(?P<node>\S+)",
      "{node} cannot run {exe}: is the shared folder mounted there? 'distrun check' names it; "
      "fix: run 'distrun setup --tags shared_fs'"),
-    (r"orted: command not found", "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
+    (r"orted: command not found",
+     "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
     (r"ssh: Could not resolve hostname (?P<node>[^:\s]+)", "the head cannot resolve {node}: correct /etc/hosts or DNS "
      "(role base manages /etc/hosts: 'distrun setup --tags base')"),
     (r"Permission denied \(publickey", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
@@ -32,10 +33,12 @@ DIAGNOSES: tuple[tuple[str, str], ...] = (
     (r"unable to reach each other for\s+MPI communications",
      "two ranks cannot reach each other over MPI: a firewall or a wrong interface between nodes; run 'distrun check'"),
     (r"RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
-    (r"RendezvousConnectionError", "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
+    (r"RendezvousConnectionError",
+     "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
     (r"There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
     (r"ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
-    (r"does not match the number of MPI ranks", "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
+    (r"does not match the number of MPI ranks",
+     "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
 )
 # Said only when nothing above explains the failure: Open MPI's catch-all for a daemon that did not start.
 FALLBACK_DIAGNOSES: tuple[tuple[str, str], ...] = (

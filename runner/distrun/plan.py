@@ -187,9 +187,9 @@ def build_plan(
         program = (python, f"{run_dir}/{PurePosixPath(script).name}", *script_args)
         workload_name = None
     else:
-        if workload not in WORKLOADS:
+        wl = WORKLOADS.get(workload or "")
+        if wl is None:
             raise PlanError(f"--workload {workload!r}: choose one of {', '.join(WORKLOADS)} or pass --script PATH")
-        wl = WORKLOADS[workload]
         workloads_dir = f"{cluster.shared_dir.rstrip('/')}/workloads"
         data_args: list[str] = ["--dataset", dataset]
         if data_dir:

@@ -8,9 +8,8 @@ import re
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from . import paths
 from .errors import UserError
@@ -26,7 +25,6 @@ class RunMeta:
     rc: int | None = None
     finished: float | None = None
     summary: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float | None:
@@ -101,6 +99,9 @@ _DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+_META_FIELDS = {f.name for f in fields(RunMeta)}
+
+
 def check_run_ref(run_ref: str) -> str:
     """The reference itself when it can only name a run, else one line saying what a run is."""
     if run_ref in ("last", "latest") or _RUN_REF_RE.fullmatch(run_ref):
@@ -140,8 +141,10 @@ def list_runs() -> list[Run]:
         meta_file = directory / "meta.json"
         if meta_file.is_file() and not meta_file.is_symlink():
             try:
-                meta = RunMeta(**json.loads(meta_file.read_text()))
-            except (json.JSONDecodeError, TypeError):
+                data = json.loads(meta_file.read_text())
+                # Records written by older versions may hold keys this one no longer has.
+                meta = RunMeta(**{k: v for k, v in data.items() if k in _META_FIELDS})
+            except (json.JSONDecodeError, TypeError, AttributeError):
                 continue
             if meta.run_id != directory.name:
                 continue  # a record copied or planted under another name: not this run

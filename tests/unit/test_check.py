@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from distrun.judge import Item, build_report, compare_names, compare_versions, report_json, verdict
 from distrun.errors import PlanError
 from distrun.inventory import Node, load_cluster
+from distrun.judge import Item, build_report, compare_names, compare_versions, report_json, verdict
 from distrun.plan import build_plan, check_gpu_slots, gpu_slot_mismatches
 
 SETUP = "distrun setup --inventory test"

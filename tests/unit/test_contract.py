@@ -52,7 +52,9 @@ def test_the_runner_reads_the_roles_defaults():
 
 def test_the_conda_env_default_lies_under_the_conda_prefix():
     text = (REPO / "roles" / "mpi_env" / "defaults" / "main.yml").read_text()
-    prefix = re.search(r"^mpi_env_conda_prefix:\s*\"?([^\"\n]+)", text, re.M).group(1).strip()
+    found = re.search(r"^mpi_env_conda_prefix:\s*\"?([^\"\n]+)", text, re.M)
+    assert found, "roles/mpi_env/defaults/main.yml: no mpi_env_conda_prefix"
+    prefix = found.group(1).strip()
     assert contract.env_prefix_default("conda").startswith(prefix + "/envs/")
 
 

@@ -162,3 +162,15 @@ def test_facts_about_another_machine_are_not_planned_from(tmp_path, monkeypatch)
     assert "no interface on the subnet of its address 10.0.0.11" in (planning.facts_unusable(cluster) or "")
     (paths.fact_cache_dir(inv) / "s1_node1").write_text(facts("10.0.0.11"))
     assert planning.facts_unusable(cluster) is None
+
+
+def test_a_record_written_with_keys_this_version_lacks_is_still_listed(tmp_path, monkeypatch):
+    import json
+
+    from distrun import runs
+
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    run = new_run("train", tmp_path / "hosts.yml")
+    data = json.loads((run.dir / "meta.json").read_text())
+    (run.dir / "meta.json").write_text(json.dumps({**data, "extra": {}}))
+    assert [r.id for r in runs.list_runs()] == [run.id]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from distrun.bundle import render_rank_wrapper
 from distrun.errors import PlanError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.network import Iface, NetworkChoice
-from distrun.bundle import render_rank_wrapper
 from distrun.plan import allocate, build_plan, render_hostfile
-from pathlib import Path
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:

@@ -53,7 +53,7 @@ def versions(**over) -> dict:
 
 
 # Fault kind -> (the probes of the three nodes, the check and the node it must be blamed on).
-FAULTS = {
+FAULTS: dict[str, tuple[dict[str, dict], str, str]] = {
     "never set up": ({"node2": {"setup": {"ok": False, "detail": "distrun never set up node2: no user distrun"}}},
                      "setup", "node2"),
     "env missing": ({"node3": {"env": {"ok": False, "detail": "/opt/env/bin/python is missing"},

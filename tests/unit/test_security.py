@@ -11,20 +11,19 @@ import stat
 import subprocess
 import tarfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from dataclasses import asdict
-
 from distrun import ansible_bridge, bundle, cli, collect, runs, stop, train, ui
 from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.bundle import render_env_file, render_rank_wrapper
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
-from distrun.bundle import render_env_file, render_rank_wrapper
 from distrun.plan import build_plan, check_env_key
 
 from .conftest import distrun_bin
@@ -144,7 +143,8 @@ def test_hostile_run_names_end_in_one_line_not_a_traceback(cli_env, args):
 
 
 def test_brackets_survive_in_errors_and_node_output(monkeypatch):
-    out = Console(file=io.StringIO(), width=200, highlight=False)
+    buffer = io.StringIO()
+    out = Console(file=buffer, width=200, highlight=False)
     monkeypatch.setattr(ui, "err_console", out)
     monkeypatch.setattr(ui, "console", out)
     ui.fatal("host [head] said [/x] and [bold]no[/bold]")
@@ -152,7 +152,7 @@ def test_brackets_survive_in_errors_and_node_output(monkeypatch):
     result = PlaybookResult("playbooks/stop.yml", 2, "failed",
                             {"[n1]": HostProgress("[n1]", failed=1, last_error="task: [/oops] [red]x")}, Path("."))
     ui.print_summary(result, 1.0)
-    text = out.file.getvalue()
+    text = buffer.getvalue()
     assert "host [head] said [/x] and [bold]no[/bold]" in text
     assert "logs not collected from: [w1] ([/red])" in text
     assert "[n1]: task: [/oops] [red]x" in text

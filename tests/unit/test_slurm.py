@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from distrun.launchers import slurm
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
+from distrun.launchers import slurm
 from distrun.launchers.slurm import multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
 from distrun.plan import build_plan
 
@@ -97,7 +97,7 @@ def test_gpu_nodes_get_gres_from_the_distrun_fact(tmp_path):
 
 
 def test_uneven_slots_place_ranks_with_an_arbitrary_distribution():
-    hosts = {h: {**v, "slots": s} for (h, v), s in zip(HOSTS.items(), (2, 1, 3))}
+    hosts = {h: {**v, "slots": s} for (h, v), s in zip(HOSTS.items(), (2, 1, 3), strict=True)}
     plan = plan_for(cluster(hosts, **ENABLED))
     files = sbatch_files(plan)
     script = files["job.sbatch"]

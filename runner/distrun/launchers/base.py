@@ -46,6 +46,7 @@ class Launcher(ABC):
 
     def require_ready(self, cluster: Cluster) -> None:
         """Refuse a real run on a cluster that cannot run this launcher (UserError)."""
+        return None
 
     # --- what is rendered and started ------------------------------------------------------
 
