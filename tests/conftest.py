@@ -120,7 +120,7 @@ _layer_reports: dict[str, list] = {}
 
 def layer_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    if path in ("tests/test_ansible_lint.py", "tests/unit/test_docs.py"):
+    if path in ("tests/test_ansible_lint.py", "tests/test_python_lint.py", "tests/unit/test_docs.py"):
         return "docs/lint"
     for layer in ("unit", "workloads", "molecule", "cluster"):
         if path.startswith(f"tests/{layer}/"):
