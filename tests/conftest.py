@@ -10,8 +10,9 @@ Cluster fixtures (any test that uses them is marked ``cluster`` automatically):
 ``DISTRUN_SKIP_CLUSTER=1`` skips them (quick local unit runs only). Where podman cannot run
 containers they FAIL with the reason: a CI machine without a working podman is broken, and
 a silent skip would report a green run that tested nothing.
-``DISTRUN_CLUSTER_NAME`` renames ``cluster3`` (default ``distrun-pytest``) so two people on one
-machine do not tear down each other's clusters: up() first removes leftovers of its name.
+``DISTRUN_CLUSTER_NAME`` names ``cluster3`` (default ``distrun-pytest``) and prefixes every other
+cluster, so two sessions on one machine do not tear down each other's clusters: up() first
+removes leftovers of its name.
 """
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
+    # Tests that disrupt the shared cluster, or read what the whole session left behind, say so
+    # with ``phase(n)`` and run after every test of a lower phase; file order holds otherwise.
+    items.sort(key=phase_of)
+
+
+def phase_of(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("phase")
+    return int(marker.args[0]) if marker else 0
+
+
+def session_cluster_name() -> str:
+    return os.environ.get("DISTRUN_CLUSTER_NAME", "distrun-pytest")
 
 
 def _require_podman() -> None:
@@ -69,7 +82,10 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
 
     def make(n: int, name: str | None = None, wheelhouse: Path | None | str = "default",
              inventory: Path | None = None) -> podcluster.Cluster:
-        name = name or f"distrun-pytest-f{len(created) + 1}"
+        """``name`` is a suffix of the session's cluster name (DISTRUN_CLUSTER_NAME), so two
+        sessions on one machine never share a cluster; "" is that name itself."""
+        suffix = f"f{len(created) + 1}" if name is None else name
+        name = f"{session_cluster_name()}-{suffix}" if suffix else session_cluster_name()
         if wheelhouse == "default":
             wheelhouse = HOST_WHEELHOUSE if HOST_WHEELHOUSE.is_dir() else None
         inv = inventory or tmp_path_factory.mktemp(name) / "hosts.yml"
@@ -93,7 +109,7 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
 
 @pytest.fixture(scope="session")
 def cluster3(cluster_factory: ClusterFactory) -> podcluster.Cluster:
-    return cluster_factory(3, name=os.environ.get("DISTRUN_CLUSTER_NAME", "distrun-pytest"),
+    return cluster_factory(3, name="",
                            inventory=podcluster.DEFAULT_INVENTORY)
 
 
@@ -104,7 +120,7 @@ _layer_reports: dict[str, list] = {}
 
 def layer_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    if path in ("tests/test_ansible_lint.py", "tests/unit/test_docs.py"):
+    if path in ("tests/test_ansible_lint.py", "tests/test_python_lint.py", "tests/unit/test_docs.py"):
         return "docs/lint"
     for layer in ("unit", "workloads", "molecule", "cluster"):
         if path.startswith(f"tests/{layer}/"):

@@ -20,6 +20,7 @@ from typing import Any
 
 from . import paths
 
+STEP_FACT = "distrun_step"
 
 @dataclass
 class HostProgress:
@@ -31,7 +32,15 @@ class HostProgress:
     skipped: int = 0
     unreachable: bool = False
     last_error: str = ""
-    failed_play: str = ""  # the play the host failed in: one playbook may hold several steps
+    # What the playbook published about this host: the public facts its tasks set (set_fact),
+    # among them distrun_step, the step the host is in. A playbook's steps say so themselves; the runner
+    # never reads a play's or a task's name.
+    facts: dict[str, Any] = field(default_factory=dict)
+    failed_step: str = ""  # the step the host failed in
+
+    @property
+    def step(self) -> str:
+        return str(self.facts.get(STEP_FACT, ""))
 
     @property
     def state(self) -> str:
@@ -69,6 +78,10 @@ class PlaybookResult:
 
     def failures(self) -> list[HostProgress]:
         return [h for h in self.hosts.values() if h.failed or h.unreachable]
+
+    def fact(self, name: str) -> Any:
+        """A fact the playbook published (a run_once one arrives with one host), or None."""
+        return next((h.facts[name] for h in self.hosts.values() if name in h.facts), None)
 
 
 def _message(res: Mapping[str, Any]) -> str:
@@ -145,6 +158,66 @@ def _scrub_command(path: Path) -> None:
         os.replace(tmp, path)
 
 
+class EventReader:
+    """Turns ansible-runner's events into host progress and PlaybookEvents for ``on_event``;
+    keeps the facts each host's tasks publish (set_fact) and the step it failed in."""
+
+    def __init__(self, on_event: Callable[[PlaybookEvent], None] | None = None) -> None:
+        self.on_event = on_event
+        self.hosts: dict[str, HostProgress] = {}
+        self.task = ""
+
+    def host(self, name: str) -> HostProgress:
+        return self.hosts.setdefault(name, HostProgress(name))
+
+    def emit(self, ev: PlaybookEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(ev)
+
+    def __call__(self, event: Mapping[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        name = data.get("host")
+        task = str(data.get("task") or self.task)
+        res = data.get("res") or {}
+        if kind == "playbook_on_play_start":
+            self.emit(PlaybookEvent("play", None, str(data.get("play", ""))))
+        elif kind == "playbook_on_task_start":
+            self.task = task
+            self.emit(PlaybookEvent("task", None, task))
+        elif kind == "runner_on_start" and name:
+            self.host(name).task = task
+            self.emit(PlaybookEvent("start", name, task))
+        elif kind == "runner_on_ok" and name:
+            h = self.host(name)
+            h.ok += 1
+            changed = bool(res.get("changed"))
+            h.changed += int(changed)
+            facts = res.get("ansible_facts")
+            if str(data.get("task_action", "")).endswith("set_fact") and isinstance(facts, Mapping):
+                # What a step publishes: the public facts it sets (a leading _ marks a role's own).
+                h.facts.update({k: v for k, v in facts.items() if not str(k).startswith("_")})
+            self.emit(PlaybookEvent("changed" if changed else "ok", name, task, data=res))
+        elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
+            h = self.host(name)
+            h.failed += 1
+            h.last_error = f"{task}: {_message(res)}"
+            h.failed_step = h.failed_step or h.step
+            self.emit(PlaybookEvent("failed", name, task, _message(res), res))
+        elif kind == "runner_on_unreachable" and name:
+            h = self.host(name)
+            h.unreachable = True
+            h.last_error = f"{task}: {_message(res)}"
+            h.failed_step = h.failed_step or h.step
+            self.emit(PlaybookEvent("unreachable", name, task, _message(res), res))
+        elif kind == "runner_on_skipped" and name:
+            self.host(name).skipped += 1
+            self.emit(PlaybookEvent("skipped", name, task))
+        elif kind == "playbook_on_stats":
+            self.emit(PlaybookEvent("stats", None, "", data=data))
+        return True
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -164,57 +237,7 @@ def run_playbook(
     private = run_dir / "ansible"
     private.mkdir(parents=True, exist_ok=True, mode=0o700)
     private.chmod(0o700)
-    hosts: dict[str, HostProgress] = {}
-    current_task = {"name": ""}
-    current_play = {"name": ""}
-
-    def host(name: str) -> HostProgress:
-        return hosts.setdefault(name, HostProgress(name))
-
-    def emit(ev: PlaybookEvent) -> None:
-        if on_event is not None:
-            on_event(ev)
-
-    def handler(event: Mapping[str, Any]) -> bool:
-        kind = event.get("event", "")
-        data = event.get("event_data") or {}
-        name = data.get("host")
-        task = str(data.get("task") or current_task["name"])
-        res = data.get("res") or {}
-        if kind == "playbook_on_play_start":
-            current_play["name"] = str(data.get("play", ""))
-            emit(PlaybookEvent("play", None, str(data.get("play", ""))))
-        elif kind == "playbook_on_task_start":
-            current_task["name"] = task
-            emit(PlaybookEvent("task", None, task))
-        elif kind == "runner_on_start" and name:
-            host(name).task = task
-            emit(PlaybookEvent("start", name, task))
-        elif kind == "runner_on_ok" and name:
-            h = host(name)
-            h.ok += 1
-            changed = bool(res.get("changed"))
-            h.changed += int(changed)
-            emit(PlaybookEvent("changed" if changed else "ok", name, task, data=res))
-        elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
-            h = host(name)
-            h.failed += 1
-            h.last_error = f"{task}: {_message(res)}"
-            h.failed_play = h.failed_play or str(data.get("play") or current_play["name"])
-            emit(PlaybookEvent("failed", name, task, _message(res), res))
-        elif kind == "runner_on_unreachable" and name:
-            h = host(name)
-            h.unreachable = True
-            h.last_error = f"{task}: {_message(res)}"
-            h.failed_play = h.failed_play or str(data.get("play") or current_play["name"])
-            emit(PlaybookEvent("unreachable", name, task, _message(res), res))
-        elif kind == "runner_on_skipped" and name:
-            host(name).skipped += 1
-            emit(PlaybookEvent("skipped", name, task))
-        elif kind == "playbook_on_stats":
-            emit(PlaybookEvent("stats", None, "", data=data))
-        return True
-
+    events = EventReader(on_event)
     cmdline: list[str] = []
     if check:
         cmdline.append("--check")
@@ -234,7 +257,7 @@ def run_playbook(
         tags=tags,
         cmdline=" ".join(cmdline) or None,
         ident=ident,
-        event_handler=handler,
+        event_handler=events,
         quiet=True,
         suppress_env_files=True,
     )
@@ -248,6 +271,6 @@ def run_playbook(
         playbook=playbook,
         rc=int(runner.rc if runner.rc is not None else 1),
         status=str(runner.status),
-        hosts=hosts,
+        hosts=events.hosts,
         artifact_dir=artifact_dir,
     )

@@ -116,14 +116,18 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="Launch even where a node's slots differ from its detected GPU count.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
-          data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None, env_pairs: tuple[str, ...], port: int, dry_run: bool,
+          data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
+          env_pairs: tuple[str, ...], port: int, dry_run: bool,
           skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, script_args: tuple[str, ...]) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
     """
-    from . import job
+    from . import planning
     from .plan import check_env_key
+    from .planning import JobRequest
+    from .train import run_job
+    from .ui_run import TrainView, dry_run_text
 
     extra_env: dict[str, str] = {}
     for pair in env_pairs:
@@ -134,16 +138,16 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
         extra_env[key] = value
     if script is not None and not script.is_file():
         raise UserError(f"--script {script}: no such file; pass the path of your training program")
-    request = job.JobRequest(
+    request = JobRequest(
         inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
         env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
         allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
     )
     if dry_run:
-        click.echo(job.dry_run_text(request), nl=False)
+        click.echo(dry_run_text(planning.dry_run(request)), nl=False)
         return
-    sys.exit(job.run_job(request))
+    sys.exit(run_job(request, TrainView()))
 
 
 @main.command()
@@ -193,11 +197,13 @@ def check(inventory: str, as_json: bool) -> None:
 def partition(inventory: str, dataset: str, data_dir: str | None, np: int | None, use_gdc: bool, gdc_alpha: float,
               gdc_topk: int) -> None:
     """Partition a graph with Metis on the head node into one part per rank."""
-    from . import job
+    from .planning import JobRequest
+    from .train import run_partition_only
+    from .ui_run import TrainView
 
-    request = job.JobRequest(inventory=paths.resolve_inventory(inventory), np=np, dataset=dataset, data_dir=data_dir,
-                             gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
-    sys.exit(job.run_partition_only(request))
+    request = JobRequest(inventory=paths.resolve_inventory(inventory), np=np, dataset=dataset, data_dir=data_dir,
+                         gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
+    sys.exit(run_partition_only(request, TrainView()))
 
 
 @main.command()
@@ -236,9 +242,11 @@ def runs(prune: bool, older_than: str | None) -> None:
 def logs(run_id: str, rank: int | None, follow: bool) -> None:
     """Print a train run's logs: the launcher's, or one rank's with --rank. RUN_ID: an id
     from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last train run)."""
-    from . import job
+    from .logs import log_text
 
-    job.print_logs(run_id, rank, follow)
+    for chunk in log_text(run_id, rank, follow):
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
 
 
 @main.command()
@@ -248,9 +256,13 @@ def stop(run_id: str) -> None:
 
     RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last
     train run). Exits 1 naming the nodes it could not reach."""
-    from . import job
+    from .stop import stop_run
+    from .ui_run import print_stop_report
 
-    sys.exit(job.stop_run(run_id))
+    report = stop_run(run_id)
+    print_stop_report(report)
+    if report.missed:
+        raise report.refusal()
 
 
 if __name__ == "__main__":  # pragma: no cover

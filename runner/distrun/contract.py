@@ -1,43 +1,67 @@
-"""Defaults of the variables shared by inventory, roles and runner (see DEVELOPING.md).
+"""The inventory contract's defaults, as the roles state them (see DEVELOPING.md).
 
-The roles' ``defaults/main.yml`` state the same values; ``tests/unit/test_contract.py`` keeps
-them equal, so the runner's dry-run never disagrees with what the playbooks do.
+They are written once, in role ``distrun``'s ``defaults/main.yml`` (every other role depends on
+it), with their choices in its ``meta/argument_specs.yml``. This module loads those files, so the
+runner's plans and dry runs never disagree with what the playbooks do.
 """
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import paths
+from .errors import UserError
+
 HEAD_GROUP = "head"
 WORKER_GROUP = "workers"
-
-DEFAULT_USER = "distrun"
-DEFAULT_SHARED_DIR = "/srv/distrun"
-DEFAULT_MPI_PROVIDER = "venv"
-DEFAULT_SHARED_FS_MODE = "sync"
-SHARED_FS_MODES = ("nfs", "sshfs", "sync")
-DEFAULT_ENV_PREFIX = {
-    "venv": "/opt/distrun/venv",
-    "conda": "/opt/miniforge3/envs/jittor",
-}
-# Where the MPI installation lives for each provider: mpirun's --prefix must point at it so
-# remote orted daemons start from the same tree (the classic "orted: command not found").
-MPI_PREFIX = {
-    "venv": "/usr",
-    "conda": None,  # the conda env itself
-}
-MPI_PROVIDERS = ("venv", "conda")
-
 DEFAULT_MASTER_PORT = 29500
-DEFAULT_SLOTS = 1
 
 
-def hostfile_default(shared_dir: str) -> str:
-    return f"{shared_dir.rstrip('/')}/hostfile"
+def _load(relative: str) -> dict[str, Any]:
+    path = paths.project_dir() / relative
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"{path}: cannot read distrun's defaults ({exc}); reinstall distrun") from None
+    return data if isinstance(data, dict) else {}
+
+
+@functools.cache
+def defaults() -> dict[str, Any]:
+    """Role distrun's defaults/main.yml: distrun_user, distrun_shared_dir, ..."""
+    return _load("roles/distrun/defaults/main.yml")
+
+
+@functools.cache
+def _options() -> dict[str, Any]:
+    specs = _load("roles/distrun/meta/argument_specs.yml")
+    return specs["argument_specs"]["main"]["options"]
+
+
+def default(name: str) -> str:
+    """The default of a plain contract variable (distrun_user, distrun_shared_dir, ...)."""
+    return str(defaults()[name])
+
+
+def choices(name: str) -> tuple[str, ...]:
+    """The values a contract variable may take (distrun_mpi_provider, distrun_shared_fs_mode)."""
+    return tuple(_options()[name]["choices"])
 
 
 def env_prefix_default(provider: str) -> str:
-    return DEFAULT_ENV_PREFIX[provider]
+    """Where a provider puts the env unless distrun_env_prefix says otherwise."""
+    return str(defaults()["distrun_env_prefixes"][provider])
 
 
-def mpi_prefix(provider: str, env_prefix: str) -> str:
-    fixed = MPI_PREFIX.get(provider)
-    return fixed if fixed else env_prefix
+@functools.cache
+def distro_mpi_prefix(os_family: str) -> str:
+    """Where the distro's Open MPI lives (mpirun's --prefix for the venv provider), as role
+    mpi_env states it per OS family (vars/Debian.yml, vars/RedHat.yml); Debian's for others."""
+    path = Path("roles/mpi_env/vars") / f"{os_family}.yml"
+    if not (paths.project_dir() / path).is_file():
+        path = Path("roles/mpi_env/vars/Debian.yml")
+    return str(_load(str(path))["_mpi_env_distro_mpi_prefix"])

@@ -6,7 +6,6 @@ because we ask ``ansible-inventory --list`` instead of parsing files ourselves.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import contract
+from . import contract, rules
 from .errors import InventoryError
 
 
@@ -52,7 +51,7 @@ class Cluster:
     shared_dir: str
     mpi_provider: str
     env_prefix: str
-    hostfile_path: str
+    mpi_prefix: str  # Open MPI's installation: mpirun's --prefix
     group_vars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
     @property
@@ -64,14 +63,6 @@ class Cluster:
     @property
     def total_slots(self) -> int:
         return sum(n.slots for n in self.workers)
-
-    @property
-    def mpi_prefix(self) -> str:
-        return contract.mpi_prefix(self.mpi_provider, self.env_prefix)
-
-    @property
-    def python(self) -> str:
-        return f"{self.env_prefix.rstrip('/')}/bin/python"
 
 
 # Inventory values end up in generated shell scripts, ssh argv and #SBATCH lines. They are
@@ -109,11 +100,8 @@ def check_host_name(path: Path, name: str) -> None:
 
 def check_address(path: Path, host: str, address: str) -> None:
     """An IP address or a DNS name: never an ssh option, never shell text."""
-    try:
-        ipaddress.ip_address(address)
+    if rules.is_ip(address):
         return
-    except ValueError:
-        pass
     if address.startswith("-") or not _DNS.fullmatch(address):
         raise InventoryError(
             f"inventory {path}: host {host} has ansible_host={_shown(address)}; set it to an IP address or a DNS name"
@@ -187,32 +175,22 @@ def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
     return list(seen)
 
 
-def _gpus_from_facts(facts: Mapping[str, Any] | None) -> int:
-    if not facts:
-        return 0
-    local = (facts.get("ansible_local") or {}).get("distrun") or {}
-    try:
-        return max(0, int(local.get("gpus", 0)))
-    except (TypeError, ValueError):
-        return 0
-
-
 def _slots(path: Path, host: str, hv: Mapping[str, Any], gpus: int) -> tuple[int, str]:
-    raw = hv.get("slots")
-    if raw is None or raw == "":
-        return (gpus, "gpus") if gpus > 0 else (contract.DEFAULT_SLOTS, "default")
     try:
-        value = int(str(raw))
-    except ValueError:
-        raise InventoryError(
-            f"inventory {path}: host {host} has slots={raw!r}; set slots to a whole number of ranks (1 or more)"
-        ) from None
-    if value < 1:
-        raise InventoryError(
-            f"inventory {path}: host {host} has slots={value}; every worker needs slots >= 1 "
-            "(remove the host from [workers] to leave it out)"
-        )
-    return value, "inventory"
+        return rules.slots(hv.get("slots"), gpus)
+    except ValueError as exc:
+        raise InventoryError(f"inventory {path}: host {host} has {exc}") from None
+
+
+def _mpi_prefix(provider: str, env_prefix: str, head_facts: Mapping[str, Any] | None) -> str:
+    """Open MPI's prefix: what role mpi_env recorded on the head for this provider and env, else
+    the rule for the provider with the distro's prefix of the head's OS family (Debian's when no
+    facts were gathered yet)."""
+    fact = rules.local_fact(head_facts)
+    if fact.get("mpi_prefix") and fact.get("provider") == provider and fact.get("env_prefix") == env_prefix:
+        return str(fact["mpi_prefix"])
+    family = str((head_facts or {}).get("ansible_os_family") or "Debian")
+    return rules.mpi_prefix(provider, env_prefix, contract.distro_mpi_prefix(family))
 
 
 def load_facts(cache_dir: Path | None, host: str) -> dict[str, Any] | None:
@@ -258,7 +236,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
             f"list the hosts that run ranks under [{contract.WORKER_GROUP}] (the head may be one of them)"
         )
     head_name = heads[0]
-    ordered = sorted(workers, key=lambda h: (h != head_name, h))
+    ordered = rules.rank_order(workers, head_name)
     worker_set = set(workers)
 
     def make(name: str) -> Node:
@@ -266,7 +244,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         check_host_name(path, name)
         check_address(path, name, str(hv.get("ansible_host") or name))
         check_values(path, name, hv)
-        gpus = _gpus_from_facts(load_facts(fact_cache, name))
+        gpus = rules.gpus(load_facts(fact_cache, name))
         slots, source = _slots(path, name, hv, gpus)
         return Node(
             name=name,
@@ -281,25 +259,23 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
 
     nodes = {name: make(name) for name in dict.fromkeys([head_name, *ordered])}
     hv_head = hostvars.get(head_name, {})
-    provider = str(hv_head.get("distrun_mpi_provider") or contract.DEFAULT_MPI_PROVIDER)
-    if provider not in contract.MPI_PROVIDERS:
-        raise InventoryError(
-            f"inventory {path}: distrun_mpi_provider={provider!r}; choose one of {', '.join(contract.MPI_PROVIDERS)}"
-        )
-    shared_dir = str(hv_head.get("distrun_shared_dir") or contract.DEFAULT_SHARED_DIR)
+    provider = str(hv_head.get("distrun_mpi_provider") or contract.default("distrun_mpi_provider"))
+    providers = contract.choices("distrun_mpi_provider")
+    if provider not in providers:
+        raise InventoryError(f"inventory {path}: distrun_mpi_provider={provider!r}; choose one of {', '.join(providers)}")
+    shared_dir = str(hv_head.get("distrun_shared_dir") or contract.default("distrun_shared_dir"))
     if not shared_dir.startswith("/"):
         raise InventoryError(f"inventory {path}: distrun_shared_dir={shared_dir!r} must be an absolute path")
     env_prefix = str(hv_head.get("distrun_env_prefix") or contract.env_prefix_default(provider))
-    hostfile = str(hv_head.get("distrun_hostfile") or contract.hostfile_default(shared_dir))
     return Cluster(
         source=path,
         head=nodes[head_name],
         workers=tuple(nodes[n] for n in ordered),
-        user=str(hv_head.get("distrun_user") or contract.DEFAULT_USER),
+        user=str(hv_head.get("distrun_user") or contract.default("distrun_user")),
         shared_dir=shared_dir,
         mpi_provider=provider,
         env_prefix=env_prefix,
-        hostfile_path=hostfile,
+        mpi_prefix=_mpi_prefix(provider, env_prefix, load_facts(fact_cache, head_name)),
         group_vars=hv_head,
     )
 
@@ -310,6 +286,4 @@ def load_cluster(path: Path, fact_cache: Path | None = None) -> Cluster:
 
 def render_hostfile(cluster: Cluster) -> str:
     """Open MPI / DeepSpeed hostfile: ``host slots=N``, head first, every host once."""
-    lines = ["# Generated by distrun from the inventory; edits are overwritten."]
-    lines += [f"{n.name} slots={n.slots}" for n in cluster.workers]
-    return "\n".join(lines) + "\n"
+    return rules.hostfile((n.name, n.slots) for n in cluster.workers)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import rules
 from .errors import PlanError
 
 # Interfaces that never carry inter-node traffic: picking one of them is the classic NCCL hang.
@@ -47,14 +48,6 @@ def ifaces_from_facts(facts: Mapping[str, Any]) -> list[Iface]:
     return found
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
 def choose_interfaces(
     addresses: Mapping[str, str],
     ifaces: Mapping[str, list[Iface]],
@@ -76,8 +69,7 @@ def choose_interfaces(
         return [i for i in ifaces.get(host, []) if not i.name.startswith(VIRTUAL_PREFIXES)]
 
     def wanted_ip(host: str) -> str | None:
-        addr = addresses[host]
-        return addr if _is_ip(addr) else default_ipv4.get(host)
+        return rules.address(addresses[host], default_ipv4.get(host, "")) or None
 
     chosen: dict[str, Iface] = {}
     for host in hosts:

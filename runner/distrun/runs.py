@@ -8,9 +8,8 @@ import re
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from . import paths
 from .errors import UserError
@@ -26,7 +25,6 @@ class RunMeta:
     rc: int | None = None
     finished: float | None = None
     summary: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float | None:
@@ -62,6 +60,26 @@ class Run:
         return path
 
 
+class Phases:
+    """Wall seconds of each step of a run, kept in timings.json of the run record: where a
+    run's time went (the launch overhead benchmark reads it)."""
+
+    def __init__(self, run: Run, t0: float | None = None) -> None:
+        self.run = run
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.last = self.t0
+        self.spans: list[tuple[str, float]] = []
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.spans.append((name, round(now - self.last, 3)))
+        self.last = now
+
+    def save(self) -> None:
+        data = {"phases": [{"name": n, "s": v} for n, v in self.spans], "total_s": round(self.last - self.t0, 3)}
+        self.run.write("timings.json", json.dumps(data, indent=2) + "\n")
+
+
 def new_run(verb: str, inventory: Path) -> Run:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_id = f"{stamp}-{verb}-{secrets.token_hex(2)}"
@@ -79,6 +97,9 @@ RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[a-z]+-[0-9a-f]{4}$")
 _RUN_REF_RE = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 _DURATION_RE = re.compile(r"^(\d+)([smhdw])$")
 _DURATION_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+_META_FIELDS = {f.name for f in fields(RunMeta)}
 
 
 def check_run_ref(run_ref: str) -> str:
@@ -120,8 +141,10 @@ def list_runs() -> list[Run]:
         meta_file = directory / "meta.json"
         if meta_file.is_file() and not meta_file.is_symlink():
             try:
-                meta = RunMeta(**json.loads(meta_file.read_text()))
-            except (json.JSONDecodeError, TypeError):
+                data = json.loads(meta_file.read_text())
+                # Records written by older versions may hold keys this one no longer has.
+                meta = RunMeta(**{k: v for k, v in data.items() if k in _META_FIELDS})
+            except (json.JSONDecodeError, TypeError, AttributeError):
                 continue
             if meta.run_id != directory.name:
                 continue  # a record copied or planted under another name: not this run

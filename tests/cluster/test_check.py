@@ -1,4 +1,4 @@
-"""'distrun check' on the 3-node cluster: healthy, then one thing broken at a time (issue 6).
+"""'distrun check' on the 3-node cluster: healthy, then one thing broken at a time.
 
 Each test breaks something cheap on one node, expects the report to name that node, what is
 wrong and the fix, and restores it in ``finally`` (no setup run needed in between).

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import session_cluster_name
 from tests.harness import podcluster
 
 Cluster = podcluster.Cluster
@@ -66,12 +67,14 @@ def test_ansible_reaches_every_node_through_the_inventory(cluster3: Cluster) -> 
         assert f"node{k} | CHANGED | rc=0 >>\nnode{k}" in res.stdout
 
 
-def test_nodes_resolve_and_reach_each_other_by_name(cluster3: Cluster) -> None:
+def test_nodes_resolve_and_reach_each_other_by_name(provisioned: Cluster) -> None:
+    """Each node's /etc/hosts is its own (podman leaves it alone): the harness writes the node's
+    own name there, role base the others'; both survive a restart of the node."""
     for src in (1, 2, 3):
         for dst in (1, 2, 3):
-            resolved = cluster3.exec(src, f"getent hosts node{dst}").stdout.split()[0]
-            assert resolved == cluster3.ip(dst), (src, dst)
-        cluster3.exec(src, f"ping -c1 -W3 node{src % 3 + 1}")
+            resolved = provisioned.exec(src, f"getent hosts node{dst}").stdout.split()[0]
+            assert resolved == provisioned.ip(dst), (src, dst)
+        provisioned.exec(src, f"ping -c1 -W3 node{src % 3 + 1}")
 
 
 def test_systemd_is_pid1_and_system_is_up(cluster3: Cluster) -> None:
@@ -122,7 +125,7 @@ def test_wheelhouse_is_mounted_read_only(cluster_factory, tmp_path: Path) -> Non
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "marker-0.1-py3-none-any.whl").write_text("not a real wheel\n")
-    c = cluster_factory(1, name="distrun-pytest-wheels", wheelhouse=wheels)
+    c = cluster_factory(1, name="wheels", wheelhouse=wheels)
     assert c.exec(1, "ls /opt/wheelhouse").stdout.split() == ["marker-0.1-py3-none-any.whl"]
     assert c.exec(1, "touch /opt/wheelhouse/x", check=False).returncode != 0
 
@@ -135,27 +138,32 @@ def test_host_wheelhouse_reaches_cluster3(cluster3: Cluster) -> None:
         p.name for p in host.iterdir())
 
 
-def test_stopped_node_comes_back_with_same_host_key(cluster_factory) -> None:
-    c = cluster_factory(2, name="distrun-pytest-restart", wheelhouse=None)
+def test_stopped_node_comes_back_with_same_host_key_and_hosts_file(cluster_factory) -> None:
+    c = cluster_factory(2, name="restart", wheelhouse=None)
     before = c.exec(2, "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout
+    # What role base writes into /etc/hosts must outlive a restart, as on a machine.
+    c.exec(2, f"echo '{c.ip(1)} node1' >> /etc/hosts")
+    hosts = c.exec(2, "cat /etc/hosts").stdout
     c.stop_node(2)
     assert c.ssh(2, "true", check=False, timeout=30).returncode != 0
     assert c.ssh(1, "true").returncode == 0  # the other node is unaffected
     c.start_node(2)
     assert c.exec(2, "cat /etc/ssh/ssh_host_ed25519_key.pub").stdout == before
+    assert c.exec(2, "cat /etc/hosts").stdout == hosts
+    assert c.exec(2, "getent hosts node1").stdout.split()[0] == c.ip(1)
     assert c.ssh(2, "hostname").stdout.strip() == "node2"
     c.kill_node(2)
     assert dict((n, s) for n, s, _ in podcluster.status(c.name))[c.node(2).container] != "running"
 
 
 def test_up_removes_leftovers_and_down_leaves_nothing(cluster_factory, tmp_path: Path) -> None:
-    name = "distrun-pytest-leftover"
+    name = f"{session_cluster_name()}-leftover"
     # What a dead earlier session leaves: a network and a container holding node1's name.
     image = podcluster.build_image(log=lambda _m: None).ref
     assert _podman("network", "create", f"{name}-net").returncode == 0
     assert _podman("create", "--name", f"{name}-node1", "--network", f"{name}-net",
                    image).returncode == 0
-    c = cluster_factory(1, name=name, wheelhouse=None, inventory=tmp_path / "hosts.yml")
+    c = cluster_factory(1, name="leftover", wheelhouse=None, inventory=tmp_path / "hosts.yml")
     assert c.ssh(1, "hostname").stdout.strip() == "node1"
 
     podcluster.down(name)

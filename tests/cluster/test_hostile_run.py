@@ -160,7 +160,9 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
         stop = distrun("stop", run.name, timeout=300)
         assert stop.rc == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
         counts = dict(re.findall(r"^\s+(node\d): stopped (\d+) process", stop.stdout, re.M))
-        assert sorted(counts) == ["node1", "node2", "node3"] and all(int(n) > 0 for n in counts.values()), stop.stdout
+        # Every node reports a count. Nodes are stopped side by side, so a node whose ranks
+        # mpirun already tore down (another node's stop ended a peer first) truly stops 0.
+        assert sorted(counts) == ["node1", "node2", "node3"] and sum(int(n) for n in counts.values()) > 0, stop.stdout
         assert f"run {run.name}: stopped {sum(int(n) for n in counts.values())} process(es) on 3 node(s)" in stop.stdout
         worker.join(timeout=300)
         left = [p for p in run_processes(provisioned, run.name)

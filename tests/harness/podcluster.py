@@ -102,6 +102,17 @@ if [ -n "${2:-}" ] && ls "$2"/*.crt >/dev/null 2>&1; then
     cp "$2"/*.crt "$root/usr/local/share/ca-certificates/host/"
     chroot "$root" update-ca-certificates >/dev/null
 fi
+# dpkg as in Debian's own slim container images: no fsync per file, no manuals, docs or
+# translations. Every role test installs packages on fresh nodes; on 2 cores this is most of it.
+cat > "$root/etc/dpkg/dpkg.cfg.d/01-distrun-test-node" <<'EOF'
+force-unsafe-io
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/locale/*
+path-include=/usr/share/locale/locale.alias
+EOF
 # Units that only make sense on real hardware or a console; in a container they fail and
 # leave systemd "degraded", hiding failures of the units under test.
 for unit in getty@tty1.service console-getty.service systemd-remount-fs.service \
@@ -612,6 +623,14 @@ def _network_subnet(network: str) -> ipaddress.IPv4Network:
     raise HarnessError(f"podman network {network} has no IPv4 subnet ({out.strip() or 'none'})")
 
 
+def node_pip_cache() -> Path:
+    """The host folder the nodes' pip cache lives in (DISTRUN_TEST_CACHE, else ~/.cache/distrun)."""
+    root = Path(os.environ.get("DISTRUN_TEST_CACHE", Path.home() / ".cache" / "distrun"))
+    path = root / "node-pip"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
        inventory: Path | str | None = None, image: str | None = None,
        wait_s: float = 120, log: Log = _stderr) -> Cluster:
@@ -653,13 +672,22 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
                     # tests) comes back where every other node's /etc/hosts expects it.
                     # ... and with its old MAC, or the others' ARP caches point at a dead veth.
                     "--ip", str(subnet.network_address + 10 + k),
-                    "--mac-address", _node_mac(subnet.network_address + 10 + k)]
+                    "--mac-address", _node_mac(subnet.network_address + 10 + k),
+                    # /etc/hosts is the node's own file, as on a machine: podman would write a
+                    # fresh one at every start, dropping what role base manages there, so a
+                    # restarted node could no longer resolve the others.
+                    "--no-hosts"]
             if wheel_dir is not None:
                 args += ["-v", f"{wheel_dir}:/opt/wheelhouse:ro"]
+            # One pip cache for every node of every cluster: a wheel is downloaded (or built
+            # from its sdist) once per machine, not once per node. pip runs as root on the nodes.
+            args += ["-v", f"{node_pip_cache()}:/root/.cache/pip"]
             _podman(*args, ref)
             node.ip = _container_ip(node.container, cluster.network)
             cluster.nodes.append(node)
         for node in cluster.nodes:
+            cluster.exec(node.index, "printf '127.0.0.1\\tlocalhost\\n::1\\tlocalhost ip6-localhost ip6-loopback\\n"
+                         f"{node.ip}\\t{node.name}\\n' > /etc/hosts")
             cluster.exec(node.index, "install -d -m 0700 /root/.ssh && "
                          "cat > /root/.ssh/authorized_keys && "
                          "chmod 0600 /root/.ssh/authorized_keys", input=pubkey)

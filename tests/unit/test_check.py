@@ -1,4 +1,4 @@
-"""'distrun check' without nodes: fake probes in, the report and its messages out (issue 6)."""
+"""'distrun check' without nodes: fake probes in, the report and its messages out."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from distrun.check import Item, build_report, compare_names, compare_versions, report_json
 from distrun.errors import PlanError
 from distrun.inventory import Node, load_cluster
+from distrun.judge import Item, build_report, compare_names, compare_versions, report_json, verdict
 from distrun.plan import build_plan, check_gpu_slots, gpu_slot_mismatches
 
 SETUP = "distrun setup --inventory test"
@@ -41,12 +41,10 @@ def healthy() -> dict:
 
 
 def report(probes: dict, *, seen: dict | None = None, hosts: dict | None = None, mode: str = "sync", gpus=None):
-    return build_report(
-        nodes=NODES, head="node1", probes=probes,
-        seen=seen if seen is not None else {"node2": "/srv/distrun/.p", "node3": "/srv/distrun/.p"},
-        hosts=hosts or {h: {"state": "ok", "error": ""} for h in NODES},
-        shared_mode=mode, shared_dir="/srv/distrun", setup=SETUP, gpus=gpus,
-    )
+    judged = verdict(probes, head="node1", shared_mode=mode, shared_dir="/srv/distrun", setup=SETUP,
+                     seen=seen if seen is not None else {"node2": "/srv/distrun/.p", "node3": "/srv/distrun/.p"})
+    return build_report(nodes=NODES, hosts=hosts or {h: {"state": "ok", "error": ""} for h in NODES},
+                        judged=judged, gpus=gpus)
 
 
 def failures(rep) -> dict[tuple[str, str], Item]:

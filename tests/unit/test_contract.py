@@ -1,48 +1,64 @@
-"""The runner and the roles agree on the contract's defaults (DEVELOPING.md)."""
+"""One home for the contract's defaults: role distrun states them, every role and the runner read them."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+import yaml
 
 from distrun import contract
 
 from .conftest import REPO
 
-DEFAULTS = sorted((REPO / "roles").glob("*/defaults/main.yml"))
-EXPECTED = {
-    "distrun_user": contract.DEFAULT_USER,
-    "distrun_shared_dir": contract.DEFAULT_SHARED_DIR,
-    "distrun_mpi_provider": contract.DEFAULT_MPI_PROVIDER,
-    "distrun_shared_fs_mode": contract.DEFAULT_SHARED_FS_MODE,
-}
+ROLES = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
+CONTRACT = ("distrun_user", "distrun_shared_dir", "distrun_shared_fs_mode", "distrun_mpi_provider", "distrun_env_prefix",
+            "distrun_hostfile")
 
 
 def test_every_role_has_defaults_and_argument_specs():
-    roles = sorted(p.name for p in (REPO / "roles").iterdir() if p.is_dir())
-    assert len(roles) >= 7
-    for role in roles:
+    assert len(ROLES) >= 8
+    for role in ROLES:
         assert (REPO / "roles" / role / "meta" / "argument_specs.yml").is_file(), role
         assert (REPO / "roles" / role / "README.md").is_file(), role
 
 
-@pytest.mark.parametrize("defaults", DEFAULTS, ids=[p.parent.parent.name for p in DEFAULTS])
-def test_role_defaults_state_the_contract_values(defaults):
-    text = defaults.read_text()
-    seen = 0
-    for var, value in EXPECTED.items():
-        for m in re.finditer(rf"{var}\s*\|\s*default\(\s*'([^']*)'", text):
-            seen += 1
-            assert m.group(1) == value, f"{defaults}: {var} defaults to {m.group(1)!r}, the runner assumes {value!r}"
-    venv = re.search(r"default\('(/[^']+)' if \S+ == 'venv'", text)
-    if venv:
-        assert venv.group(1) == contract.DEFAULT_ENV_PREFIX["venv"]
-    assert seen or venv or "distrun_" not in text, f"{defaults} reads distrun_* variables in a form this test does not know"
+@pytest.mark.parametrize("role", [r for r in ROLES if r != "distrun"])
+def test_every_role_depends_on_the_defaults_role(role):
+    meta = yaml.safe_load((REPO / "roles" / role / "meta" / "main.yml").read_text())
+    deps = [d["role"] if isinstance(d, dict) else d for d in meta.get("dependencies") or []]
+    assert "distrun" in deps, f"roles/{role}/meta/main.yml: add 'role: distrun' to dependencies"
 
 
-def test_conda_env_prefix_default_matches():
+@pytest.mark.parametrize("role", ROLES)
+def test_no_role_restates_a_contract_default(role):
+    for path in sorted((REPO / "roles" / role).rglob("*")):
+        if path.suffix not in (".yml", ".j2") or "molecule" in path.parts:
+            continue
+        for var in CONTRACT:
+            found = re.search(rf"\b{var}\s*\|\s*default\(", path.read_text())
+            assert not found, f"{path}: {var} has its default in roles/distrun/defaults/main.yml; read it as is"
+
+
+def test_the_runner_reads_the_roles_defaults():
+    data = yaml.safe_load((REPO / "roles" / "distrun" / "defaults" / "main.yml").read_text())
+    assert contract.default("distrun_user") == data["distrun_user"] == "distrun"
+    assert contract.default("distrun_shared_dir") == data["distrun_shared_dir"]
+    assert contract.choices("distrun_mpi_provider") == ("venv", "conda")
+    assert contract.choices("distrun_shared_fs_mode") == ("nfs", "sshfs", "sync")
+    for provider in contract.choices("distrun_mpi_provider"):
+        assert contract.env_prefix_default(provider) == data["distrun_env_prefixes"][provider]
+
+
+def test_the_conda_env_default_lies_under_the_conda_prefix():
     text = (REPO / "roles" / "mpi_env" / "defaults" / "main.yml").read_text()
-    prefix = re.search(r"^mpi_env_conda_prefix:\s*\"?([^\"\n]+)", text, re.M).group(1).strip()
-    name = re.search(r"^mpi_env_conda_env_name:\s*\"?([^\"\n]+)", text, re.M).group(1).strip()
-    assert f"{prefix}/envs/{name}" == contract.DEFAULT_ENV_PREFIX["conda"]
+    found = re.search(r"^mpi_env_conda_prefix:\s*\"?([^\"\n]+)", text, re.M)
+    assert found, "roles/mpi_env/defaults/main.yml: no mpi_env_conda_prefix"
+    prefix = found.group(1).strip()
+    assert contract.env_prefix_default("conda").startswith(prefix + "/envs/")
+
+
+def test_the_distro_mpi_prefix_comes_from_role_mpi_env():
+    assert contract.distro_mpi_prefix("Debian") == "/usr"
+    assert contract.distro_mpi_prefix("RedHat") == "/usr/lib64/openmpi"
+    assert contract.distro_mpi_prefix("Gentoo") == "/usr"  # an OS the role does not know: Debian's

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun.job import diagnose
+from distrun.diagnosis import diagnose
 
 DATA = Path(__file__).parent / "data" / "openmpi"
 

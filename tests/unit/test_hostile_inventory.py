@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from distrun.bundle import launch_scripts, render_rank_wrapper
 from distrun.errors import InventoryError, PlanError
 from distrun.follow import tail_command, wait_command
 from distrun.inventory import Node, cluster_from_json
-from distrun.job import launch_scripts, remote_log_command
 from distrun.launchers.slurm import sbatch_files
-from distrun.plan import build_plan, render_rank_wrapper
+from distrun.logs import remote_log_command
+from distrun.plan import build_plan
 from distrun.remote import shell_argv
 
 from .test_cli import run

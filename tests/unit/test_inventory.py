@@ -48,7 +48,6 @@ def test_ini_inventory_with_aliases_and_group_vars(write_inventory, tmp_path):
     assert [n.name for n in cluster.workers] == ["alpha", "beta", "gamma"]
     assert [n.slots for n in cluster.workers] == [1, 1, 3]
     assert cluster.workers[1].slots_source == "default"
-    assert cluster.hostfile_path == "/data/shared/hostfile"
     assert cluster.env_prefix == "/opt/miniforge3/envs/jittor"
     assert cluster.mpi_prefix == "/opt/miniforge3/envs/jittor"
 

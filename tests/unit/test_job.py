@@ -8,9 +8,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
-from distrun import collect, job
-from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun import bundle, collect, logs, planning, train
+from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
 from distrun.runs import new_run
 
 
@@ -31,8 +32,8 @@ def _members(bundle: str) -> dict[str, tarfile.TarInfo]:
 def test_bundle_holds_run_files_scripts_and_workloads_with_their_modes(run, tmp_path):
     script = tmp_path / "train_me.py"
     script.write_text("print('hi')\n")
-    bundle, digest = job.run_bundle(run, {"hostfile": "node1 slots=1\n", "launch-node1.sh": "#!/bin/bash\n"}, script)
-    members = _members(bundle)
+    path, digest = bundle.run_bundle(run, {"hostfile": "node1 slots=1\n", "launch-node1.sh": "#!/bin/bash\n"}, script)
+    members = _members(path)
     assert members["run/hostfile"].mode == 0o644
     assert members["run/launch-node1.sh"].mode == 0o755
     assert "run/train_me.py" in members
@@ -40,36 +41,59 @@ def test_bundle_holds_run_files_scripts_and_workloads_with_their_modes(run, tmp_
     assert not any("__pycache__" in n for n in members)
     assert len(digest) == 16
     # The record stays private: the bundle holds the user's program.
-    assert Path(bundle).stat().st_mode & 0o077 == 0
+    assert Path(path).stat().st_mode & 0o077 == 0
 
 
 def test_bundle_digest_changes_only_with_the_workloads(run):
-    _, first = job.run_bundle(run, {"hostfile": "a\n"}, None)
-    _, second = job.run_bundle(run, {"hostfile": "b\n"}, None)
+    _, first = bundle.run_bundle(run, {"hostfile": "a\n"}, None)
+    _, second = bundle.run_bundle(run, {"hostfile": "b\n"}, None)
     assert first == second
 
 
 def _result(*failures: tuple[str, str]) -> PlaybookResult:
-    hosts = {name: HostProgress(name, failed=1, failed_play=play, last_error="x") for name, play in failures}
+    hosts = {name: HostProgress(name, failed=1, failed_step=step, last_error="x") for name, step in failures}
     return PlaybookResult("playbooks/run.yml", 2, "failed", hosts, Path("."))
 
 
-@pytest.mark.parametrize(("play", "step"), [
-    ("Preflight every node of the run", "preflight"),
-    ("Stage the run's files on the head and the rank hosts", "stage"),
-    ("Start the run's launchers", "launch"),
-])
-def test_the_failed_step_is_read_from_the_play_name(play, step):
-    assert job._failed_step(_result(("node2", play))) == step
+@pytest.mark.parametrize("step", ["preflight", "stage", "launch"])
+def test_the_failed_step_is_the_one_the_host_published(step):
+    assert train.failed_step(_result(("node2", step))) == step
 
 
 def test_the_earliest_failed_step_wins():
-    assert job._failed_step(_result(("node1", "Start the run's launchers"), ("node3", "Preflight every node of the run"))) == "preflight"
+    assert train.failed_step(_result(("node1", "launch"), ("node3", "preflight"))) == "preflight"
 
 
-def test_play_names_in_run_yml_match_what_the_runner_reads():
-    text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
-    assert "- name: Preflight every node" in text and "- name: Stage the run" in text and "- name: Start the run" in text
+def test_a_host_that_failed_before_any_step_failed_the_preflight():
+    assert train.failed_step(_result(("node1", ""))) == "preflight"
+
+
+def test_every_play_of_run_yml_first_publishes_its_step():
+    plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
+    published = [play["tasks"][0]["ansible.builtin.set_fact"]["distrun_step"] for play in plays]
+    assert tuple(published) == train.STEPS
+
+
+def _event(kind: str, host: str, action: str = "ansible.builtin.set_fact", **res) -> dict:
+    return {"event": kind, "event_data": {"host": host, "task": "any name", "task_action": action, "res": res}}
+
+
+def test_the_bridge_keeps_published_facts_and_the_step_a_host_failed_in():
+    reader = EventReader()
+    for event in (
+        _event("runner_on_ok", "n1", "ansible.builtin.setup", ansible_facts={"distrun_step": "gathered, not set"}),
+        _event("runner_on_ok", "n1", ansible_facts={"distrun_step": "preflight"}),
+        _event("runner_on_ok", "n2", ansible_facts={"distrun_step": "preflight"}),
+        _event("runner_on_ok", "n1", ansible_facts={"preflight_verdict": {"env": {}}, "_preflight_own": 1}),
+        _event("runner_on_ok", "n1", ansible_facts={"distrun_step": "stage"}),
+        _event("runner_on_failed", "n1", "ansible.builtin.shell", msg="tar failed"),
+        _event("runner_on_unreachable", "n2", "ansible.builtin.command", msg="timed out"),
+    ):
+        reader(event)
+    result = PlaybookResult("playbooks/run.yml", 2, "failed", reader.hosts, Path("."))
+    assert reader.hosts["n1"].failed_step == "stage" and reader.hosts["n2"].failed_step == "preflight"
+    assert result.fact("preflight_verdict") == {"env": {}} and result.fact("_preflight_own") is None
+    assert train.failed_step(result) == "preflight"
 
 
 PLAN = {
@@ -81,15 +105,15 @@ PLAN = {
 @pytest.mark.parametrize(("rank", "where"), [(0, ("node1", 0)), (1, ("node1", 1)), (2, ("node2", 0)),
                                              (3, ("node3", 0)), (4, ("node3", 1)), (5, None)])
 def test_ranks_fill_each_hosts_slots_in_order(rank, where):
-    assert job.rank_host(PLAN, rank) == where
+    assert logs.rank_host(PLAN, rank) == where
 
 
 def test_remote_log_command_names_the_rank_file_of_each_launcher():
-    mpirun = job.remote_log_command(PLAN, 3)
+    mpirun = logs.remote_log_command(PLAN, 3)
     assert mpirun is not None and "cd /srv/distrun/runs/R1" in mpirun and "ranks/*/rank.3/stdout" in mpirun
-    torch = job.remote_log_command({**PLAN, "launcher": "torchrun"}, 4)
+    torch = logs.remote_log_command({**PLAN, "launcher": "torchrun"}, 4)
     assert torch is not None and "torchrun/node3/*/attempt_*/1/stdout.log" in torch
-    assert job.remote_log_command(PLAN, 9) is None
+    assert logs.remote_log_command(PLAN, 9) is None
 
 
 def test_collect_unpacks_only_plain_files_inside_the_destination():
@@ -126,14 +150,27 @@ def test_facts_about_another_machine_are_not_planned_from(tmp_path, monkeypatch)
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     inv = tmp_path / "hosts.yml"
     node = Node("node1", "10.0.0.11", 1, "inventory", 0, True, True, {"ansible_host": "10.0.0.11"})
-    cluster = Cluster(inv, node, (node,), "distrun", "/srv/distrun", "venv", "/opt/distrun/venv", "/srv/distrun/hostfile")
-    assert "no facts cached for node1" in (job._facts_unusable(cluster) or "")
+    cluster = Cluster(inv, node, (node,), user="distrun", shared_dir="/srv/distrun", mpi_provider="venv",
+                      env_prefix="/opt/distrun/venv", mpi_prefix="/usr")
+    assert "no facts cached for node1" in (planning.facts_unusable(cluster) or "")
 
     def facts(address: str) -> str:
         payload = {"ansible_interfaces": ["eth0", "lo"], "ansible_eth0": {"ipv4": {"address": address, "netmask": "255.255.255.0"}}}
         return json.dumps({"__payload__": json.dumps(payload)})
 
     (paths.fact_cache_dir(inv) / "s1_node1").write_text(facts("10.9.9.11"))
-    assert "no interface on the subnet of its address 10.0.0.11" in (job._facts_unusable(cluster) or "")
+    assert "no interface on the subnet of its address 10.0.0.11" in (planning.facts_unusable(cluster) or "")
     (paths.fact_cache_dir(inv) / "s1_node1").write_text(facts("10.0.0.11"))
-    assert job._facts_unusable(cluster) is None
+    assert planning.facts_unusable(cluster) is None
+
+
+def test_a_record_written_with_keys_this_version_lacks_is_still_listed(tmp_path, monkeypatch):
+    import json
+
+    from distrun import runs
+
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    run = new_run("train", tmp_path / "hosts.yml")
+    data = json.loads((run.dir / "meta.json").read_text())
+    (run.dir / "meta.json").write_text(json.dumps({**data, "extra": {}}))
+    assert [r.id for r in runs.list_runs()] == [run.id]

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from distrun.bundle import render_rank_wrapper
 from distrun.errors import PlanError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.network import Iface, NetworkChoice
-from distrun.plan import allocate, build_plan, render_hostfile, render_rank_wrapper
-from pathlib import Path
+from distrun.plan import allocate, build_plan, render_hostfile
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:
@@ -156,3 +157,34 @@ def test_failure_messages_name_the_cause_not_ansibles_summary():
          "stderr": "ssh: connect to host node3 port 22: Connection timed out"}]}
     assert _message(loop) == "node3: ssh: connect to host node3 port 22: Connection timed out"
     assert _message({"msg": "All assertions passed"}) == "All assertions passed"
+
+
+def _facts(tmp_path: Path, host: str, **facts) -> None:
+    (tmp_path / f"s1_{host}").write_text(json.dumps({"__payload__": json.dumps(facts)}))
+
+
+def test_a_rhel_node_fact_gives_mpirun_its_open_mpi_prefix(tmp_path):
+    """The prefix comes from the node's distrun fact, which role mpi_env writes from its
+    vars/RedHat.yml: Open MPI is not under /usr there."""
+    hosts = {"n1": {"ansible_host": "10.0.0.1"}, "n2": {"ansible_host": "10.0.0.2"}}
+    for h in hosts:
+        _facts(tmp_path, h, ansible_os_family="RedHat", ansible_local={"distrun": {
+            "provider": "venv", "env_prefix": "/opt/distrun/venv", "mpi_prefix": "/usr/lib64/openmpi", "gpus": 0}})
+    plan = build_plan(cluster(hosts, fact_cache=tmp_path), run_id="r1")
+    argv = mpirun_argv(plan)
+    assert argv[0] == "/usr/lib64/openmpi/bin/mpirun"
+    assert argv[argv.index("--prefix") + 1] == "/usr/lib64/openmpi"
+
+
+def test_a_rhel_node_not_set_up_yet_takes_the_prefix_of_role_mpi_env(tmp_path):
+    _facts(tmp_path, "n1", ansible_os_family="RedHat")
+    plan = build_plan(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
+    assert mpirun_argv(plan)[mpirun_argv(plan).index("--prefix") + 1] == "/usr/lib64/openmpi"
+
+
+def test_a_fact_about_another_env_is_not_used_for_the_prefix(tmp_path):
+    # The inventory moved to conda after setup: the fact still names the venv's Open MPI.
+    _facts(tmp_path, "n1", ansible_local={"distrun": {"provider": "venv", "env_prefix": "/opt/distrun/venv",
+                                                      "mpi_prefix": "/usr"}})
+    c = cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path, distrun_mpi_provider="conda")
+    assert build_plan(c, run_id="r1").mpi_prefix == "/opt/miniforge3/envs/jittor"

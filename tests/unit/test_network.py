@@ -9,7 +9,7 @@ from distrun.network import Iface, choose_interfaces, ifaces_from_facts
 
 
 def facts(**ifaces):
-    out = {"ansible_interfaces": list(ifaces)}
+    out: dict[str, object] = {"ansible_interfaces": list(ifaces)}
     for name, (addr, mask) in ifaces.items():
         out[f"ansible_{name}"] = {"ipv4": {"address": addr, "netmask": mask}}
     return out

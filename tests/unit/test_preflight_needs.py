@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distrun.check import build_report, refusal
+from distrun.bundle import preflight_needs
 from distrun.inventory import cluster_from_json
-from distrun.plan import build_plan, preflight_needs
+from distrun.judge import build_report, refusal, verdict
+from distrun.plan import build_plan
 
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe
@@ -32,9 +33,9 @@ def probe(host: str, **over) -> dict:
 
 
 def judge(probes: dict, hosts: dict, mode: str = "sync") -> str:
-    rep = build_report(nodes=NODES, head="node1", probes=probes, seen={}, hosts=hosts,
-                       shared_mode=mode, shared_dir="/srv/distrun", setup=SETUP, log_dir="/runs/R1/ansible")
-    return refusal(rep)
+    judged = verdict(probes, head="node1", shared_mode=mode, shared_dir="/srv/distrun", setup=SETUP,
+                     log_dir="/runs/R1/ansible")
+    return refusal(build_report(nodes=NODES, hosts=hosts, judged=judged))
 
 
 def cluster():

@@ -44,7 +44,6 @@ def _inventory(tmp_path: Path, groups: dict[str, list[str]], slots: dict[str, in
              f"    distrun_user: {getpass.getuser()}",
              "    distrun_shared_fs_mode: nfs",  # render on the head only
              f"    distrun_hostfile: {tmp_path}/hostfile",
-             "    hostfile_detect_gpus: false",
              "  children:"]
     for group, members in groups.items():
         lines += [f"    {group}:", "      hosts:"]

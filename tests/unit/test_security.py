@@ -11,17 +11,20 @@ import stat
 import subprocess
 import tarfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
-from distrun import ansible_bridge, collect, job, runs, ui
+from distrun import ansible_bridge, bundle, cli, collect, runs, stop, train, ui
 from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.bundle import render_env_file, render_rank_wrapper
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
-from distrun.plan import build_plan, check_env_key, render_env_file, render_rank_wrapper
+from distrun.plan import build_plan, check_env_key
 
 from .conftest import distrun_bin
 
@@ -140,7 +143,8 @@ def test_hostile_run_names_end_in_one_line_not_a_traceback(cli_env, args):
 
 
 def test_brackets_survive_in_errors_and_node_output(monkeypatch):
-    out = Console(file=io.StringIO(), width=200, highlight=False)
+    buffer = io.StringIO()
+    out = Console(file=buffer, width=200, highlight=False)
     monkeypatch.setattr(ui, "err_console", out)
     monkeypatch.setattr(ui, "console", out)
     ui.fatal("host [head] said [/x] and [bold]no[/bold]")
@@ -148,7 +152,7 @@ def test_brackets_survive_in_errors_and_node_output(monkeypatch):
     result = PlaybookResult("playbooks/stop.yml", 2, "failed",
                             {"[n1]": HostProgress("[n1]", failed=1, last_error="task: [/oops] [red]x")}, Path("."))
     ui.print_summary(result, 1.0)
-    text = out.file.getvalue()
+    text = buffer.getvalue()
     assert "host [head] said [/x] and [bold]no[/bold]" in text
     assert "logs not collected from: [w1] ([/red])" in text
     assert "[n1]: task: [/oops] [red]x" in text
@@ -177,8 +181,8 @@ def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
     plan = build_plan(cluster(), run_id="r1", launcher=launcher, workload="ddp", extra_env={"TOKEN": SECRET},
                       slurm={"partition": "p", "time_limit": "10", "mode": "single"} if launcher == "slurm" else None)
     assert plan.user_env_keys == ("TOKEN",)
-    assert SECRET not in json.dumps(job.asdict(plan), default=str)
-    texts = [*job.launch_scripts(plan).values(), *job.plan_files(plan).values(), render_rank_wrapper(plan)]
+    assert SECRET not in json.dumps(asdict(plan), default=str)
+    texts = [*bundle.launch_scripts(plan).values(), *bundle.plan_files(plan).values(), render_rank_wrapper(plan)]
     texts += [" ".join(mpirun_argv(plan))] if launcher == "mpirun" else []
     texts += [" ".join(torchrun_argv(plan, h)) for h in plan.hosts] if launcher == "torchrun" else []
     texts += [sbatch_script(plan)] if launcher == "slurm" else []
@@ -190,7 +194,7 @@ def test_env_file_is_0600_and_sources_to_the_exact_values(tmp_path, monkeypatch)
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     run = runs.new_run("train", tmp_path / "hosts.yml")
     plan = build_plan(cluster(), run_id=run.id, extra_env={"TOKEN": SECRET, "EMPTY": ""})
-    vars_ = job._stage_vars(plan, run, job.plan_files(plan), job.launch_scripts(plan), None, False,
+    vars_ = bundle.stage_vars(plan, run, bundle.plan_files(plan), bundle.launch_scripts(plan), None, False,
                             {"TOKEN": SECRET, "EMPTY": ""})
     env_file = Path(vars_["distrun_env_file"])
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
@@ -202,7 +206,7 @@ def test_env_file_is_0600_and_sources_to_the_exact_values(tmp_path, monkeypatch)
     assert not (tmp_path / "pwned").exists() and not Path("/tmp/pwned").exists()
     assert render_env_file({}).count("export") == 0
     # No --env: no file, and the wrapper sources nothing.
-    assert job._stage_vars(plan, run, {}, {}, None, False, {})["distrun_env_file"] == ""
+    assert bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_env_file"] == ""
 
 
 def test_run_record_keeps_only_the_ansible_environment(tmp_path):
@@ -224,17 +228,17 @@ def _stop_result(**hosts: HostProgress) -> PlaybookResult:
 
 
 def test_stop_counts_per_node_and_succeeds_only_when_every_node_answered():
-    healthy = job.stop_report(_stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", ok=2)),
+    healthy = stop.stop_report(_stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", ok=2)),
                               {"n1": "DISTRUN_STOPPED 4", "n2": "DISTRUN_STOPPED 0"})
     assert healthy.stopped == {"n1": 4, "n2": 0} and healthy.missed == {} and healthy.rc == 0
 
-    down = job.stop_report(
+    down = stop.stop_report(
         _stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", unreachable=True, last_error="Gathering: timed out")),
         {"n1": "DISTRUN_STOPPED 3"})
     assert down.stopped == {"n1": 3}
     assert down.missed == {"n2": "unreachable: Gathering: timed out"} and down.rc == 1
 
-    silent = job.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {})
+    silent = stop.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {})
     assert silent.missed == {"n1": "no report from the stop step"} and silent.rc == 1
 
 
@@ -247,18 +251,21 @@ def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch,
         return _stop_result(n1=HostProgress("n1", ok=1, changed=1),
                             n2=HostProgress("n2", unreachable=True, last_error="ssh: connect timed out"))
 
-    monkeypatch.setattr(job, "run_playbook", fake_playbook)
+    monkeypatch.setattr(stop, "run_playbook", fake_playbook)
+    report = stop.stop_run("last")
     with pytest.raises(UserError, match="could not stop it on n2") as exc:
-        job.stop_run("last")
+        raise report.refusal()
     assert exc.value.exit_code == 1
-    assert "n1: stopped 5 process(es)" in capsys.readouterr().out
+    result = CliRunner().invoke(cli.main, ["stop", "last"])
+    assert result.exit_code == 1
+    assert "n1: stopped 5 process(es)" in result.stdout
     assert runs.load_run(r.id).meta.status == "stopped"
 
 
 def test_stop_refuses_a_run_that_is_not_a_train_run():
     r = make_run("setup", time.time() - 10, suffix="aaaa")
     with pytest.raises(UserError, match="only train runs"):
-        job.stop_run(r.id)
+        stop.stop_run(r.id)
 
 
 STOP_TASK = Path(__file__).resolve().parents[2] / "roles/job/tasks/stop.yml"
@@ -375,10 +382,10 @@ def test_collect_runs_the_tar_as_the_training_user():
 
 def test_collect_limits_from_the_environment_are_checked(monkeypatch):
     monkeypatch.setenv("DISTRUN_COLLECT_MAX_MB", "5")
-    assert job._collect_limits() == {"max_bytes": 5 << 20}
+    assert train.collect_limits() == {"max_bytes": 5 << 20}
     monkeypatch.setenv("DISTRUN_COLLECT_MAX_MB", "lots")
     with pytest.raises(UserError, match="DISTRUN_COLLECT_MAX_MB='lots'"):
-        job._collect_limits()
+        train.collect_limits()
 
 
 def test_fallback_collect_playbook_rejects_links_and_paths_outside_the_run_dir():

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from distrun import slurm
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
+from distrun.launchers import slurm
 from distrun.launchers.slurm import multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
 from distrun.plan import build_plan
 
@@ -69,18 +69,6 @@ def test_driver_is_valid_bash_and_free_of_jinja_markers(mode):
     assert "scancel" in files["slurm-driver.sh"]
 
 
-def test_parse_scontrol_and_failing_task():
-    rec = slurm.parse_scontrol("JobId=42 JobName=distrun-r1 UserId=distrun(1000) JobState=FAILED Reason=NonZeroExitCode "
-                               "Dependency=(null) ExitCode=3:0 NodeList=node[1-3] BatchHost=node1")
-    assert rec == slurm.JobRecord("42", "FAILED", "NonZeroExitCode", "3:0", "node[1-3]", "node1")
-    assert slurm.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
-    lines = ["srun: error: node1: task 0: Killed", "srun: error: node2: task 1: Exited with exit code 3",
-             "srun: error: node3: task 2: Killed"]
-    assert slurm.first_failure(lines) == ("node2", "1", "Exited with exit code 3")
-    assert slurm.first_failure(lines[:1]) == ("node1", "0", "Killed")
-    assert slurm.first_failure(["all good"]) is None
-
-
 def test_cpu_job_one_rank_per_slot_srun_pmix_and_no_gres():
     script = sbatch_script(plan_for(cluster(**ENABLED, slurm_partition="batch", slurm_time_limit="00:30:00")))
     assert "#SBATCH --job-name=distrun-r1" in script
@@ -109,7 +97,7 @@ def test_gpu_nodes_get_gres_from_the_distrun_fact(tmp_path):
 
 
 def test_uneven_slots_place_ranks_with_an_arbitrary_distribution():
-    hosts = {h: {**v, "slots": s} for (h, v), s in zip(HOSTS.items(), (2, 1, 3))}
+    hosts = {h: {**v, "slots": s} for (h, v), s in zip(HOSTS.items(), (2, 1, 3), strict=True)}
     plan = plan_for(cluster(hosts, **ENABLED))
     files = sbatch_files(plan)
     script = files["job.sbatch"]
@@ -143,9 +131,9 @@ def test_settings_and_refusals():
     assert slurm.settings(cluster(**ENABLED, slurm_mode="multi-job"), "single")["mode"] == "single"
     with pytest.raises(UserError, match="slurm_mode 'both'"):
         slurm.settings(cluster(**ENABLED, slurm_mode="both"))
-    slurm.require_enabled(cluster(slurm_enabled="true"))
+    slurm.Slurm().require_ready(cluster(slurm_enabled="true"))
     with pytest.raises(UserError, match=r"--launcher slurm needs Slurm.*slurm_enabled: true"):
-        slurm.require_enabled(cluster())
+        slurm.Slurm().require_ready(cluster())
 
 
 def _cli(args, env, cwd=REPO):
@@ -171,7 +159,8 @@ def test_cli_dry_run_prints_the_script_and_a_real_run_needs_slurm_enabled(cli_en
 
 
 def test_rank_logs_name_the_rank_that_aborted_when_srun_killed_every_task(tmp_path):
-    from distrun.job import _first_failed_rank
+    from distrun.diagnosis import first_failure
+    from distrun.launchers import LAUNCHERS
 
     logs = {}
     for rank, host, body in ((0, "node1", "SCRIPT rank 0\n"),
@@ -183,4 +172,4 @@ def test_rank_logs_name_the_rank_that_aborted_when_srun_killed_every_task(tmp_pa
     assert extra == ["DISTRUN_RANK rank=1 local_rank=0 world_size=2 host=node2 pid=1",
                      "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD"]
     streamed = ["DISTRUN_FAILED_HOST node[1-2] Slurm job 2 ended FAILED (exit 3:0, reason NonZeroExitCode)"]
-    assert _first_failed_rank(streamed + extra) == "; first failing rank 1 on node2"
+    assert first_failure(streamed + extra, LAUNCHERS["slurm"]) == "; first failing rank 1 on node2"

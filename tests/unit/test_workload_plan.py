@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
+from distrun.bundle import preflight_needs
 from distrun.errors import PlanError
-from distrun.plan import build_plan, preflight_needs
+from distrun.plan import build_plan
+
 from .test_launchers import MIXED, cluster
 
 
 def test_gdc_reaches_the_partitioner_and_the_trainer_in_its_own_folder():
     plan = build_plan(cluster(MIXED), run_id="g1", workload="gcn-torch", dataset="cora", gdc=(0.1, 64))
+    assert plan.partition is not None
     part, prog = list(plan.partition), list(plan.program)
     for argv in (part, prog):
         i = argv.index("--use-gdc")

@@ -1,9 +1,20 @@
-"""Launchers: pure functions from a JobPlan to the exact commands that start it."""
+"""Launchers: one object per way of starting a plan's ranks, each a pure function of the plan."""
 
 from __future__ import annotations
 
-from .mpirun import mpirun_argv
-from .torchrun import torchrun_argv
-from .slurm import sbatch_script
+from ..errors import PlanError
+from .base import Launcher
+from .mpirun import Mpirun, mpirun_argv
+from .slurm import Slurm, sbatch_script
+from .torchrun import Torchrun, torchrun_argv
 
-__all__ = ["mpirun_argv", "torchrun_argv", "sbatch_script"]
+LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (Mpirun(), Torchrun(), Slurm())}
+
+__all__ = ["LAUNCHERS", "Launcher", "launcher_named", "mpirun_argv", "sbatch_script", "torchrun_argv"]
+
+
+def launcher_named(name: str) -> Launcher:
+    try:
+        return LAUNCHERS[name]
+    except KeyError:
+        raise PlanError(f"--launcher {name!r}: choose one of {', '.join(LAUNCHERS)}") from None

@@ -1,8 +1,13 @@
-"""mpirun command line for a plan (Open MPI 4.x)."""
+"""Open MPI's mpirun (4.x): one launcher on the head starts every rank over ssh."""
 
 from __future__ import annotations
 
-from ..plan import JobPlan
+from typing import TYPE_CHECKING
+
+from .base import MPI_ABORT, MPI_PROCESS, Launcher
+
+if TYPE_CHECKING:
+    from ..plan import JobPlan, RankHost
 
 # Variables forwarded to every rank from the launcher's environment. --prefix already sets
 # LD_LIBRARY_PATH for remote daemons; forwarding an unset one only makes mpirun warn.
@@ -34,3 +39,24 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         argv += ["-x", key]
     argv += [plan.wrapper, *plan.program]
     return argv
+
+
+class Mpirun(Launcher):
+    name = "mpirun"
+    mpi_world = True
+    failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
+
+    def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
+        return [plan.head]
+
+    def command(self, plan: JobPlan, host: RankHost) -> list[str]:
+        return mpirun_argv(plan)
+
+    def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        mpi_bin = f"{plan.mpi_prefix.rstrip('/')}/bin"
+        # orted: Open MPI 4; prted: Open MPI 5.
+        return {"orted": [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]}, {"mpirun": [f"{mpi_bin}/mpirun"]}
+
+    def rank_log(self, rank: int, host: str, local_rank: int) -> str:
+        # --output-filename DIR: DIR/1/rank.N/stdout (the 1 is the job's number).
+        return f"ranks/*/rank.{int(rank)}/stdout"

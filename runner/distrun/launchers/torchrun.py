@@ -1,8 +1,14 @@
-"""torchrun command lines: one agent per node, c10d rendezvous on the head."""
+"""torchrun: one agent per node, c10d rendezvous on the head."""
 
 from __future__ import annotations
 
-from ..plan import JobPlan, RankHost
+import shlex
+from typing import TYPE_CHECKING
+
+from .base import TORCHRUN_ROOT_CAUSE, Launcher
+
+if TYPE_CHECKING:
+    from ..plan import JobPlan, RankHost
 
 
 def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None,
@@ -38,3 +44,25 @@ def torchrun_env(plan: JobPlan, host: RankHost) -> dict[str, str]:
         env["GLOO_SOCKET_IFNAME"] = host.iface
         env["NCCL_SOCKET_IFNAME"] = host.iface
     return env
+
+
+class Torchrun(Launcher):
+    name = "torchrun"
+    failed_rank_patterns = (TORCHRUN_ROOT_CAUSE,)
+
+    def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
+        return list(plan.hosts)
+
+    def command(self, plan: JobPlan, host: RankHost) -> list[str]:
+        return torchrun_argv(plan, host)
+
+    def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
+        # The plan's env holds DISTRUN_RUN_ID, which tags the agent for 'distrun stop'.
+        return sorted(torchrun_env(plan, host).items())
+
+    def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        return {"torchrun": [f"{plan.env_prefix.rstrip('/')}/bin/torchrun"]}, {}
+
+    def rank_log(self, rank: int, host: str, local_rank: int) -> str:
+        # --log-dir DIR/torchrun/HOST: <run id>_<random>/attempt_0/<local rank>/stdout.log
+        return f"torchrun/{shlex.quote(host)}/*/attempt_*/{int(local_rank)}/stdout.log"

@@ -1,4 +1,4 @@
-"""Running a plan under Slurm: settings from the inventory, the driver on the head, final states.
+"""The Slurm driver: the head's launcher for a Slurm run, and the table of final states.
 
 The driver is a bash script that the job role starts on the head as the training user, like
 every other launcher (so Ansible's become, not a second privilege path, decides who submits).
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import UserError
-from .inventory import Cluster
-from .launchers.slurm import DEFAULT_MPI, MODES, job_name, mode
-from .plan import JobPlan
+from .sbatch import mode
+
+if TYPE_CHECKING:
+    from ...plan import JobPlan
 
 # Final Slurm job state -> (distrun's exit code, what it means). The codes follow the shell's
 # conventions a user already knows: 124 like timeout(1), 130 like Ctrl-C, 137 like a SIGKILL
@@ -44,7 +44,6 @@ UNKNOWN_EXIT = 1  # a state this table does not know, or none could be read
 WAITING_STATES = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
 RUNNING_STATES = ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING")
 
-SRUN_ERROR = re.compile(r"srun: error: ([^:\s]+): tasks? ([0-9,\-]+): (.+)$")
 POLL_S = 2
 
 
@@ -57,45 +56,6 @@ def exit_code(state: str) -> int:
     return STATE_EXIT.get(base_state(state), (UNKNOWN_EXIT, ""))[0]
 
 
-def meaning(state: str) -> str:
-    return STATE_EXIT.get(base_state(state), (UNKNOWN_EXIT, "a state distrun does not know"))[1]
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    job_id: str
-    state: str
-    reason: str
-    exit_code: str  # Slurm's "code:signal"
-    nodes: str
-    batch_host: str
-
-
-def parse_scontrol(text: str) -> JobRecord | None:
-    """One job from ``scontrol show job -o ID`` (one line of KEY=VALUE words), or None."""
-    fields: dict[str, str] = {}
-    for word in text.split():
-        key, sep, value = word.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    if "JobId" not in fields or "JobState" not in fields:
-        return None
-    return JobRecord(fields["JobId"], fields["JobState"], fields.get("Reason", "None"), fields.get("ExitCode", ""),
-                     fields.get("NodeList", ""), fields.get("BatchHost", ""))
-
-
-def first_failure(lines: Iterable[str]) -> tuple[str, str, str] | None:
-    """(node, task(s), what) of the task that failed, from srun's ``srun: error: NODE: task N: ...``.
-
-    With --kill-on-bad-exit srun also reports the tasks it killed because of the failing one,
-    in node order; those are named only when no task failed on its own. The driver applies the
-    same rule in bash.
-    """
-    found = [(m.group(1), m.group(2), m.group(3).strip()) for m in map(SRUN_ERROR.search, lines) if m]
-    own = [f for f in found if f[2] not in ("Killed", "Terminated")]
-    return (own or found or [None])[0]
-
-
 ABORT_RE = re.compile(r"MPI_ABORT was invoked on rank \d+|Traceback \(most recent call last\)")
 
 
@@ -103,7 +63,7 @@ def rank_failure_lines(logs: Mapping[int, Path]) -> list[str]:
     """Header and first error line of every rank log that shows the rank failing on its own.
 
     Under srun an MPI_Abort ends the whole step, so srun reports every task as killed; the
-    aborting rank's own log still says which it was. job.py adds these lines to what the run
+    aborting rank's own log still says which it was. These lines are added to what the run
     printed, where the usual "first failing rank" rule finds them.
     """
     found: list[str] = []
@@ -117,34 +77,6 @@ def rank_failure_lines(logs: Mapping[int, Path]) -> list[str]:
             header = text.splitlines()[0] if text else ""
             found += [header, text[m.start():].splitlines()[0]]
     return found
-
-
-def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, str]:
-    """What the sbatch scripts take from the inventory (head's hostvars) and the CLI."""
-    gv = cluster.group_vars
-    chosen = mode_override or str(gv.get("slurm_mode") or "single")
-    if chosen not in MODES:
-        where = "--slurm-mode" if mode_override else f"inventory {cluster.source}: slurm_mode"
-        raise UserError(f"{where} {chosen!r}: choose one of {', '.join(MODES)}")
-    out = {"mode": chosen, "mpi": str(gv.get("slurm_srun_mpi") or DEFAULT_MPI)}
-    if gv.get("slurm_partition"):
-        out["partition"] = str(gv["slurm_partition"])
-    if gv.get("slurm_time_limit"):
-        out["time"] = str(gv["slurm_time_limit"])
-    return out
-
-
-def enabled(cluster: Cluster) -> bool:
-    value = cluster.group_vars.get("slurm_enabled", False)
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-def require_enabled(cluster: Cluster) -> None:
-    if not enabled(cluster):
-        raise UserError(
-            f"inventory {cluster.source}: --launcher slurm needs Slurm on the nodes; set slurm_enabled: true "
-            "in its group_vars and run 'distrun setup' (see docs/guide/slurm.md)"
-        )
 
 
 def _state_case() -> str:
@@ -168,7 +100,7 @@ def driver_script(plan: JobPlan) -> str:
         not multi and len({h.slots for h in plan.hosts}) != 1) else ""
     return f"""#!/bin/bash
 # distrun run {plan.run_id}: submit the Slurm job(s), follow them, map the final state to an exit code.
-# Generated by distrun (runner/distrun/slurm.py); do not edit.
+# Generated by distrun; do not edit.
 set -uo pipefail
 cd {shlex.quote(plan.run_dir)}
 {_state_case()}
@@ -270,7 +202,7 @@ if [ "$final" != COMPLETED ]; then
     echo "DISTRUN_FAILED_HOST $node Slurm job ${{failed_job}} ended $final on $node:$(cut -d: -f4- <<< "$bad")"
   else
     # srun killed every task (an MPI_Abort ends the step before the rank's own exit is seen):
-    # the rank logs, collected afterwards, name the rank (distrun.slurm.rank_failure_lines).
+    # the rank logs, collected afterwards, name the rank (rank_failure_lines in the runner).
     echo "DISTRUN_FAILED_HOST $(field "$rec" NodeList) Slurm job ${{failed_job}} ended $final (exit $(field "$rec" ExitCode), reason $(field "$rec" Reason))"
   fi
 fi
@@ -281,8 +213,3 @@ exit "$(exit_code_of "${{final%% *}}")"
 def driver_files(plan: JobPlan) -> dict[str, str]:
     return {"slurm-driver.sh": driver_script(plan)}
 
-
-def job_names(plan: JobPlan) -> list[str]:
-    if mode(plan) == "multi-job":
-        return [job_name(plan, i) for i in range(len(plan.hosts))]
-    return [job_name(plan)]

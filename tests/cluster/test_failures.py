@@ -5,9 +5,8 @@ bounds far above the measured latencies so that a loaded 2-core machine does not
 catch a hang, not a slow second. The latencies themselves are measured by bench/cluster.py
 (section "failures"), next to the machine's load.
 
-The file name makes pytest run it after the other cluster tests: a restarted container may come
-back with another address, which the nodes' /etc/hosts would not know until the next setup.
-Each test still brings its node back.
+They stop and kill nodes, so they run after every test that needs all nodes up
+(``phase(1)``, see tests/conftest.py); each test still brings its node back.
 """
 
 from __future__ import annotations
@@ -16,8 +15,12 @@ import json
 import threading
 import time
 
+import pytest
+
 from .conftest import distrun, run_processes
 from .test_train import _latest_run
+
+pytestmark = pytest.mark.phase(1)
 
 LONG_SCRIPT = """
 import os, socket, time

@@ -7,17 +7,20 @@ Two modes (``plan.slurm["mode"]``):
   RANK/WORLD_SIZE, mapped from SLURM_PROCID/SLURM_NTASKS) run the same way as under mpirun.
 * ``multi-job``: for sites that allow only single-node jobs. One job per node, each running one
   torchrun agent; the first (the master) is submitted first, and its node becomes MASTER_ADDR
-  of the others, which are submitted once it runs (the driver does that, see distrun.slurm).
+  of the others, which are submitted once it runs (the driver does that: driver.py).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from typing import TYPE_CHECKING
 
-from ..errors import PlanError
-from ..plan import JobPlan, RankHost
-from .torchrun import torchrun_argv
+from ...errors import PlanError
+from ..torchrun import torchrun_argv
+
+if TYPE_CHECKING:
+    from ...plan import JobPlan, RankHost
 
 MODES = ("single", "multi-job")
 DEFAULT_MPI = "pmix"

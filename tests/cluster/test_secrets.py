@@ -1,4 +1,4 @@
-"""After every other cluster test (the name sorts last, after test_zz_failures): no secret in
+"""After every other cluster test (``phase(2)``, see tests/conftest.py): no secret in
 distrun's records, private run directories, no world-writable shared folder, host keys checked.
 
 The scanner is proven to find planted keys in tests/unit/test_secretscan.py, so a clean scan here
@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.harness.secretscan import loose_modes, scan
+
+pytestmark = pytest.mark.phase(2)
 
 
 def _secrets(cluster) -> list[tuple[bytes | str, str]]:

@@ -1,0 +1,79 @@
+"""Filters that apply distrun's cluster rules in the roles, from the runner's own code.
+
+The rules live in the ``distrun`` Python package (``distrun.rules``, ``distrun.judge``); this file
+only adapts Ansible's hostvars to them. Ansible normally runs from the environment distrun is
+installed in; otherwise the package is found next to these roles (a checkout's ``runner/``, or
+the ``site-packages`` that holds an installed ``distrun/_project``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    from distrun import judge, rules
+except ImportError:  # ansible-playbook from another Python: use the package beside the roles
+    _here = Path(__file__).resolve()
+    for _candidate in (_here.parents[3] / "runner", _here.parents[5]):
+        if (_candidate / "distrun" / "rules.py").is_file():
+            sys.path.insert(0, str(_candidate))
+            break
+    from distrun import judge, rules
+
+from ansible.errors import AnsibleFilterError
+
+
+def _get(hostvars: object, key: str) -> object:
+    getter = getattr(hostvars, "get", None)
+    return getter(key) if getter is not None else None
+
+
+def node_address(hostvars: object, fallback: str = "") -> str:
+    facts = _get(hostvars, "ansible_facts")
+    return rules.node_address(_get(hostvars, "ansible_host"), {"ansible_facts": facts or {}}, str(fallback))
+
+
+def gpus(hostvars: object) -> int:
+    return rules.gpus({"ansible_facts": _get(hostvars, "ansible_facts") or {}})
+
+
+def slots(hostvars: object) -> int:
+    try:
+        return rules.slots(_get(hostvars, "slots"), gpus(hostvars))[0]
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def gpu_count(devices: object, smi_lines: object = ()) -> int:
+    return rules.gpu_count(int(str(devices or 0)), [str(x) for x in (smi_lines or [])])
+
+
+def hostfile(nodes: object, hostvars: object) -> str:
+    return rules.hostfile((str(n), slots(hostvars[n])) for n in nodes)  # type: ignore[index]
+
+
+def preflight_report(probes: object, **options: object) -> dict:
+    """The preflight's verdict (check -> node -> ok, detail, fix) from every node's probe."""
+    return judge.as_dicts(judge.verdict(probes, **options))  # type: ignore[arg-type]
+
+
+def preflight_problems(verdict: object, host: str) -> list[str]:
+    """What the verdict finds wrong on one host, one line per check, with the fix."""
+    return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {
+            "distrun_node_address": node_address,
+            "distrun_is_ip": rules.is_ip,
+            "distrun_gpus": gpus,
+            "distrun_gpu_count": gpu_count,
+            "distrun_slots": slots,
+            "distrun_mpi_prefix": rules.mpi_prefix,
+            "distrun_rank_order": rules.rank_order,
+            "distrun_hostfile": hostfile,
+            "distrun_preflight_report": preflight_report,
+            "distrun_preflight_problems": preflight_problems,
+        }

@@ -1,0 +1,225 @@
+"""What a run sends to its nodes and tells the roles: the launch scripts, the rendered files, the
+bundle that carries them, the record of exactly what runs, and the extra-vars of run.yml and
+stage.yml (the contract with the job and preflight roles)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import shlex
+import tarfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .launchers import launcher_named
+from .network import NetworkChoice
+from .plan import WORKLOADS, JobPlan, check_env_key, render_hostfile
+from .runs import Run
+
+
+def _comment(text: str) -> str:
+    """Text for one comment line of a script: a newline would start a command."""
+    return " ".join(str(text).split())
+
+
+def launch_scripts(plan: JobPlan) -> dict[str, str]:
+    """Host name -> the launch script that host runs (the launcher says which hosts start it).
+
+    Files carry the host's name: on a shared folder every node writes into the same run dir.
+    """
+    launcher = launcher_named(plan.launcher)
+    scripts: dict[str, str] = {}
+    for host in launcher.launch_hosts(plan):
+        # Host names are checked when the inventory is loaded; quoted here all the same.
+        name = host.name
+        pid, log = shlex.quote(f"launcher-{name}.pid"), shlex.quote(f"launcher-{name}.log")
+        pgid = shlex.quote(f"launcher-{name}.pgid")
+        tmp, code = shlex.quote(f"exitcode-{name}.tmp"), shlex.quote(f"exitcode-{name}")
+        scripts[name] = (
+            "#!/bin/bash\n"
+            f"# distrun run {plan.run_id}: generated launch script for {_comment(name)}\n"
+            f"cd {shlex.quote(plan.run_dir)}\n"
+            f"echo $$ > {pid}\n"
+            # The launcher leads its own process group (started with setsid): 'distrun stop'
+            # stops that group too, even a process that dropped DISTRUN_RUN_ID from its environment.
+            f"read -r _ _ _ _ pgid _ < /proc/$$/stat && echo \"$pgid\" > {pgid}\n"
+            + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in launcher.environment(plan, host))
+            + shlex.join(launcher.command(plan, host)) + f" > {log} 2>&1 < /dev/null\n"
+            "rc=$?\n"
+            f"echo $rc > {tmp} && mv {tmp} {code}\n"
+            "exit $rc\n"
+        )
+    return scripts
+
+
+def render_env_file(env: Mapping[str, str]) -> str:
+    """env.sh: the user's --env variables, sourced by the rank wrapper. Staged 0600, owned by
+    the training user, so no other local user reads the values (launch scripts and argv are
+    world-readable)."""
+    for key in env:
+        check_env_key(key)
+    return "# distrun --env variables. Generated; do not edit.\n" + "".join(
+        f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items())
+    )
+
+
+def render_rank_wrapper(plan: JobPlan) -> str:
+    """Every rank starts through this script, whichever launcher placed it.
+
+    It maps the launcher's variables to the RANK/WORLD_SIZE/LOCAL_RANK that torch and user
+    scripts read, sets the node's own interface for NCCL/Gloo (names can differ per node), and
+    prints one header line so per-rank logs can be matched to ranks afterwards.
+    """
+    # Explicit per-host choices first (keyed by host name), then whatever interface this node
+    # has on the shared subnet: names may differ per node, the subnet does not.
+    cases = "\n".join(
+        f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface
+    )
+    iface_block = "IFACE=\n"
+    if cases:
+        iface_block = 'case "$(hostname -s)" in\n' + cases + "\n  *) IFACE= ;;\nesac\n"
+    if plan.cidr:
+        iface_block += (
+            'if [ -z "$IFACE" ]; then\n'
+            f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
+            "fi\n"
+        )
+    source_env = ". ./env.sh\n" if plan.user_env_keys else ""
+    return f"""#!/bin/bash
+# Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
+set -euo pipefail
+export RANK="${{RANK:-${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-${{SLURM_PROCID:-0}}}}}}}}"
+export WORLD_SIZE="${{WORLD_SIZE:-${{OMPI_COMM_WORLD_SIZE:-${{PMI_SIZE:-${{SLURM_NTASKS:-1}}}}}}}}"
+export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALID:-0}}}}}}"
+if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
+export MASTER_ADDR
+export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
+{iface_block}if [ -n "$IFACE" ]; then
+  export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
+  export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
+fi
+echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$(hostname -s) pid=$$"
+cd {shlex.quote(plan.run_dir)}
+{source_env}exec "$@"
+"""
+
+
+def plan_files(plan: JobPlan) -> dict[str, str]:
+    """Run-directory file name -> content: the hostfile, the rank wrapper and the launcher's own."""
+    return {"hostfile": render_hostfile(plan), "rank-env.sh": render_rank_wrapper(plan),
+            **launcher_named(plan.launcher).files(plan)}
+
+
+def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_workloads: bool = True) -> tuple[str, str]:
+    """Pack what a run needs on its nodes into one archive, sent in one round trip per host.
+
+    ``run/`` holds the rendered files and launch scripts (exact text, 0644; scripts 0755) and
+    the user's program; ``workloads/`` the reference workloads, whose digest names a marker on
+    the nodes so unchanged workloads are not unpacked again. The archive is stored base64 in
+    the run record (it travels as a task's stdin). Returns (bundle path, workloads digest).
+    """
+    src = paths.project_dir() / "workloads"
+    wl_files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if with_workloads else []
+    digest = hashlib.sha256()
+    for f in wl_files:
+        digest.update(str(f.relative_to(src)).encode() + b"\0" + f.read_bytes() + b"\0")
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = mode
+        info.mtime = int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in sorted(files.items()):
+            add(tar, f"run/{name}", text.encode(), 0o755 if name.endswith(".sh") else 0o644)
+        if script is not None:
+            add(tar, f"run/{script.name}", script.read_bytes(), 0o644)
+        for f in wl_files:
+            add(tar, f"workloads/{f.relative_to(src)}", f.read_bytes(), 0o644)
+    path = run.write("bundle.tar.gz.b64", base64.b64encode(buf.getvalue()).decode() + "\n")
+    return str(path), digest.hexdigest()[:16]
+
+
+def needs_jittor(plan: JobPlan) -> bool:
+    return plan.workload is not None and WORKLOADS[plan.workload].framework == "jittor"
+
+
+def common_vars(plan: JobPlan) -> dict[str, Any]:
+    """What every step of a run (stage, launch, stop, collect) is told about it."""
+    return {
+        "distrun_run_id": plan.run_id,
+        "distrun_run_dir": plan.run_dir,
+        "distrun_rank_hosts": [h.name for h in plan.hosts],
+    }
+
+
+def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
+               script: Path | None, jittor_warm: bool, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Extravars of run.yml and stage.yml (the launch play reads the same names).
+
+    ``env`` (the user's --env) goes in its own 0600 file, never in the bundle, the plan or an
+    extravar: ansible-runner records extravars, and the bundle is a logged task's stdin.
+    """
+    launch_files = {f"launch-{h}.sh": text for h, text in scripts.items()}
+    bundle, digest = run_bundle(run, {**files, **launch_files}, script.resolve() if script else None)
+    env_file = str(run.write("env.sh", render_env_file(env), mode=0o600)) if env else ""
+    return {
+        "distrun_env_file": env_file,
+        **common_vars(plan),
+        "distrun_run_bundle": bundle,
+        "distrun_workloads_digest": digest,
+        "distrun_launch_hosts": sorted(scripts),
+        "distrun_jittor_warm": jittor_warm,
+        "distrun_partition_argv": list(plan.partition or []),
+        "distrun_partition_dir": plan.partition_dir or "",
+    }
+
+
+def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, dict[str, str]]:
+    """What run.yml verifies before staging: each rank host's interface still has its address."""
+    if network is None:
+        return {}
+    rank_hosts = {x.name for x in plan.hosts}
+    return {h: {"iface": c.name, "address": c.address} for h, c in network.per_host.items() if h in rank_hosts}
+
+
+def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str], *, script: Path | None,
+             env: dict[str, str], network: NetworkChoice | None, preflight: bool) -> dict[str, Any]:
+    """Extravars of run.yml: the stage step's, what this run needs and the network to verify."""
+    return {
+        **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env),
+        "distrun_planned_network": planned_network(plan, network),
+        "distrun_skip_preflight": not preflight,
+        **preflight_needs(plan),
+    }
+
+
+# Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
+WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
+    "gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",), "gcn-torch": ("torch", "pymetis"),
+}
+
+
+def preflight_needs(plan: JobPlan) -> dict[str, Any]:
+    """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
+    programs, head_programs = launcher_named(plan.launcher).needs(plan)
+    modules = list(WORKLOAD_MODULES.get(plan.workload or "", ()))
+    return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs}
+
+
+def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str]) -> None:
+    """plan.json and commands.txt: exactly what this run executes, readable before it starts."""
+    run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
+    commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
+    if plan.partition:
+        commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
+    run.write("commands.txt", "\n".join(commands))

@@ -1,0 +1,94 @@
+"""What every launcher answers about a plan: one object per launcher, no branching on its name.
+
+A launcher knows the files it renders into the run directory, the hosts that start it and the
+command each runs, where a rank's log lies on its node, how its final state becomes distrun's
+exit code, and how to find which rank failed. Everything here is a pure function of the plan
+(and, for the cluster-wide checks, of the inventory): no host is contacted.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..inventory import Cluster
+    from ..plan import JobPlan, RankHost
+
+# What the launchers and Open MPI print about the rank that failed first.
+MPI_ABORT = r"MPI_ABORT was invoked on rank (\d+)"
+MPI_PROCESS = r"Process name: \[\[\d+,\d+\],(\d+)\]"
+TORCHRUN_ROOT_CAUSE = r"rank\s*:\s*(\d+) \(local_rank"  # torchrun's "Root Cause" block
+
+
+class Launcher(ABC):
+    """One way to start a plan's ranks (mpirun, torchrun, Slurm)."""
+
+    name: str
+    # The ranks form one MPI world, so Python runs under mpi4py's runner: a rank that raises
+    # then calls MPI_Abort and the whole job ends at once.
+    mpi_world: bool = False
+    # Regular expressions whose first group is the rank that failed first, most telling first.
+    failed_rank_patterns: tuple[str, ...] = ()
+
+    # --- before planning: the cluster and the CLI's choices ---------------------------------
+
+    def settings(self, cluster: Cluster, mode: str | None = None) -> dict[str, str]:
+        """What this launcher takes from the inventory and the CLI (``plan.slurm``)."""
+        return {}
+
+    def unready(self, cluster: Cluster) -> str | None:
+        """Why the cluster cannot run this launcher yet (said by --dry-run), or None."""
+        return None
+
+    def require_ready(self, cluster: Cluster) -> None:
+        """Refuse a real run on a cluster that cannot run this launcher (UserError)."""
+        return None
+
+    # --- what is rendered and started ------------------------------------------------------
+
+    def files(self, plan: JobPlan) -> dict[str, str]:
+        """Run-directory file name -> content, besides the hostfile and the rank wrapper."""
+        return {}
+
+    @abstractmethod
+    def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
+        """The hosts that start a launcher process: the head alone, or every rank host."""
+
+    @abstractmethod
+    def command(self, plan: JobPlan, host: RankHost) -> list[str]:
+        """The argv the launch script on ``host`` runs."""
+
+    def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
+        """Variables of the launcher process. DISTRUN_RUN_ID tags it (and every child) for 'distrun stop'."""
+        return [("DISTRUN_RUN_ID", plan.run_id)]
+
+    def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """Programs the run needs, label -> candidate paths or names: (on every node, on the head only)."""
+        return {}, {}
+
+    # --- while and after it runs -----------------------------------------------------------
+
+    @abstractmethod
+    def rank_log(self, rank: int, host: str, local_rank: int) -> str:
+        """Shell glob of a rank's output file on its node, relative to the run directory."""
+
+    def exit_code(self, rc: int) -> int:
+        """distrun's exit code for the launcher's own: 0 or 1 unless the launcher says more."""
+        return 0 if rc == 0 else 1
+
+    def failure_lines(self, rank_logs: Mapping[int, Path]) -> list[str]:
+        """Lines from the collected rank logs that name a failing rank the launcher's own output
+        does not name; appended to what the run printed before its failed rank is looked for."""
+        return []
+
+    def failed_rank(self, text: str) -> int | None:
+        """The rank that failed first according to the launcher's output, or None."""
+        for pattern in self.failed_rank_patterns:
+            m = re.search(pattern, text)
+            if m:
+                return int(m.group(1))
+        return None

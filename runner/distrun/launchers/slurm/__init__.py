@@ -1,0 +1,93 @@
+"""Slurm: the driver on the head submits sbatch script(s), follows them and maps the final state.
+
+``sbatch.py`` renders the job scripts (one multi-node job, or one job per node), ``driver.py``
+the head's driver and the table of final states; this module is the launcher itself and what
+it reads from the inventory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import UserError
+from ..base import MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE, Launcher
+from .driver import STATE_EXIT, driver_files, driver_script, exit_code, rank_failure_lines
+from .sbatch import DEFAULT_MPI, MODES, job_name, mode, multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
+
+if TYPE_CHECKING:
+    from ...inventory import Cluster
+    from ...plan import JobPlan, RankHost
+
+__all__ = [
+    "STATE_EXIT", "Slurm", "driver_files", "driver_script", "exit_code", "job_name", "mode", "multi_job_script",
+    "rank_failure_lines", "sbatch_files", "sbatch_script", "settings", "slurm_hostfile",
+]
+
+
+def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, str]:
+    """What the sbatch scripts take from the inventory (head's hostvars) and the CLI."""
+    gv = cluster.group_vars
+    chosen = mode_override or str(gv.get("slurm_mode") or "single")
+    if chosen not in MODES:
+        where = "--slurm-mode" if mode_override else f"inventory {cluster.source}: slurm_mode"
+        raise UserError(f"{where} {chosen!r}: choose one of {', '.join(MODES)}")
+    out = {"mode": chosen, "mpi": str(gv.get("slurm_srun_mpi") or DEFAULT_MPI)}
+    if gv.get("slurm_partition"):
+        out["partition"] = str(gv["slurm_partition"])
+    if gv.get("slurm_time_limit"):
+        out["time"] = str(gv["slurm_time_limit"])
+    return out
+
+
+def enabled(cluster: Cluster) -> bool:
+    value = cluster.group_vars.get("slurm_enabled", False)
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+class Slurm(Launcher):
+    name = "slurm"
+    mpi_world = True
+    # Single mode runs MPI ranks under srun; multi-job mode runs one torchrun agent per job.
+    failed_rank_patterns = (MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE)
+
+    def settings(self, cluster: Cluster, mode: str | None = None) -> dict[str, str]:
+        return settings(cluster, mode)
+
+    def unready(self, cluster: Cluster) -> str | None:
+        if enabled(cluster):
+            return None
+        return f"slurm_enabled is not true in {cluster.source}: a real run is refused until it is (and 'distrun setup' ran)"
+
+    def require_ready(self, cluster: Cluster) -> None:
+        if not enabled(cluster):
+            raise UserError(
+                f"inventory {cluster.source}: --launcher slurm needs Slurm on the nodes; set slurm_enabled: true "
+                "in its group_vars and run 'distrun setup' (see docs/guide/slurm.md)"
+            )
+
+    def files(self, plan: JobPlan) -> dict[str, str]:
+        return {**sbatch_files(plan), **driver_files(plan)}
+
+    def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
+        return [plan.head]
+
+    def command(self, plan: JobPlan, host: RankHost) -> list[str]:
+        # The driver submits, follows and maps the final state (driver.py).
+        return ["bash", f"{plan.run_dir}/slurm-driver.sh"]
+
+    def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        return {}, {"sbatch": ["sbatch"], "srun": ["srun"]}
+
+    def rank_log(self, rank: int, host: str, local_rank: int) -> str:
+        # srun --output=ranks/%t/stdout
+        return f"ranks/{int(rank)}/stdout"
+
+    def exit_code(self, rc: int) -> int:
+        # The driver already mapped the job's final state to rc (STATE_EXIT): keep it.
+        return rc
+
+    def failure_lines(self, rank_logs: Mapping[int, Path]) -> list[str]:
+        # srun names no rank after an MPI_Abort: it reports every task as killed.
+        return rank_failure_lines(rank_logs)

@@ -1,0 +1,109 @@
+"""From what the user asked and the inventory to a plan: the request, the network from cached
+facts, and the dry run (the plan and every file and command it would run, touching no node)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import paths, rules
+from .bundle import launch_scripts, plan_files
+from .inventory import Cluster, load_cluster, load_facts
+from .launchers import launcher_named
+from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
+from .plan import JobPlan, build_plan
+
+
+@dataclass
+class JobRequest:
+    inventory: Path
+    launcher: str = "mpirun"
+    np: int | None = None
+    workload: str = "gcn"
+    script: Path | None = None
+    script_args: tuple[str, ...] = ()
+    dataset: str = "synthetic"
+    data_dir: str | None = None
+    epochs: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 29500
+    preflight: bool = True
+    slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
+    allow_gpu_mismatch: bool = False
+    gdc: tuple[float, int] | None = None  # --use-gdc: (alpha, top-k) for the reference workloads
+
+
+def load(request: JobRequest) -> Cluster:
+    return load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
+
+
+def network(cluster: Cluster) -> NetworkChoice | None:
+    """The interface per node from cached facts, or None when no facts were gathered yet."""
+    cache = paths.fact_cache_dir(cluster.source)
+    facts = {n.name: load_facts(cache, n.name) for n in cluster.workers}
+    if any(f is None for f in facts.values()):
+        return None
+    addresses = {n.name: n.address for n in cluster.workers}
+    ifaces = {h: ifaces_from_facts(f or {}) for h, f in facts.items()}
+    default_ipv4 = {h: rules.default_ipv4(f) for h, f in facts.items()}
+    overrides = {n.name: n.iface for n in cluster.workers if n.iface}
+    if all(n.connection == "local" for n in cluster.workers):
+        return None  # one machine: loopback is the network, nothing to choose
+    return choose_interfaces(addresses, ifaces, overrides, default_ipv4)
+
+
+def facts_unusable(cluster: Cluster) -> str | None:
+    """Why the cached facts cannot be planned from (missing, or about another machine), or None."""
+    cache = paths.fact_cache_dir(cluster.source)
+    for n in cluster.nodes:
+        facts = load_facts(cache, n.name)
+        if facts is None:
+            return f"no facts cached for {n.name}"
+        if not rules.is_ip(n.address):
+            continue  # a name: the preflight play checks what it resolves to
+        if n.connection == "local" or n.iface:
+            continue
+        ip = ipaddress.ip_address(n.address)
+        if not any(ip in ipaddress.ip_network(i.network) for i in ifaces_from_facts(facts)):
+            return f"the facts cached for {n.name} hold no interface on the subnet of its address {n.address}"
+    return None
+
+
+def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: NetworkChoice | None) -> JobPlan:
+    """The plan for a request; ``network`` is ``network(cluster)``, which run.yml also checks."""
+    return build_plan(
+        cluster,
+        run_id=run_id,
+        launcher=request.launcher,
+        np=request.np,
+        workload=None if request.script else request.workload,
+        script=str(request.script) if request.script else None,
+        script_args=request.script_args,
+        dataset=request.dataset,
+        data_dir=request.data_dir,
+        epochs=request.epochs,
+        extra_env=request.env,
+        network=network,
+        master_port=request.port,
+        slurm=launcher_named(request.launcher).settings(cluster, request.slurm_mode),
+        allow_gpu_mismatch=request.allow_gpu_mismatch,
+        gdc=request.gdc,
+    )
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """Everything a run would do, for --dry-run to show."""
+
+    cluster: Cluster
+    plan: JobPlan
+    files: dict[str, str]  # run-directory file -> its text
+    scripts: dict[str, str]  # host -> its launch script
+    note: str | None  # why a real run would be refused, if it would
+
+
+def dry_run(request: JobRequest) -> DryRun:
+    cluster = load(request)
+    plan = make_plan(request, cluster, "DRYRUN", network(cluster))
+    return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher_named(plan.launcher).unready(cluster))

@@ -1,0 +1,71 @@
+"""'distrun stop': every process of a train run on every node, with a count per node."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
+from .errors import UserError
+from .runs import Run, load_run
+
+STOPPED_RE = re.compile(r"^DISTRUN_STOPPED (\d+)$", re.M)
+
+
+@dataclass
+class StopReport:
+    """What 'distrun stop' did on each node: processes stopped, or why the node was missed."""
+
+    run_id: str = ""
+    stopped: dict[str, int] = field(default_factory=dict)
+    missed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rc(self) -> int:
+        return 1 if self.missed else 0
+
+    def refusal(self) -> UserError:
+        """The error that ends a stop that missed nodes."""
+        return UserError(f"run {self.run_id}: could not stop it on {', '.join(self.missed)}; "
+                         "its processes there may still run: bring the node back and run 'distrun stop' again",
+                         exit_code=1)
+
+
+def stop_report(result: PlaybookResult, outputs: dict[str, str], run_id: str = "") -> StopReport:
+    """Per node: the count the stop step printed (``outputs``: host -> its stdout), or the
+    error of a node that failed or could not be reached."""
+    report = StopReport(run_id)
+    for name in sorted(set(result.hosts) | set(outputs)):
+        h = result.hosts.get(name)
+        m = STOPPED_RE.search(outputs.get(name, ""))
+        if h is not None and (h.unreachable or h.failed):
+            report.missed[name] = ("unreachable: " if h.unreachable else "") + (h.last_error or "failed")
+        elif m:
+            report.stopped[name] = int(m.group(1))
+        else:
+            report.missed[name] = "no report from the stop step"
+    return report
+
+
+def stop_run(run_id: str) -> StopReport:
+    """Stop a train run everywhere and mark its record stopped; what was stopped where."""
+    run: Run = load_run(run_id, verb="train")
+    if run.meta.verb != "train":
+        raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs have processes to stop")
+    outputs: dict[str, str] = {}
+
+    def on_event(ev: PlaybookEvent) -> None:
+        out = str((ev.data or {}).get("stdout") or "") if ev.host else ""
+        if ev.host and STOPPED_RE.search(out):
+            outputs[ev.host] = out
+
+    result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir,
+                          extravars={"distrun_run_id": run.id}, on_event=on_event)
+    report = stop_report(result, outputs, run.id)
+    if run.meta.status == "running":
+        if report.missed:
+            run.finish(130, f"stop incomplete: {', '.join(report.missed)} not reached", status="stopped")
+        else:
+            run.finish(130, "stopped by 'distrun stop'", status="stopped")
+    return report

@@ -1,0 +1,115 @@
+"""The terminal view of train, partition and stop: progress, epochs, the run summary with its
+hints, stop counts per node, and the dry run's text."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from contextlib import AbstractContextManager
+
+from rich.markup import escape
+
+from .ansible_bridge import PlaybookResult
+from .diagnosis import RunSummary, epoch
+from .planning import DryRun
+from .runs import Run
+from .stop import StopReport
+from .train import EventHandler, Listener
+from .ui import PlaybookProgress, console, err_console, print_summary, warn
+
+
+class TrainView(Listener):
+    """Says what a run does as it goes (train.Listener, on the console)."""
+
+    def started(self, run: Run) -> None:
+        console.print(f"run {run.id}: record in {run.dir}", markup=False)
+
+    def playbook(self, title: str, hosts: list[str]) -> AbstractContextManager[EventHandler | None]:
+        return PlaybookProgress(title, hosts)
+
+    def playbook_failed(self, result: PlaybookResult, elapsed: float) -> None:
+        print_summary(result, elapsed)
+
+    def replanning(self) -> None:
+        console.print("[yellow]the nodes' network changed since the last run: planning again[/yellow]")
+
+    def line(self, text: str) -> None:
+        e = epoch(text)
+        if e is not None:
+            try:
+                console.print(
+                    f"epoch {e.get('epoch')}/{e.get('epochs')}  loss {e.get('loss', 0):.4f}  "
+                    f"train_acc {e.get('train_acc', 0):.3f}  val_acc {e.get('val_acc', 0):.3f}  "
+                    f"{e.get('epoch_time_s', 0) * 1000:.0f} ms/epoch",
+                    markup=False,
+                )
+                return
+            except (ValueError, TypeError):
+                pass
+        console.print(text, markup=False)
+
+    def node_failed(self, reason: str) -> None:
+        err_console.print(f"[red]{escape(reason)}: stopping every rank on every node[/red]")
+
+    def interrupted(self) -> None:
+        err_console.print("[yellow]interrupted: stopping every rank on every node[/yellow]")
+
+    def warn(self, message: str) -> None:
+        warn(message)
+
+    def finished(self, summary: RunSummary) -> None:
+        console.print(f"per-rank logs: {summary.logs_collected} of {summary.world_size} collected under "
+                      f"{summary.logs_dir}", markup=False)
+        if summary.ok:
+            console.print(f"[green]run {summary.run_id} succeeded[/green] in {summary.elapsed:.1f}s{escape(summary.accuracy)}")
+            return
+        console.print(f"[red]run {summary.run_id} failed[/red] (launcher exit {summary.rc}) after "
+                      f"{summary.elapsed:.1f}s{escape(summary.failure)}")
+        for fix in summary.hints:
+            console.print(f"  hint: {fix}", markup=False)
+
+
+def print_stop_report(report: StopReport) -> None:
+    for host, n in report.stopped.items():
+        console.print(f"  {host}: stopped {n} process(es)", markup=False)
+    for host, why in report.missed.items():
+        err_console.print(f"  {host}: NOT stopped: {why}", markup=False, soft_wrap=True)
+    if not report.missed:
+        total = sum(report.stopped.values())
+        console.print(f"run {report.run_id}: stopped {total} process(es) on {len(report.stopped)} node(s)", markup=False)
+
+
+def dry_run_text(dry: DryRun) -> str:
+    """--dry-run: the plan, every file the run renders and every launch script, as plain text."""
+    cluster, plan = dry.cluster, dry.plan
+    source = str(cluster.source)
+    shown = os.path.relpath(source) if source.startswith(os.getcwd()) else source
+    out: list[str] = [f"# distrun train --dry-run  (inventory: {shown})"]
+    out.append(f"launcher:    {plan.launcher}")
+    out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
+    out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")
+    out.append(f"run dir:     {plan.run_dir}")
+    net = plan.cidr or "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)"
+    out.append(f"network:     {net}")
+    if dry.note:
+        out.append(f"note:        {dry.note}")
+    out.append("hosts:")
+    for h in plan.hosts:
+        node = next(n for n in cluster.workers if n.name == h.name)
+        out.append(f"  {h.name:<16} {h.address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
+    if plan.partition:
+        out.append("")
+        out.append("# partition (on the head node, skipped when its manifest already matches)")
+        out.append(shlex.join(plan.partition))
+    for name, text in dry.files.items():
+        out.append("")
+        out.append(f"# {plan.run_dir}/{name}")
+        out.append(text.rstrip("\n"))
+    if plan.user_env_keys:
+        out.append("")
+        out.append(f"# {plan.env_file} (0600, values not shown): {' '.join(plan.user_env_keys)}")
+    for host, text in dry.scripts.items():
+        out.append("")
+        out.append(f"# launch on {host}")
+        out.append(text.rstrip("\n"))
+    return "\n".join(out) + "\n"
