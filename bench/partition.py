@@ -65,8 +65,46 @@ def one(size: str, parts: int, method: str) -> None:
     print(json.dumps(cell), flush=True)
 
 
-def run_cell(size: str, parts: int, method: str, timeout: int) -> dict:
-    cmd = [sys.executable, __file__, "--one", size, str(parts), method]
+def one_baseline(tree: str, size: str, parts: int) -> None:
+    """The same cell with the partitioner of another revision (its own datasets and partition)."""
+    sys.path.remove(str(WORKLOADS))
+    sys.path.insert(0, f"{tree}/workloads")
+    import datasets
+    import partition
+
+    nodes, edges = SIZES[size]
+    t0 = time.perf_counter()
+    g = datasets.make_synthetic(datasets.SyntheticSpec(num_nodes=nodes, num_edges=edges, num_features=8, num_classes=41))
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-part-") as tmp:
+        man = partition.write_partition(Path(tmp) / "out", g, parts, {"bench": size})
+    t2 = time.perf_counter()
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"size": size, "parts": parts, "method": "baseline", "ok": True, "nodes": g.num_nodes,
+                      "edges": g.num_edges, "generate_s": t1 - t0, "partition_s": t2 - t1, "metis_s": man["metis_seconds"],
+                      "write_s": (t2 - t1) - man["metis_seconds"], "peak_rss_gib": rss_kib / 2**20,
+                      "edge_cut": man["edge_cut"], "cut_pct": 100.0 * man["edge_cut"] / (g.num_edges / 2),
+                      "balance": man["balance"], "metis_edges": g.num_edges}), flush=True)
+
+
+def compare(rev: str, sizes: list[str], rounds: int, timeout: int) -> dict:
+    """This partitioner and the one at git revision ``rev``, alternating, same sizes, 2 parts."""
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as tree:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "workloads"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        pairs = []
+        for size in sizes:
+            for _ in range(rounds):
+                old = run_cell(size, 2, "baseline", timeout, extra=["--tree", tree])
+                new = run_cell(size, 2, "kway", timeout)
+                say(f"compare {size}: now {new.get('partition_s', float('nan')):.1f} s {new.get('peak_rss_gib', float('nan')):.2f} GiB, "
+                    f"{rev} {old.get('partition_s', float('nan')):.1f} s {old.get('peak_rss_gib', float('nan')):.2f} GiB")
+                pairs.append({"now": new, "baseline": old})
+    return {"rev": rev, "pairs": pairs}
+
+
+def run_cell(size: str, parts: int, method: str, timeout: int, extra: list[str] | None = None) -> dict:
+    cmd = [sys.executable, __file__, "--one", size, str(parts), method, *(extra or [])]
     base = {"size": size, "parts": parts, "method": method, "ok": False}
     load = os.getloadavg()[0]
     try:
@@ -173,6 +211,21 @@ def render(data: dict | None, plot_rel: str | None = None) -> list[str]:
             out.append(f"| {r['label']} | {r['parts_bytes'] / 2**20:.0f} | {r['median_s']:.3f} | "
                        f"{', '.join(f'{w:.3f}' for w in r['runs_s'])} | {r['load']:.1f} | "
                        f"{'met' if r['median_s'] <= REUSE_TARGET_S else 'not met'} |")
+    cmp_ = data.get("comparison")
+    if cmp_ and cmp_.get("pairs"):
+        out += ["", "The previous partitioner (format 1: a stable argsort of every edge by owner, int64 indices, every "
+                "part built before any was written, Metis on the whole graph) against this one, run alternately on "
+                "the same graph under the same load, 2 parts (`bench/partition.py --baseline REV`):", "",
+                "| edges | previous: partition s / peak RSS GiB | now: partition s / peak RSS GiB | now / previous time | load |",
+                "|---:|---|---|---:|---:|"]
+        for pr in cmp_["pairs"]:
+            o, n = pr["baseline"], pr["now"]
+            if o.get("ok") and n.get("ok"):
+                out.append(f"| {n['edges']:,} | {o['partition_s']:.1f} / {o['peak_rss_gib']:.2f} | "
+                           f"{n['partition_s']:.1f} / {n['peak_rss_gib']:.2f} | {n['partition_s'] / o['partition_s']:.2f} | "
+                           f"{n['load']:.1f} |")
+            else:
+                out.append(f"| {SIZES[n['size']][1]:,} | {o.get('error', 'ok')} | {n.get('error', 'ok')} | — | {n['load']:.1f} |")
     if plot_rel:
         out += ["", f"![Partition time and peak memory against graph size]({plot_rel})"]
     out.append("")
@@ -220,10 +273,24 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "partition.json")
     ap.add_argument("--cora", type=Path, default=REPO.parent / "shared" / "datasets" / "cora",
                     help="Cora's Planetoid files, for the reuse timing")
+    ap.add_argument("--baseline", metavar="REV", default=None,
+                    help="instead: time this partitioner against the one at git revision REV, alternating, at "
+                         "--sizes with 2 parts, and add the pairs to the existing --json")
+    ap.add_argument("--rounds", type=int, default=2, help="with --baseline: pairs per size")
     ap.add_argument("--one", nargs=3, metavar=("SIZE", "PARTS", "METHOD"), help=argparse.SUPPRESS)
+    ap.add_argument("--tree", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        one(args.one[0], int(args.one[1]), args.one[2])
+        if args.one[2] == "baseline":
+            one_baseline(args.tree, args.one[0], int(args.one[1]))
+        else:
+            one(args.one[0], int(args.one[1]), args.one[2])
+        return 0
+    if args.baseline:
+        data = json.loads(args.json.read_text()) if args.json.exists() else {"machine": machine(), "cells": [], "reuse": []}
+        data["comparison"] = compare(args.baseline, args.sizes, args.rounds, args.timeout)
+        write_json(args.json, data)
+        say("\n".join(render(data)))
         return 0
     data: dict = {"machine": machine(), "cells": [], "reuse": []}
     for size in args.sizes:

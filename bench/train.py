@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", nargs="+", default=["gcn_torch", "gcn_jittor"], choices=["gcn_torch", "gcn_jittor"])
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "train.json")
     args = ap.parse_args(argv)
-    epochs = 10 if args.quick else 30
+    epochs = 10 if args.quick else 20
     data: dict = {"graph": GRAPH, "epochs": epochs, "machine": machine(), "rows": []}
     with tempfile.TemporaryDirectory(prefix="bench-train-parts-") as d:
         parts = {n: partition(Path(d), n) for n in (1, 2)}

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import datasets
+import digests
 from datasets import DatasetError, GdcSpec
 from digests import DigestMemo
 
@@ -154,10 +155,10 @@ def write_partition(out: Path, graph, num_parts: int, params: dict, gdc: GdcSpec
         del metis_graph
         masks = {"train_mask": graph.train_mask, "val_mask": graph.val_mask, "test_mask": graph.test_mask}
 
-        def digest_of(path: Path) -> str:
-            return memo.sha256(path)
-
-        written = parts.write_parts(tmp, prop, graph.features, graph.labels, masks, mem.owner, num_parts, digest_of)
+        # Hashed plainly here: the temporary names are not worth remembering, the final ones are
+        # noted below once the folder has its name.
+        written = parts.write_parts(tmp, prop, graph.features, graph.labels, masks, mem.owner, num_parts,
+                                    digests.sha256_file)
         sizes = written.part_sizes
         manifest = {
             "format_version": FORMAT_VERSION,

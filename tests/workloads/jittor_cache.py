@@ -37,7 +37,7 @@ def jittor_cache_dir() -> Path:
 
 
 def jittor_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a subprocess that imports Jittor on a CPU-only build machine."""
+    """Environment for a subprocess that imports Jittor on a machine without a usable GPU."""
     env = dict(os.environ if base is None else base)
     env.setdefault("JITTOR_HOME", str(jittor_cache_dir()))
     # A CUDA nvcc without its runtime is present on some images; Jittor would try to use it.

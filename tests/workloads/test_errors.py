@@ -63,9 +63,3 @@ def test_gdc_flags_must_match_the_partition(parts3: Path, work_env):
                      work_env, ranks=3, extra_env=env)
     one_clear_line(r, "was partitioned without --use-gdc but the trainer runs with --use-gdc")
 
-
-def test_torch_partitioned_rank_count_differs_from_partition(parts3: Path, work_env):
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    r = run_workload("gcn_torch.py", ["--dataset", "cora", "--part-dir", str(parts3), "--epochs", "1"],
-                     work_env, ranks=2, extra_env=env)
-    one_clear_line(r, "has 3 parts but MPI started 2 ranks")
