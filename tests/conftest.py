@@ -4,8 +4,8 @@ Cluster fixtures (any test that uses them is marked ``cluster`` automatically):
 
 * ``cluster3`` — session-scoped 3-node cluster (node1 = head, node1..3 = workers), inventory
   written to ``inventory/test/hosts.yml`` so ``inventory/test/group_vars`` apply to it.
-* ``cluster_factory(n, name=None, wheelhouse=...)`` — more clusters of any size; each gets its
-  own inventory file under pytest's tmp dir; all are torn down at session end.
+* ``cluster_factory(n, name=None, wheelhouse=..., volumes=())`` — more clusters of any size; each
+  gets its own inventory file under pytest's tmp dir; all are torn down at session end.
 
 ``DISTRUN_SKIP_CLUSTER=1`` skips them (quick local unit runs only). Where podman cannot run
 containers they FAIL with the reason: a CI machine without a working podman is broken, and
@@ -81,7 +81,7 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
     created: list[podcluster.Cluster] = []
 
     def make(n: int, name: str | None = None, wheelhouse: Path | None | str = "default",
-             inventory: Path | None = None) -> podcluster.Cluster:
+             inventory: Path | None = None, volumes=()) -> podcluster.Cluster:
         """``name`` is a suffix of the session's cluster name (DISTRUN_CLUSTER_NAME), so two
         sessions on one machine never share a cluster; "" is that name itself."""
         suffix = f"f{len(created) + 1}" if name is None else name
@@ -90,7 +90,7 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
             wheelhouse = HOST_WHEELHOUSE if HOST_WHEELHOUSE.is_dir() else None
         inv = inventory or tmp_path_factory.mktemp(name) / "hosts.yml"
         try:
-            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv)
+            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv, volumes=volumes)
         except podcluster.HarnessError as exc:
             pytest.fail(f"test cluster {name!r} did not come up: {exc}", pytrace=False)
         created.append(cluster)
