@@ -4,8 +4,8 @@ Cluster fixtures (any test that uses them is marked ``cluster`` automatically):
 
 * ``cluster3`` — session-scoped 3-node cluster (node1 = head, node1..3 = workers), inventory
   written to ``inventory/test/hosts.yml`` so ``inventory/test/group_vars`` apply to it.
-* ``cluster_factory(n, name=None, wheelhouse=...)`` — more clusters of any size; each gets its
-  own inventory file under pytest's tmp dir; all are torn down at session end.
+* ``cluster_factory(n, name=None, wheelhouse=..., volumes=())`` — more clusters of any size; each
+  gets its own inventory file under pytest's tmp dir; all are torn down at session end.
 
 ``DISTRUN_SKIP_CLUSTER=1`` skips them (quick local unit runs only). Where podman cannot run
 containers they FAIL with the reason: a CI machine without a working podman is broken, and
@@ -39,6 +39,7 @@ def make_repo_importable() -> Path:
 make_repo_importable()
 
 from tests.harness import podcluster  # noqa: E402  (needs the sys.path entry above)
+from tests.harness.matrix import SITE_MOUNT  # noqa: E402
 from tests.harness.suite_report import layer_table  # noqa: E402
 
 CLUSTER_FIXTURES = {"cluster3", "cluster_factory"}
@@ -81,7 +82,7 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
     created: list[podcluster.Cluster] = []
 
     def make(n: int, name: str | None = None, wheelhouse: Path | None | str = "default",
-             inventory: Path | None = None) -> podcluster.Cluster:
+             inventory: Path | None = None, volumes=()) -> podcluster.Cluster:
         """``name`` is a suffix of the session's cluster name (DISTRUN_CLUSTER_NAME), so two
         sessions on one machine never share a cluster; "" is that name itself."""
         suffix = f"f{len(created) + 1}" if name is None else name
@@ -90,7 +91,7 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
             wheelhouse = HOST_WHEELHOUSE if HOST_WHEELHOUSE.is_dir() else None
         inv = inventory or tmp_path_factory.mktemp(name) / "hosts.yml"
         try:
-            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv)
+            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv, volumes=volumes)
         except podcluster.HarnessError as exc:
             pytest.fail(f"test cluster {name!r} did not come up: {exc}", pytrace=False)
         created.append(cluster)
@@ -108,9 +109,12 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
 
 
 @pytest.fixture(scope="session")
-def cluster3(cluster_factory: ClusterFactory) -> podcluster.Cluster:
-    return cluster_factory(3, name="",
-                           inventory=podcluster.DEFAULT_INVENTORY)
+def cluster3(cluster_factory: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> podcluster.Cluster:
+    # One host folder bound into every node stands for a site's shared filesystem
+    # (distrun_shared_fs_mode: external, tests/cluster/test_matrix.py).
+    site = tmp_path_factory.mktemp("site-shared")
+    return cluster_factory(3, name="", inventory=podcluster.DEFAULT_INVENTORY,
+                           volumes=[(site, SITE_MOUNT, "rw")])
 
 
 # ---------------------------------------------------------------- the suite's layers, timed

@@ -69,6 +69,28 @@ def render_env_file(env: Mapping[str, str]) -> str:
     )
 
 
+def _host_block(plan: JobPlan) -> str:
+    """Shell that sets DISTRUN_HOST (this node's inventory name) and IFACE (its planned interface).
+
+    An inventory's names need not be the machines' hostnames (``alpha ansible_host=10.0.0.11``
+    on a machine called node1): a node is found by its inventory address among its own addresses
+    first, then by its hostname; a node found neither way is named by its hostname.
+    """
+    by_address = "\n".join(f"  *{shlex.quote(f' {h.address} ')}*) DISTRUN_HOST={shlex.quote(h.name)} ;;"
+                           for h in plan.hosts if h.address and h.address != h.name)
+    by_name = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_HOST={shlex.quote(h.name)} ;;" for h in plan.hosts)
+    ifaces = "\n".join(f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface)
+    block = "DISTRUN_HOST=\n"
+    if by_address:
+        block += f'case " $(hostname -I 2>/dev/null || true) " in\n{by_address}\nesac\n'
+    block += ('if [ -z "$DISTRUN_HOST" ]; then\n  case "$(hostname -s)" in\n'
+              + "".join(f"  {line}\n" for line in by_name.splitlines())
+              + '    *) DISTRUN_HOST="$(hostname -s)" ;;\n  esac\nfi\nexport DISTRUN_HOST\nIFACE=\n')
+    if ifaces:
+        block += f'case "$DISTRUN_HOST" in\n{ifaces}\nesac\n'
+    return block
+
+
 def render_rank_wrapper(plan: JobPlan) -> str:
     """Every rank starts through this script, whichever launcher placed it.
 
@@ -76,14 +98,7 @@ def render_rank_wrapper(plan: JobPlan) -> str:
     scripts read, sets the node's own interface for NCCL/Gloo (names can differ per node), and
     prints one header line so per-rank logs can be matched to ranks afterwards.
     """
-    # Explicit per-host choices first (keyed by host name), then whatever interface this node
-    # has on the shared subnet: names may differ per node, the subnet does not.
-    cases = "\n".join(
-        f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface
-    )
-    iface_block = "IFACE=\n"
-    if cases:
-        iface_block = 'case "$(hostname -s)" in\n' + cases + "\n  *) IFACE= ;;\nesac\n"
+    iface_block = _host_block(plan)
     if plan.cidr:
         iface_block += (
             'if [ -z "$IFACE" ]; then\n'
@@ -104,7 +119,7 @@ export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
 fi
-echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$(hostname -s) pid=$$"
+echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$DISTRUN_HOST machine=$(hostname -s) pid=$$"
 cd {shlex.quote(plan.run_dir)}
 {source_env}exec "$@"
 """

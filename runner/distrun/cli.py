@@ -167,7 +167,8 @@ def check(inventory: str, as_json: bool) -> None:
       ssh            every node reaches every other node in batch mode
       names          every node resolves every node name to the same address
       shared folder  writable by the training user; a file written on the head is seen
-                     on every node (nfs, sshfs) or arrives by rsync (sync: "synced")
+                     on every node (nfs, sshfs, external) or arrives by rsync (sync: "synced");
+                     external: the same filesystem on every node
       gpus vs slots  a node with GPUs has slots equal to its GPU count
     'distrun train' runs the fast part first (env, mpi4py, versions, ports, head -> node
     ssh, shared folder writable, gpus vs slots). Exit 0 when every check passes, else 1.

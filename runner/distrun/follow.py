@@ -78,7 +78,11 @@ def wait_command(plan: JobPlan, host: str) -> str:
     """Another launch host's session (torchrun): wait for its launcher's exit code."""
     return as_user(plan.user, (
         _enter(plan, host)
-        + 'while [ ! -e "exitcode-$h" ]; do sleep 1; done; '
+        # A run dir that stops being readable (a dropped mount, changed permissions) is said as
+        # such, not waited on forever.
+        + 'while [ ! -e "exitcode-$h" ]; do '
+        '[ -r . ] && [ -x . ] || { echo "DISTRUN_ERROR $h: the run directory $d is no longer readable '
+        'as user $u (is the shared folder still mounted?)"; exit 3; }; sleep 1; done; '
         + _exit_marker()
     ))
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import sharedfs
+
 # Report order; also the rows of the human table.
 CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "versions", "ports", "ssh", "names", "shared folder", "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
@@ -243,43 +245,8 @@ def refusal(report: Report) -> str:
 
 def _shared(probes: Mapping[str, Mapping[str, Any]], seen: Mapping[str, str], head: str, mode: str,
             shared_dir: str, setup: str) -> dict[str, Item]:
-    fix = f"run '{setup} --tags shared_fs'"
-    out: dict[str, Item] = {}
-    head_probe = probes.get(head, {})
-    for h, p in probes.items():
-        w = p.get("shared_writable") or {}
-        mount = p.get("shared_mount") or {"ok": True}
-        if not mount.get("ok"):
-            # Before writability: an empty mount point is writable, and nothing there is shared.
-            out[h] = Item(False, str(mount.get("detail")), fix)
-            continue
-        if not w.get("ok"):
-            out[h] = Item(False, str(w.get("detail", f"{shared_dir} not writable")), fix)
-            continue
-        if h == head:
-            sp = head_probe.get("shared_probe")
-            if sp is not None and not sp.get("ok"):
-                out[h] = Item(False, str(sp.get("detail")), fix)
-            else:
-                out[h] = Item(True, f"{shared_dir} writable" + (", probe file written" if sp else ""))
-            continue
-        if "shared_probe" not in head_probe:
-            out[h] = Item(True, f"{shared_dir} writable")
-            continue
-        found = bool(seen.get(h, "").strip())
-        if mode == "sync":
-            sync = (head_probe.get("synced") or {}).get(h, {"ok": False, "detail": "not attempted"})
-            if sync.get("ok") and found:
-                out[h] = Item(True, "synced: the head's probe file arrived by rsync")
-            else:
-                why = sync.get("detail") if not sync.get("ok") else "rsync reported success but the file is not there"
-                out[h] = Item(False, f"the head's probe file did not reach {h}: {why}", fix)
-        elif found:
-            out[h] = Item(True, f"seen: a file written on {head} is visible at once ({mode})")
-        else:
-            out[h] = Item(False, f"a file written in {shared_dir} on {head} is not visible on {h}: "
-                                 f"is the {mode} mount there?", fix)
-    return out
+    found = sharedfs.verdict(probes, seen, head=head, mode=mode, shared_dir=shared_dir, setup=setup)
+    return {h: Item(*finding) for h, finding in found.items()}
 
 
 def report_json(report: Report, hosts: Mapping[str, Mapping[str, str]], elapsed: float) -> dict[str, Any]:

@@ -111,3 +111,12 @@ def rank_order(workers: Iterable[str], head: str) -> list[str]:
 def hostfile(entries: Iterable[tuple[str, int]], header: str = HOSTFILE_HEADER) -> str:
     """An Open MPI hostfile: the header, then ``host slots=N`` per host in the given order."""
     return "\n".join([header, *(f"{name} slots={int(n)}" for name, n in entries)]) + "\n"
+
+
+def slurm_node_name(inventory_name: str) -> str:
+    """The name Slurm knows a node by: its inventory name, the name the hostfile, /etc/hosts
+    (role base) and every message of distrun use. slurm.conf ties it to the machine with
+    NodeHostname (the node's own short hostname, by which slurmd finds its entry) and NodeAddr,
+    so an inventory whose names are not the machines' hostnames works as it is written; sbatch's
+    --nodelist, srun's messages and scontrol's node lists all speak these names."""
+    return str(inventory_name)

@@ -1,10 +1,9 @@
 """Slurm on the provisioned 3-node cluster: the role, then `distrun train --launcher slurm` to its ends.
 
-The shared cluster gets Slurm from an inventory of its own: the same hosts, a copy of
-``inventory/test/group_vars`` and ``slurm_enabled: true``, so `distrun setup` adds only the slurm
-role to what is there. The tests run in file order and share it: setup, a completed training, a
-failing rank, a cancelled job. Slurm stays on the cluster for the modules after this one, as it
-would on a real cluster where both launchers are in use.
+The test inventory sets ``slurm_enabled: true``, so the shared cluster's first setup installs
+Slurm; these tests run setup again through a copy of that inventory (the same hosts and
+``inventory/test/group_vars``) and read the role's result. The tests run in file order and share
+it: setup, a completed training, a failing rank, a cancelled job.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ FAIL_SCRIPT = textwrap.dedent("""
 def slurm_cluster(provisioned, tmp_path_factory, distrun_home):
     inv_dir = tmp_path_factory.mktemp("slurm-inventory")
     shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv_dir / "group_vars")
-    with (inv_dir / "group_vars" / "all.yml").open("a") as fh:
-        fh.write("\n# tests/cluster/test_slurm.py\nslurm_enabled: true\n")
+    assert "\nslurm_enabled: true\n" in (inv_dir / "group_vars" / "all.yml").read_text()
     shutil.copy(provisioned.inventory, inv_dir / "hosts.yml")
     return provisioned, inv_dir / "hosts.yml"
 

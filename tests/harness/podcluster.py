@@ -633,9 +633,12 @@ def node_pip_cache() -> Path:
 
 def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
        inventory: Path | str | None = None, image: str | None = None,
-       wait_s: float = 120, log: Log = _stderr) -> Cluster:
+       wait_s: float = 120, log: Log = _stderr,
+       volumes: Sequence[tuple[Path | str, str, str]] = ()) -> Cluster:
     """Start an n-node cluster (removing leftovers of the same name first) and write its
-    inventory; on any failure everything started is removed again."""
+    inventory; on any failure everything started is removed again.
+
+    ``volumes``: more host paths bound into every node, as (host path, node path, "ro"|"rw")."""
     if n < 1:
         raise HarnessError(f"a cluster needs at least 1 node, not {n}")
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
@@ -646,6 +649,15 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
     wheel_dir = Path(wheelhouse).resolve() if wheelhouse else None
     if wheel_dir is not None and not wheel_dir.is_dir():
         raise HarnessError(f"wheelhouse {wheel_dir} is not a directory")
+    binds: list[str] = []
+    for host_path, node_path, mode in volumes:
+        if mode not in ("ro", "rw"):
+            raise HarnessError(f"volume {host_path}: mode {mode!r} is neither 'ro' nor 'rw'")
+        if not Path(host_path).exists():
+            raise HarnessError(f"volume {host_path}: no such file or directory on this host")
+        if "," in f"{host_path}{node_path}" or ":" in f"{host_path}{node_path}":
+            raise HarnessError(f"volume {host_path}:{node_path}: podman -v cannot bind a path with ':' or ','")
+        binds += ["-v", f"{Path(host_path).resolve()}:{node_path}:{mode}"]
     state = state_dir_for(name)
     cluster = Cluster(name=name, network=f"{name}-net", image=ref, state_dir=state,
                       inventory=Path(inventory or DEFAULT_INVENTORY).resolve())
@@ -682,6 +694,7 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
             # One pip cache for every node of every cluster: a wheel is downloaded (or built
             # from its sdist) once per machine, not once per node. pip runs as root on the nodes.
             args += ["-v", f"{node_pip_cache()}:/root/.cache/pip"]
+            args += binds
             _podman(*args, ref)
             node.ip = _container_ip(node.container, cluster.network)
             cluster.nodes.append(node)

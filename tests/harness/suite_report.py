@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The suite's closing report: one table of layers (unit, docs/lint, workloads, molecule, cluster)
-merged from the pytest runs scripts/test started, then one closing line.
+merged from the pytest runs scripts/test started, the launcher x shared folder x inventory
+matrix, then one closing line.
 
     python tests/harness/suite_report.py REPORT_DIR [PREP]
 
-Each pytest run writes ``layers-<pid>.json`` into REPORT_DIR (tests/conftest.py); PREP is
-"name=seconds,..." for the steps scripts/test timed before pytest (bootstrap, node image).
+Each pytest run writes ``layers-<pid>.json`` into REPORT_DIR (tests/conftest.py) and each matrix
+cell a row of ``matrix-<pid>.jsonl`` (tests/harness/matrix.py); PREP is "name=seconds,..." for
+the steps scripts/test timed before pytest (bootstrap, node image).
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repo root makes tests.harness importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.harness.matrix import read_rows, table  # noqa: E402
 
 
 def layer_table(rows: list[dict], prep: str = "") -> list[str]:
@@ -48,6 +55,14 @@ def main(argv: list[str]) -> int:
     print("=" * 30 + " the whole suite, per layer " + "=" * 30)
     for line in layer_table(rows, prep):
         print(line)
+    cells = read_rows(report_dir)
+    if cells:
+        print("=" * 24 + " launcher x shared folder x inventory " + "=" * 24)
+        for line in table(cells):
+            print(line)
+        print(f"cells: {len(cells)}, {sum(c['seconds'] for c in cells):.0f}s in all")
+    for step in read_rows(report_dir, "steps"):
+        print(f"{step['seconds']:>7.0f}s  {step['step']}")
     total = {k: sum(r[k] for r in rows) for k in ("passed", "failed", "skipped")}
     print(f"scripts/test: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
     return 0

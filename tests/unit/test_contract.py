@@ -33,7 +33,7 @@ def test_every_role_depends_on_the_defaults_role(role):
 @pytest.mark.parametrize("role", ROLES)
 def test_no_role_restates_a_contract_default(role):
     for path in sorted((REPO / "roles" / role).rglob("*")):
-        if path.suffix not in (".yml", ".j2") or "molecule" in path.parts:
+        if path.suffix not in (".yml", ".j2"):
             continue
         for var in CONTRACT:
             found = re.search(rf"\b{var}\s*\|\s*default\(", path.read_text())
@@ -45,7 +45,7 @@ def test_the_runner_reads_the_roles_defaults():
     assert contract.default("distrun_user") == data["distrun_user"] == "distrun"
     assert contract.default("distrun_shared_dir") == data["distrun_shared_dir"]
     assert contract.choices("distrun_mpi_provider") == ("venv", "conda")
-    assert contract.choices("distrun_shared_fs_mode") == ("nfs", "sshfs", "sync")
+    assert contract.choices("distrun_shared_fs_mode") == ("nfs", "sshfs", "sync", "external")
     for provider in contract.choices("distrun_mpi_provider"):
         assert contract.env_prefix_default(provider) == data["distrun_env_prefixes"][provider]
 

@@ -114,7 +114,7 @@ def test_multi_job_mode_master_first_then_workers_with_its_node():
     assert sorted(files) == ["job-0.sbatch", "job-1.sbatch", "job-2.sbatch"]
     master, worker = files["job-0.sbatch"], files["job-2.sbatch"]
     assert "#SBATCH --job-name=distrun-r1-0" in master and "#SBATCH --nodelist=n1" in master
-    assert 'export MASTER_ADDR="$(hostname -s)"' in master
+    assert 'export MASTER_ADDR="$SLURMD_NODENAME"' in master
     assert "#SBATCH --nodelist=n3" in worker
     assert ': "${MASTER_ADDR:?' in worker
     for text in (master, worker):

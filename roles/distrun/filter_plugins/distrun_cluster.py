@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 try:
-    from distrun import judge, rules
+    from distrun import judge, rules, sharedfs
 except ImportError:  # ansible-playbook from another Python: use the package beside the roles
     _here = Path(__file__).resolve()
     for _candidate in (_here.parents[3] / "runner", _here.parents[5]):
         if (_candidate / "distrun" / "rules.py").is_file():
             sys.path.insert(0, str(_candidate))
             break
-    from distrun import judge, rules
+    from distrun import judge, rules, sharedfs
 
 from ansible.errors import AnsibleFilterError
 
@@ -63,6 +63,15 @@ def preflight_problems(verdict: object, host: str) -> list[str]:
     return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
+def shared_fs_external(findings: object, **options: object) -> dict:
+    """external mode at setup: host -> what is wrong with the shared filesystem there, with the fix."""
+    return sharedfs.external_setup(findings, **options)  # type: ignore[arg-type]
+
+
+def slurm_node_name(name: object) -> str:
+    return rules.slurm_node_name(str(name))
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -76,4 +85,6 @@ class FilterModule:
             "distrun_hostfile": hostfile,
             "distrun_preflight_report": preflight_report,
             "distrun_preflight_problems": preflight_problems,
+            "distrun_shared_fs_external": shared_fs_external,
+            "distrun_slurm_node_name": slurm_node_name,
         }

@@ -219,6 +219,15 @@ def probe_mount(path, fstypes):
     return {"ok": False, "detail": f"{path} is not mounted (expected {' or '.join(fstypes)})"}
 
 
+def mounts_above(path):
+    """The mount table's lines for the path and its parents (the judge picks the one that holds it):
+    an external shared filesystem must be the same one on every node."""
+    parts = [p for p in os.path.normpath(path).split("/") if p]
+    candidates = {"/"} | {"/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    with open("/proc/self/mounts", encoding="utf-8") as fh:
+        return [line.strip() for line in fh if len(line.split()) >= 3 and line.split()[1].replace("\\040", " ") in candidates]
+
+
 def main():
     report = {"host": CFG["host"]}
     try:
@@ -262,6 +271,9 @@ def main():
     if CFG.get("mount_fstypes"):
         STEP = "shared folder mount"
         report["shared_mount"] = probe_mount(CFG["shared_dir"], CFG["mount_fstypes"])
+    if CFG.get("shared_fs_mounts"):
+        STEP = "shared folder filesystem"
+        report["shared_fs_mounts"] = mounts_above(CFG["shared_dir"])
     if CFG.get("ports"):
         STEP = "ports"
         report["ports"] = probe_ports(CFG["ports"])

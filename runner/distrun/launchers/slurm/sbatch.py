@@ -17,6 +17,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from ...errors import PlanError
+from ...rules import slurm_node_name
 from ..torchrun import torchrun_argv
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def _uneven(plan: JobPlan) -> bool:
 
 def slurm_hostfile(plan: JobPlan) -> str:
     """One line per rank, for ``--distribution=arbitrary``: uneven slots land where the plan says."""
-    return "".join(f"{h.name}\n" for h in plan.hosts for _ in range(h.slots))
+    return "".join(f"{slurm_node_name(h.name)}\n" for h in plan.hosts for _ in range(h.slots))
 
 
 # What an #SBATCH value may hold: sbatch reads the line itself, and a newline would end the
@@ -79,7 +80,7 @@ def sbatch_script(plan: JobPlan) -> str:
     """The one multi-node job of single mode."""
     nodes = len(plan.hosts)
     lines = _header(plan, job_name(plan))
-    lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(h.name for h in plan.hosts))]
+    lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(slurm_node_name(h.name) for h in plan.hosts))]
     if _uneven(plan):
         # --ntasks-per-node is one number; uneven slots need the task count and an explicit
         # placement (SLURM_HOSTFILE, exported by the driver at submission and read by srun).
@@ -116,14 +117,16 @@ def _without_mpi4py_runner(program: tuple[str, ...]) -> tuple[str, ...]:
 def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     """Job ``index`` of multi-job mode: one node, one torchrun agent with that node's slots."""
     lines = _header(plan, job_name(plan, index))
-    lines += ["#SBATCH --nodes=1", sbatch_line("nodelist", host.name), "#SBATCH --ntasks=1",
+    lines += ["#SBATCH --nodes=1", sbatch_line("nodelist", slurm_node_name(host.name)), "#SBATCH --ntasks=1",
               f"#SBATCH --cpus-per-task={host.slots}"]
     if host.gpus > 0:
         lines.append(f"#SBATCH --gres=gpu:{host.gpus}")
     lines.append("set -euo pipefail")
     lines += _exports(plan)
     if index == 0:
-        lines.append('export MASTER_ADDR="$(hostname -s)"')
+        # The name Slurm knows this node by, which every node resolves (the machine's own
+        # hostname may not be in the others' /etc/hosts).
+        lines.append('export MASTER_ADDR="$SLURMD_NODENAME"')
         lines.append('echo "DISTRUN_SLURM_MASTER $MASTER_ADDR"')
     else:
         lines.append(': "${MASTER_ADDR:?submit worker jobs with --export=ALL,MASTER_ADDR=<the master job node>}"')

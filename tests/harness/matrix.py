@@ -1,0 +1,257 @@
+"""The launcher x shared folder x inventory matrix: every combination distrun supports, run.
+
+Each cell is one short 3-rank torch job (``CELL_SCRIPT``: an allreduce, a DistributedSampler DDP of
+a few epochs with a snapshot in its working directory, and a file written in the run directory and
+read back), started with the real CLI, then read back with 'distrun logs'. The test cluster (YAML
+inventory, names = hostnames, root admin: tests/cluster/test_matrix.py) runs the cells of its
+inventory in every shared folder mode, switching only the shared folder between modes. A combination that cannot run on this machine is listed with its reason (``NOT_RUNNABLE``).
+
+Every cell writes one row into ``$DISTRUN_TEST_REPORT_DIR/matrix-<pid>.jsonl``; the suite's
+closing report prints them as one table (``table``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import textwrap
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+LAUNCHERS = ("mpirun", "torchrun", "slurm")
+MODES = ("sync", "sshfs", "external", "nfs")
+INVENTORIES = {
+    "yaml-root": "YAML, names = hostnames, admin root",
+}
+NOT_RUNNABLE = {
+    "nfs": "this kernel has no NFS client or server: the nfs mode is converged rendered-only "
+           "(exports, fstab; molecule/nfs), never mounted",
+}
+EPOCHS = 3
+# Where the test clusters' nodes all bind one host folder: a site's shared filesystem, for the
+# external mode, whose shared folder is a folder in it (as a site gives a project its folder).
+SITE_MOUNT = "/mnt/site"
+SITE_SHARED_DIR = f"{SITE_MOUNT}/distrun"
+
+CELL_SCRIPT = textwrap.dedent(f"""
+    import os, socket
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+
+    # The usual shape of a DDP script: a sampler per rank, a resumable snapshot in the working directory.
+    torch.manual_seed(0)
+    x = torch.randn(96, 4)
+    data = TensorDataset(x, x.sum(1, keepdim=True))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    start = 0
+    if os.path.exists("snapshot.pt"):
+        snap = torch.load("snapshot.pt")
+        model.module.load_state_dict(snap["model"])
+        start = snap["epoch"] + 1
+    for epoch in range(start, {EPOCHS}):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = ((model(xb) - yb) ** 2).mean()
+            loss.backward()
+            opt.step()
+        if rank == 0:
+            torch.save({{"epoch": epoch, "model": model.module.state_dict()}}, "snapshot.pt")
+        print(f"CELL epoch {{epoch + 1}}/{EPOCHS} rank={{rank}} loss={{loss.item():.4f}}", flush=True)
+
+    path = os.path.join(os.getcwd(), f"cell-rank{{rank}}.txt")
+    with open(path, "w") as fh:
+        fh.write(f"rank {{rank}} of {{world}} on {{socket.gethostname()}} sum {{int(total.item())}}")
+    with open(path) as fh:
+        back = fh.read()
+    print(f"CELL rank={{rank}} world={{world}} host={{socket.gethostname()}} sum={{int(total.item())}} "
+          f"cwd={{os.getcwd()}} file={{back!r}}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+CELL_LINE = re.compile(r"CELL rank=(\d+) world=(\d+) host=(\S+) sum=(\d+) cwd=(\S+) file='([^']*)'")
+EPOCH_LINE = re.compile(rf"CELL epoch {EPOCHS}/{EPOCHS} rank=(\d+)")
+
+
+@dataclass
+class Cell:
+    launcher: str
+    mode: str
+    inventory: str
+    status: str  # "passed", "failed: <why>"
+    seconds: float
+    run_id: str = ""
+
+
+MODE_VARS: dict[str, dict[str, str]] = {
+    "sync": {"distrun_shared_fs_mode": "sync"},
+    "sshfs": {"distrun_shared_fs_mode": "sshfs"},
+    "external": {"distrun_shared_fs_mode": "external", "distrun_shared_dir": SITE_SHARED_DIR},
+}
+
+
+def mode_inventory(hosts_file: Path, group_vars: Path, dest: Path, mode: str | None, **more: object) -> Path:
+    """A copy of an inventory (its hosts file and group_vars) whose shared folder is in ``mode``
+    (None: as it is), with ``more`` group variables."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(hosts_file, dest / hosts_file.name)
+    shutil.rmtree(dest / "group_vars", ignore_errors=True)
+    shutil.copytree(group_vars, dest / "group_vars")
+    import yaml  # the venv has it (Ansible needs it)
+
+    path = dest / "group_vars" / "all.yml"
+    values = {**(yaml.safe_load(path.read_text()) or {}), **(MODE_VARS[mode] if mode else {}), **more}
+    path.write_text(f"# A variant of {group_vars}/all.yml (tests/harness/matrix.py: mode {mode})\n"
+                    + yaml.safe_dump(values, sort_keys=False, default_flow_style=False))
+    return dest
+
+
+def record(cell: Cell) -> None:
+    """One row for the suite's closing report (nothing when no report folder is set)."""
+    folder = os.environ.get("DISTRUN_TEST_REPORT_DIR")
+    if folder:
+        with Path(folder, f"matrix-{os.getpid()}.jsonl").open("a") as fh:
+            fh.write(json.dumps(asdict(cell)) + "\n")
+
+
+def record_step(what: str, seconds: float) -> None:
+    """A timed step around the cells (a cluster's setup, a switch of its shared folder)."""
+    folder = os.environ.get("DISTRUN_TEST_REPORT_DIR")
+    if folder:
+        with Path(folder, f"steps-{os.getpid()}.jsonl").open("a") as fh:
+            fh.write(json.dumps({"step": what, "seconds": round(seconds, 1)}) + "\n")
+
+
+class ModeSwitch:
+    """One provisioned cluster taken through the shared folder modes: 'distrun setup --tags
+    shared_fs,hostfile' with the inventory of the next mode (the hostfile lives in the shared
+    folder); every other role stays as it is."""
+
+    def __init__(self, distrun: Callable[..., Any], inventories: Mapping[str, str], current: str, cluster: str) -> None:
+        self.distrun = distrun
+        self.inventories = dict(inventories)
+        self.current = current
+        self.cluster = cluster
+
+    def to(self, mode: str) -> str:
+        """Switch to mode (if not there yet); returns that mode's inventory."""
+        inventory = self.inventories[mode]
+        if mode != self.current:
+            started = time.monotonic()
+            result = self.distrun("setup", "--inventory", inventory, "--tags", "shared_fs,hostfile", timeout=900)
+            assert result.rc == 0, f"switching to {mode} failed:\n{result.stdout[-5000:]}\n{result.stderr[-2000:]}"
+            self.current = mode
+            record_step(f"cluster {self.cluster}: shared folder {mode} (setup --tags shared_fs,hostfile)",
+                        time.monotonic() - started)
+        return inventory
+
+
+def latest_run(home: Path) -> Path:
+    runs = sorted((home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)
+    assert runs, f"no train run recorded in {home}"
+    return runs[-1]
+
+
+def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: str, kind: str, home: Path,
+             script: Path, hosts: Mapping[str, str]) -> Cell:
+    """Run one cell and check what a user would: exit 0, every rank's allreduce and last epoch,
+    the file rank 2 wrote in the run directory read back by 'distrun logs', collected in the record.
+
+    ``hosts``: inventory name -> the machine's hostname, in rank order (one rank per node).
+    Raises AssertionError naming what went wrong; records the cell either way."""
+    started = time.monotonic()
+    cell = Cell(launcher, mode, kind, "failed: did not finish", 0.0)
+    try:
+        result = distrun("train", "--inventory", inventory, "--launcher", launcher, "--script", str(script),
+                         timeout=600)
+        shown = result.stdout[-4000:] + result.stderr[-2000:]
+        assert result.rc == 0, f"train exited {result.rc}:\n{shown}"
+        run = latest_run(home)
+        cell.run_id = run.name
+        plan = json.loads((run / "plan.json").read_text())
+        assert [h["name"] for h in plan["hosts"]] == list(hosts), plan["hosts"]
+        assert plan["shared_dir"] and plan["world_size"] == 3
+        logs = distrun("logs", run.name, "--rank", "2", timeout=120)
+        assert logs.rc == 0, f"distrun logs exited {logs.rc}: {logs.stderr[-2000:]}"
+        lines = {int(m[1]): m for m in CELL_LINE.finditer(logs.stdout)}
+        assert set(lines) == {2}, f"'distrun logs --rank 2' shows ranks {sorted(lines)}:\n{logs.stdout[-3000:]}"
+        m = lines[2]
+        last_host, machine = list(hosts.items())[2]
+        run_dir = f"{plan['shared_dir'].rstrip('/')}/runs/{run.name}"
+        assert (m[2], m[3], m[4], m[5]) == ("3", machine, "6", run_dir), m.group(0)
+        assert m[6] == f"rank 2 of 3 on {machine} sum 6", m.group(0)
+        assert EPOCH_LINE.search(logs.stdout), f"rank 2 did not reach epoch {EPOCHS}:\n{logs.stdout[-2000:]}"
+        ranks = _rank_lines(run)
+        # one rank per node, each through every epoch of its DistributedSampler
+        assert sorted(ranks) == [0, 1, 2] and {r[0] for r in ranks.values()} == set(hosts.values()), ranks
+        assert all(r[1] == EPOCHS for r in ranks.values()), ranks
+        files = {p.read_text() for p in (run / "nodes").rglob("cell-rank2.txt")}
+        assert files == {f"rank 2 of 3 on {machine} sum 6"}, f"the record holds {files or 'no'} cell-rank2.txt"
+        cell.status = "passed"
+        return cell
+    except AssertionError as exc:
+        cell.status = "failed: " + " ".join(str(exc).split())[:300]
+        raise
+    finally:
+        cell.seconds = round(time.monotonic() - started, 1)
+        record(cell)
+
+
+def _rank_lines(run: Path) -> dict[int, tuple[str, int]]:
+    """Rank -> (machine, epochs done) from every collected rank log of the run."""
+    found: dict[int, tuple[str, int]] = {}
+    for f in (run / "nodes").rglob("*"):
+        if f.is_file() and f.name in ("stdout", "stdout.log"):
+            text = f.read_text(errors="replace")
+            for m in CELL_LINE.finditer(text):
+                found[int(m[1])] = (m[3], len(re.findall(rf"CELL epoch \d+/{EPOCHS} rank={m[1]} ", text)))
+    return found
+
+
+def table(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The matrix as Markdown: one row per inventory and shared folder mode, one column per
+    launcher; a cell is its result and seconds, or why it cannot run here."""
+    got = {(r["launcher"], r["mode"], r["inventory"]): r for r in rows}
+    out = ["| inventory | shared folder | " + " | ".join(LAUNCHERS) + " |", "|---|---|" + "---|" * len(LAUNCHERS)]
+    for kind in INVENTORIES:
+        for mode in MODES:
+            cells = []
+            for launcher in LAUNCHERS:
+                r = got.get((launcher, mode, kind))
+                if mode in NOT_RUNNABLE:
+                    cells.append("not runnable here (1)")
+                elif r is None:
+                    cells.append("NOT RUN")
+                else:
+                    cells.append(f"passed {r['seconds']:.0f}s" if r["status"] == "passed" else "FAILED")
+            out.append(f"| {kind} | {mode} | " + " | ".join(cells) + " |")
+    out.append("")
+    out += [f"({i}) {mode}: {why}" for i, (mode, why) in enumerate(NOT_RUNNABLE.items(), 1)]
+    out += [f"{kind}: {what}" for kind, what in INVENTORIES.items()]
+    out += [f"FAILED {r['launcher']} / {r['mode']} / {r['inventory']}: {r['status']}"
+            for r in got.values() if r["status"] != "passed"]
+    return out
+
+
+def read_rows(folder: Path, kind: str = "matrix") -> list[dict[str, Any]]:
+    """The rows every pytest run wrote: the cells ("matrix") or the timed steps ("steps")."""
+    rows: list[dict[str, Any]] = []
+    for f in sorted(folder.glob(f"{kind}-*.jsonl")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
