@@ -41,7 +41,9 @@ def claim_command(host: str, run_id: str, user: str) -> str:
         'if ! flock -n 9; then echo "DISTRUN_BUSY held $(head -c 80 "busy-$h.run" 2>/dev/null | tr -cd "A-Za-z0-9-")"; exit 0; fi; '
         'others=; uid=$(id -u); '
         'for p in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
-        '  r=$(tr "\\0" "\\n" < "$p/environ" 2>/dev/null | sed -n "s/^DISTRUN_RUN_ID=//p" | head -n 1 | tr -cd "A-Za-z0-9-"); '
+        # Read with builtins only: no process per process of the user.
+        "  r=; while IFS= read -r -d '' kv; do case \"$kv\" in DISTRUN_RUN_ID=*) r=${kv#DISTRUN_RUN_ID=}; break;; esac; "
+        '  done 2>/dev/null < "$p/environ"; r=${r//[!A-Za-z0-9-]/}; '
         '  [ -n "$r" ] && [ "$r" != "$id" ] && case " $others " in *" $r "*) ;; *) others="$others $r";; esac; '
         'done; '
         'if [ -n "$others" ]; then echo "DISTRUN_BUSY running$others"; exit 0; fi; '
