@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -276,7 +277,7 @@ def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
     code = ("import sys, time; sys.path[:0] = sys.argv[1:]; from distrun import busy; from tests.unit.test_long_runs import "
             f"local_cluster; busy.claim(local_cluster(({host!r},)), [{host!r}], '20260101-000000-train-ccc3'); "
             "print('held', flush=True); time.sleep(60)")
-    holder = subprocess.Popen([os.sys.executable, "-c", code, str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "runner")],
+    holder = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "runner")],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     with pytest.raises(UserError, match="busy with run 20260101-000000-train-ccc3"):
