@@ -57,7 +57,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
         raise
     if outcome.lost and outcome.host:
         lost.add(outcome.host)
-        after = read(cluster, plan)
+        after = read(cluster, plan, lost)
         if after.state == "unreachable":
             run.let_go()
             listener.contact_lost(run, after.reason)

@@ -151,16 +151,19 @@ def _probe_one(node: Node, plan: JobPlan, timeout_s: float) -> HostState:
     return parse_probe(node.name, proc.stdout + "\n" + proc.stderr)
 
 
-def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, HostState]:
-    """Every rank host of the plan, all at once."""
+def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
+          lost: set[str] | frozenset[str] = frozenset()) -> dict[str, HostState]:
+    """Every rank host of the plan, all at once; hosts known ``lost`` are not asked again."""
     nodes = {n.name: n for n in cluster.nodes}
     hosts = [h.name for h in plan.hosts]
-    missing = [h for h in hosts if h not in nodes]
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-        futures = {h: pool.submit(_probe_one, nodes[h], plan, timeout_s) for h in hosts if h in nodes}
+    ask = [h for h in hosts if h in nodes and h not in lost]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ask)))) as pool:
+        futures = {h: pool.submit(_probe_one, nodes[h], plan, timeout_s) for h in ask}
     states = {h: f.result() for h, f in futures.items()}
-    for h in missing:
-        states[h] = HostState(h, reached=False, error=f"not in inventory {cluster.source} any more")
+    for h in hosts:
+        if h not in states:
+            why = "lost during the run" if h in lost else f"not in inventory {cluster.source} any more"
+            states[h] = HostState(h, reached=False, error=why)
     return {h: states[h] for h in hosts}
 
 
@@ -199,8 +202,8 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
     return state
 
 
-def read(cluster: Cluster, plan: JobPlan) -> ClusterState:
-    return judge(plan, probe(cluster, plan))
+def read(cluster: Cluster, plan: JobPlan, lost: set[str] | frozenset[str] = frozenset()) -> ClusterState:
+    return judge(plan, probe(cluster, plan, lost=lost))
 
 
 def wait_started(cluster: Cluster, plan: JobPlan, timeout_s: float,

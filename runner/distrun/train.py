@@ -133,7 +133,7 @@ class _Run:
         """After a node was lost: why no launch host answers any more (this machine's network, or
         the head, is gone), or None when the launch hosts still answer."""
         assert self.plan is not None
-        state = read(self.cluster, self.plan)
+        state = read(self.cluster, self.plan, self.lost)
         return state.reason if state.state == "unreachable" else None
 
     def stop(self) -> None:
