@@ -160,6 +160,9 @@ class _Run:
             self.listener.not_restarting("the failed attempt's files could not be put aside on "
                                          + "; ".join(f"{h}: {why}" for h, why in unmoved.items()))
             return False
+        # The record keeps each failed attempt's plan; its output stays in launcher.log.
+        self.run.write(f"attempts/{self.restart}/plan.json", (self.run.dir / "plan.json").read_text())
+        self.end.lines.clear()
         self.restart += 1
         self.exclude = decision.exclude
         self.run.meta.restarts = self.restart
