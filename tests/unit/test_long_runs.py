@@ -165,7 +165,10 @@ def test_partition_with_a_bad_np_leaves_no_running_record(private_state, cli_env
 # ------------------------------------------------------------------ a run's live state
 
 def test_the_nodes_say_running_then_the_real_exit_code_and_the_record_is_corrected(tmp_path, monkeypatch):
-    local = LocalRun(tmp_path, monkeypatch, "mkdir -p started && : > started/rank-0; echo hello; sleep 2; exit 3")
+    # The job runs until the test releases it (at most a minute), however slow this machine is.
+    release = tmp_path / "release"
+    local = LocalRun(tmp_path, monkeypatch, "mkdir -p started && : > started/rank-0; echo hello; "
+                     f"for _ in $(seq 1200); do [ -e {release} ] && break; sleep 0.05; done; exit 3")
     local.launch()
     state = local.state()
     assert state.state == "running", state
@@ -175,6 +178,7 @@ def test_the_nodes_say_running_then_the_real_exit_code_and_the_record_is_correct
     assert shown.state == "running" and "no distrun process follows it" in shown.detail
     assert runs.read_meta(local.run.dir).status == "running"
 
+    release.touch()
     local.wait_exit()
     state = local.state()
     assert (state.state, state.rc) == ("failed", 3)
