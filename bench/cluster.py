@@ -15,6 +15,9 @@ Measured:
             vs the same program by hand: ssh root@head, su - distrun, /usr/bin/mpirun -np 3
             --hostfile <run dir>/hostfile /opt/distrun/venv/bin/python <run dir>/sleep10.py.
             Phases of distrun's run come from ansible-runner's job events (artifacts).
+  long runs `distrun train --detach` until every rank started, `distrun status --json` and
+            `distrun runs` reading a detached run from its nodes, and a second `distrun train` on
+            the busy hosts until it is refused (the tests only assert the refusal).
   failures  how long `distrun check` takes to name a stopped node, and how long `distrun train`
             takes to end a run after a node is killed mid-run, next to a plain ssh round trip and
             the machine's load average measured at the same time (the tests only assert that
@@ -315,6 +318,36 @@ class Bench:
                 "killed_node_end_s": None if end_s is None else round(end_s, 2), "train_rc": train.returncode,
                 "train_tail": None if train.returncode not in (0, None) and killed else out[-800:]}
 
+    def long_runs_suite(self) -> dict:
+        """A detached run of LONG_PROGRAM: how long detaching, reading it from the nodes and refusing
+        a second run on its hosts take; then it is stopped."""
+        script = self.tmp / "long_detached.py"
+        script.write_text(LONG_PROGRAM)
+        load = os.getloadavg()[0]
+        base = [DISTRUN, "train", "--inventory", str(self.hosts), "--script", str(script)]
+        detach, detach_s = run([*base, "--detach"], env=self.env(), timeout=600)
+        run_id = detach.stdout.strip().splitlines()[-1] if detach.returncode == 0 and detach.stdout.strip() else None
+        out: dict = {"load_1min": round(load, 2), "detach_s": round(detach_s, 2), "detach_rc": detach.returncode}
+        if run_id is None:
+            return {**out, "error": (detach.stdout[-800:] + detach.stderr[-800:]).strip()}
+        try:
+            status, status_s = run([DISTRUN, "status", run_id, "--json"], env=self.env(), timeout=300)
+            listed, runs_s = run([DISTRUN, "runs"], env=self.env(), timeout=300)
+            refused, refused_s = run(base, env=self.env(), timeout=300)
+            try:
+                state = json.loads(status.stdout).get("state")
+            except ValueError:
+                state = None
+            out.update({"status_s": round(status_s, 2), "status_state": state, "runs_s": round(runs_s, 2),
+                        "runs_rc": listed.returncode, "busy_refused_s": round(refused_s, 2), "busy_rc": refused.returncode,
+                        "busy_named_run": run_id in refused.stderr})
+        finally:
+            stop, stop_s = run([DISTRUN, "stop", run_id], env=self.env(), timeout=300)
+            out.update({"stop_s": round(stop_s, 2), "stop_rc": stop.returncode})
+        say(f"long runs: detach {out['detach_s']} s, status {out.get('status_s')} s ({out.get('status_state')}), "
+            f"runs {out.get('runs_s')} s, busy refusal {out.get('busy_refused_s')} s rc={out.get('busy_rc')}")
+        return out
+
     def launch_suite(self, cluster: podcluster.Cluster) -> dict:
         script = self.tmp / "sleep10.py"
         script.write_text(SLEEP_PROGRAM)
@@ -361,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
         if result["setup"]["rows"][0]["rc"] == 0:
             # Launch first: it needs only a converged cluster, and its result comes early.
             result["launch"] = bench.launch_suite(cluster)
+            try:
+                result["long_runs"] = bench.long_runs_suite()
+            except Exception as exc:  # noqa: BLE001 - a benchmark reports, it does not stop
+                result["long_runs"] = {"error": f"{type(exc).__name__}: {exc}"}
             if not args.quick:
                 try:
                     result["torchrun"] = bench.torchrun_suite(cluster)

@@ -265,6 +265,23 @@ def render_gdc() -> list[str]:
     return bench_module("gdc").render(load("gdc"))
 
 
+def render_long_runs(c: dict) -> list[str]:
+    L = c.get("long_runs")
+    out = ["## Long runs: detach, read from the nodes, busy hosts (3 nodes)", ""]
+    if not L or L.get("error"):
+        return out + [f"Not measured in this run{': ' + L['error'] if L else ''}.", ""]
+    out += ["A detached run of an mpi4py program; each figure is the wall time of one CLI call. The cluster",
+            "tests assert the refusal of a second run on busy hosts; its time lives here.", "",
+            "| what | wall | load (1 min) |", "|---|---:|---:|",
+            f"| `distrun train --detach` returns, every rank started (rc {L['detach_rc']}) | {L['detach_s']} s | {L['load_1min']} |",
+            f"| `distrun status RUN --json` reads it from the nodes ({L.get('status_state')}) | {L.get('status_s')} s | |",
+            f"| `distrun runs` with that record checked live | {L.get('runs_s')} s | |",
+            f"| a second `distrun train` on the busy hosts is refused (rc {L.get('busy_rc')}, names the run: "
+            f"{L.get('busy_named_run')}) | {L.get('busy_refused_s')} s | |",
+            f"| `distrun stop RUN` (rc {L.get('stop_rc')}) | {L.get('stop_s')} s | |", ""]
+    return out
+
+
 def render_train(t: dict | None) -> list[str]:
     return with_plot("train", t, "strong-scaling.png")
 
@@ -388,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
              "`bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
-        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_failures(cluster)
+        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_long_runs(cluster) + render_failures(cluster)
     else:
         lines += ["## Cluster sections", "", "Skipped in this run (`--skip cluster`).", ""]
     lines += render_partition(args.quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
@@ -482,7 +499,7 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
              "`bench/train.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
-        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_failures(cluster)
+        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_long_runs(cluster) + render_failures(cluster)
     lines += render_partition(quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
     lines += [NOT_MEASURED]
     out.write_text("\n".join(lines).rstrip() + "\n")

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+import checkpoint
 import common
 import torch_dist
 from common import CollectiveError, EpochStats, Reporter
@@ -35,6 +36,7 @@ PROG = "gcn_ddp.py"
 def main() -> int:
     ap = common.parser(__doc__.split("\n\n")[0], partitioned=False)
     torch_dist.add_args(ap)
+    checkpoint.add_args(ap)
     args = ap.parse_args()
     common.validate(args)
     td = torch_dist.start(args)
@@ -107,7 +109,8 @@ def train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, 
 
     rep = Reporter("gcn_ddp", args, rank, world)
     masks = [g.train_mask, g.val_mask, g.test_mask]
-    for epoch in range(1, args.epochs + 1):
+    first = resume(args, model, opt, rank, world, distributed, torch, dist) + 1
+    for epoch in range(first, args.epochs + 1):
         t0 = time.perf_counter()
         ddp.train()
         opt.zero_grad()
@@ -121,8 +124,33 @@ def train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, 
             pred = model(x).argmax(1).cpu().numpy()
         acc = common.accuracies(common.counts(pred, g.labels, masks))
         rep.epoch(EpochStats(epoch, args.epochs, loss_value, acc[0], acc[1], epoch_time), test_acc=acc[2])
+        if rank == 0 and checkpoint.due(args, epoch):
+            state = {"epoch": epoch, "model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state()}
+            checkpoint.save(args, epoch, lambda path, state=state: torch.save(state, path))
     rep.result(acc[2], {"num_nodes": n, "num_edges": int(g.adj.indices.size - n), "backend": dist.get_backend() if distributed else "none"})
     return 0
+
+
+def resume(args, model, opt, rank, world, distributed, torch, dist) -> int:  # noqa: ANN001,PLR0913
+    """Load the checkpoint to resume from (model, optimizer, dropout generator): the epoch it
+    holds, 0 without one. Every rank must find the same one, or none starts."""
+    path = checkpoint.to_resume(args)
+    found = [path.name if path else None] * world
+    if distributed:
+        dist.all_gather_object(found, path.name if path else None)
+    if len(set(found)) > 1:
+        raise CollectiveError(f"ranks found different checkpoints to resume from ({found}): put the checkpoint folder "
+                              "on every node (distrun copies the head's to every node when it restarts a run)")
+    if path is None:
+        return 0
+    state = torch.load(path)
+    if int(state["epoch"]) >= args.epochs:
+        raise CollectiveError(f"{path} holds epoch {state['epoch']}: --epochs {args.epochs} leaves nothing to train")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    torch.set_rng_state(state["rng"])
+    checkpoint.announce(int(state["epoch"]), path, rank)
+    return int(state["epoch"])
 
 
 if __name__ == "__main__":

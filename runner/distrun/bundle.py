@@ -121,6 +121,8 @@ export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
 fi
 echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$DISTRUN_HOST machine=$(hostname -s) pid=$$"
 cd {shlex.quote(plan.run_dir)}
+# One marker per started rank: 'distrun train --detach' and 'distrun status' count them.
+{{ mkdir -p started && echo "$(hostname -s) $$" > "started/rank-$RANK"; }} 2>/dev/null || :
 {source_env}exec "$@"
 """
 
@@ -214,6 +216,9 @@ def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, 
         **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env),
         "distrun_planned_network": planned_network(plan, network),
         "distrun_skip_preflight": not preflight,
+        "distrun_checkpoint_dir": plan.checkpoint_dir,
+        # A restart resumes from the head's checkpoints: in sync mode every node pulls them first.
+        "distrun_pull_checkpoints": plan.restart > 0,
         **preflight_needs(plan),
     }
 

@@ -114,11 +114,22 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="--launcher slurm: one multi-node job, or one job per node (default: the inventory's slurm_mode, else single).")
 @click.option("--allow-gpu-mismatch", is_flag=True,
               help="Launch even where a node's slots differ from its detected GPU count.")
+@click.option("--detach", is_flag=True,
+              help="Return once every rank started, printing the run id; the run goes on by itself "
+                   "(follow it with 'distrun attach', 'status', 'logs -f').")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="N",
+              help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
+                   "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from).")
+@click.option("--exclude-failed", is_flag=True,
+              help="With --max-restarts: restart without the node that failed, when the job still fits.")
+@click.option("--allow-concurrent", is_flag=True,
+              help="Launch even on hosts another run is using (by default such a run is refused).")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
           env_pairs: tuple[str, ...], port: int, dry_run: bool,
-          skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, script_args: tuple[str, ...]) -> None:
+          skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
+          exclude_failed: bool, allow_concurrent: bool, script_args: tuple[str, ...]) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
@@ -138,11 +149,18 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
         extra_env[key] = value
     if script is not None and not script.is_file():
         raise UserError(f"--script {script}: no such file; pass the path of your training program")
+    if exclude_failed and not max_restarts:
+        raise UserError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 --exclude-failed")
+    if detach and max_restarts:
+        raise UserError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
+                        "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
     request = JobRequest(
         inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
         env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
         allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
+        allow_gpu_mismatch=allow_gpu_mismatch, detach=detach, max_restarts=max_restarts,
+        exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
     )
     if dry_run:
         click.echo(dry_run_text(planning.dry_run(request)), nl=False)
@@ -225,15 +243,27 @@ def runs(prune: bool, older_than: str | None) -> None:
             console.print(f"removed {r.id} ({r.meta.verb}, {r.meta.status})", markup=False)
         console.print(f"pruned {len(removed)} run record(s) from {paths.runs_dir()}", markup=False)
         return
+    from .reconcile import views
+    from .runs import RecordError
+    from .ui import warn
+    from .ui_run import state_text
+
+    unreadable: dict[str, RecordError] = {}
+    records = list_runs(unreadable)
+    now = views(records)  # a running record whose distrun process is gone is checked on its nodes
     table = Table(show_edge=False)
     for col in ("run", "verb", "status", "rc", "duration", "inventory", "summary"):
         table.add_column(col)
-    for r in list_runs():
+    for r in records:
         d = r.meta.duration
+        v = now[r.id]
         table.add_row(*(escape(c) for c in (
-            r.id, r.meta.verb, r.meta.status, "" if r.meta.rc is None else str(r.meta.rc),
-            "" if d is None else f"{d:.1f}s", r.meta.inventory, r.meta.summary)))
+            r.id, r.meta.verb, state_text(v), "" if v.rc is None else str(v.rc),
+            "" if d is None else f"{d:.1f}s", r.meta.inventory, v.detail if v.state != r.meta.status or
+            v.state == "running" else r.meta.summary)))
     console.print(table)
+    for exc in unreadable.values():
+        warn(str(exc))
 
 
 @main.command()
@@ -264,6 +294,13 @@ def stop(run_id: str) -> None:
     print_stop_report(report)
     if report.missed:
         raise report.refusal()
+
+
+# The verbs of runs that outlive the terminal live beside this module.
+from .cli_long import attach, status  # noqa: E402
+
+main.add_command(status)
+main.add_command(attach)
 
 
 if __name__ == "__main__":  # pragma: no cover

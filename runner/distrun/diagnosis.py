@@ -81,10 +81,11 @@ def result(lines: list[str]) -> dict[str, Any] | None:
 
 
 def rank_logs(nodes_dir: Path) -> dict[int, Path]:
-    """Rank -> its stdout file among the collected files, from the header line every rank prints."""
+    """Rank -> its stdout file among the collected files, from the header line every rank prints;
+    the last attempt's (earlier attempts of a restarted run lie under attempts/)."""
     found: dict[int, Path] = {}
     for f in sorted(nodes_dir.rglob("*")):
-        if not f.is_file() or f.name not in ("stdout", "stdout.log"):
+        if not f.is_file() or f.name not in ("stdout", "stdout.log") or "attempts" in f.relative_to(nodes_dir).parts:
             continue
         try:
             with f.open(errors="replace") as fh:
@@ -95,6 +96,15 @@ def rank_logs(nodes_dir: Path) -> dict[int, Path]:
         if m:
             found.setdefault(int(m.group(1)), f)
     return found
+
+
+def failed_host(lines: list[str], launcher: Launcher) -> str | None:
+    """The host of the rank that failed first, when the launcher's output and the rank headers say."""
+    text = "\n".join(lines)
+    rank = launcher.failed_rank(text)
+    if rank is None:
+        return None
+    return {int(m[1]): m[2] for m in RANK_HOST_RE.finditer(text)}.get(rank)
 
 
 def first_failure(lines: list[str], launcher: Launcher) -> str:

@@ -15,13 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import contract, paths
+from . import contract, controller, paths
 from .diagnosis import rank_logs
 from .errors import UserError
-from .inventory import load_cluster
+from .inventory import Cluster, load_cluster
 from .launchers import LAUNCHERS, launcher_named
+from .liveness import CONTACT_LOST, ClusterState, read, recorded_plan
+from .plan import JobPlan
 from .remote import as_user, shell_argv
 from .runs import Run, load_run
+
+# Seconds between two reads of a run's nodes while following a run nothing else follows.
+ASK_EVERY_S = 5
 
 
 def rank_host(plan: dict[str, Any], rank: int) -> tuple[str, int] | None:
@@ -55,16 +60,59 @@ def remote_log_command(plan: dict[str, Any], rank: int) -> str | None:
         f"exec tail -n +1 -F -s 0.5 \"$f\""))
 
 
+class _Watch:
+    """Whether a run still runs: its record while a live distrun process follows it, else its
+    nodes, asked every few seconds (a record nothing follows never changes by itself)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.next_ask = 0.0
+        self.last = True
+
+    def followed(self) -> bool:
+        self.run.reload()
+        return self.run.meta.status == "running" and controller.alive(self.run.meta.controller) is True
+
+    def running(self) -> bool:
+        self.run.reload()
+        if self.run.meta.status != "running":
+            return False
+        if controller.alive(self.run.meta.controller):
+            return True
+        if time.monotonic() >= self.next_ask:
+            self.next_ask = time.monotonic() + ASK_EVERY_S
+            self.last = live_state(self.run).state == "running"
+        return self.last
+
+
+def live_state(run: Run) -> ClusterState:
+    """The run read from its nodes; UserError when they cannot be read."""
+    plan = recorded_plan(run)
+    return read(_cluster(run), plan)
+
+
+def _cluster(run: Run) -> Cluster:
+    inventory = Path(run.meta.inventory)
+    return load_cluster(inventory, paths.fact_cache_dir(inventory))
+
+
 def log_text(run_id: str, rank: int | None, follow: bool) -> Iterator[str]:
     """The launcher's log (rank None) or one rank's, as it grows while ``follow`` and the run runs."""
     run = load_run(run_id, verb="train")
+    watch = _Watch(run)
     if rank is None:
-        # The runner writes launcher.log as the run goes: following it is following the run.
+        # The runner writes launcher.log as the run goes: following it is following the run,
+        # while a distrun process follows it. Else the head's own log is followed.
         path = run.dir / "launcher.log"
+        if follow and run.meta.status == "running" and not watch.followed():
+            if path.is_file():
+                yield path.read_text(errors="replace")
+            yield from _remote_launcher(run, _head_lines(path))
+            return
     else:
         logs = rank_logs(run.dir / "nodes")
         if rank not in logs and run.meta.status == "running" and follow:
-            yield from _remote_rank(run, rank)
+            yield from _remote_rank(run, rank, watch)
             return
         if rank not in logs:
             have = ", ".join(str(r) for r in sorted(logs)) or "none"
@@ -78,12 +126,63 @@ def log_text(run_id: str, rank: int | None, follow: bool) -> Iterator[str]:
             chunk = fh.read()
             if chunk:
                 yield chunk
-            if not follow or load_run(run.id).meta.status != "running":
+            if not follow:
+                break
+            if not watch.followed():
+                yield fh.read()  # what was written before the record changed
+                if rank is None and run.meta.status == "running":
+                    # Its distrun process died while we followed: go on from the head.
+                    yield from _remote_launcher(run, _head_lines(path))
                 break
             time.sleep(0.5)
 
 
-def _remote_rank(run: Run, rank: int) -> Iterator[str]:
+def _head_lines(path: Path) -> int:
+    """Lines of the current attempt's head log already in the local launcher.log."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(errors="replace").splitlines()
+    marks = [i for i, line in enumerate(lines) if line.startswith("DISTRUN_RESTART ")]
+    return len(lines) - (marks[-1] + 1 if marks else 0)
+
+
+def remote_launcher_command(plan: JobPlan, skip: int) -> str:
+    """Follow the head launcher's log from line skip + 1 until the launcher exits."""
+    head = plan.head.name
+    return as_user(plan.user, (
+        f"h={shlex.quote(head)}; d={shlex.quote(plan.run_dir)}; "
+        'cd "$d" 2>/dev/null || { echo "$h: cannot enter $d" >&2; exit 3; }; '
+        'pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=; '
+        # No launcher pid: nothing will write the log any more; print it and end.
+        f'case "$pid" in ""|*[!0-9]*) exec tail -n +{int(skip) + 1} "launcher-$h.log" 2>/dev/null;; esac; '
+        f'exec tail -n +{int(skip) + 1} -F -s 0.5 --pid="$pid" "launcher-$h.log" 2>/dev/null'
+    ))
+
+
+def _remote_launcher(run: Run, skip: int) -> Iterator[str]:
+    """The head's launcher log, live from the head, until the launcher ends; one line when the
+    run is lost or its head does not answer."""
+    plan = recorded_plan(run)
+    cluster = _cluster(run)
+    state = read(cluster, plan)
+    if state.state == "unreachable":
+        raise UserError(f"run {run.id}: {state.reason}; the run may still be going: try again when its nodes answer",
+                        exit_code=CONTACT_LOST)
+    if state.state == "lost":
+        raise UserError(f"run {run.id} is lost: {state.reason}", exit_code=1)
+    node = next(n for n in cluster.nodes if n.name == plan.head.name)
+    proc = subprocess.Popen(shell_argv(node, remote_launcher_command(plan, skip)), stdout=subprocess.PIPE, text=True,
+                            bufsize=1, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        yield from proc.stdout
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait()
+
+
+def _remote_rank(run: Run, rank: int, watch: _Watch) -> Iterator[str]:
     """Tail a running rank's log on its own node until the run ends."""
     plan_file = run.dir / "plan.json"
     if not plan_file.is_file():
@@ -93,8 +192,7 @@ def _remote_rank(run: Run, rank: int) -> Iterator[str]:
     if command is None:
         raise UserError(f"run {run.id}: rank {rank} does not exist (world size {plan.get('world_size')})")
     host, _ = rank_host(plan, rank) or ("", 0)
-    inventory = Path(run.meta.inventory)
-    cluster = load_cluster(inventory, paths.fact_cache_dir(inventory))
+    cluster = _cluster(run)
     node = next((n for n in cluster.nodes if n.name == host), None)
     if node is None:
         raise UserError(f"run {run.id}: host {host} of rank {rank} is no longer in inventory {run.meta.inventory}")
@@ -119,7 +217,7 @@ def _remote_rank(run: Run, rank: int) -> Iterator[str]:
                 break
             if line:
                 yield line
-            if ended_at is None and load_run(run.id).meta.status != "running":
+            if ended_at is None and not watch.running():
                 ended_at = time.monotonic()
             # The last lines tail printed before the run was marked finished.
             if ended_at is not None and time.monotonic() - ended_at > 1.5:

@@ -63,6 +63,14 @@ class JobPlan:
     # Names of the user's --env variables. Their values never enter the plan (which is
     # recorded, and rendered into argv and launch scripts): they travel in env.sh, 0600.
     user_env_keys: tuple[str, ...] = ()
+    restart: int = 0  # how many times distrun restarted the run before this attempt
+    max_restarts: int = 0  # distrun's budget; torchrun also restarts its workers in place up to it
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Per run, in the shared folder, outside the run directory: it survives restarts and
+        is not collected with the logs."""
+        return f"{self.shared_dir.rstrip('/')}/checkpoints/{self.run_id}"
 
     @property
     def run_dir(self) -> str:
@@ -173,6 +181,8 @@ def build_plan(
     slurm: Mapping[str, str] | None = None,
     allow_gpu_mismatch: bool = False,
     gdc: tuple[float, int] | None = None,
+    restart: int = 0,
+    max_restarts: int = 0,
 ) -> JobPlan:
     mpi_world = launcher_named(launcher).mpi_world
     check_gpu_slots(cluster, allow=allow_gpu_mismatch)
@@ -227,7 +237,9 @@ def build_plan(
         # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
         # at exit and Open MPI waits for every other rank before it reports the failure.
         program = (program[0], "-m", "mpi4py", *program[1:])
-    env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1"}
+    env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
+           "DISTRUN_RESTART": str(restart),
+           "DISTRUN_CHECKPOINT_DIR": f"{cluster.shared_dir.rstrip('/')}/checkpoints/{run_id}"}
     for key in extra_env or {}:
         check_env_key(key)
     return JobPlan(
@@ -250,6 +262,8 @@ def build_plan(
         partition_dir=part_dir,
         slurm=dict(slurm or {}),
         user_env_keys=tuple(sorted(extra_env or {})),
+        restart=restart,
+        max_restarts=max_restarts,
     )
 
 

@@ -4,7 +4,7 @@ facts, and the dry run (the plan and every file and command it would run, touchi
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import paths, rules
@@ -32,6 +32,10 @@ class JobRequest:
     slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
     allow_gpu_mismatch: bool = False
     gdc: tuple[float, int] | None = None  # --use-gdc: (alpha, top-k) for the reference workloads
+    detach: bool = False  # return once every rank started (train --detach)
+    max_restarts: int = 0  # restart the whole job this many times when a rank fails or a node is lost
+    exclude_failed: bool = False  # restart without the node that failed, when the job still fits
+    allow_concurrent: bool = False  # launch on hosts another run is using
 
 
 def load(request: JobRequest) -> Cluster:
@@ -70,7 +74,13 @@ def facts_unusable(cluster: Cluster) -> str | None:
     return None
 
 
-def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: NetworkChoice | None) -> JobPlan:
+def without(cluster: Cluster, hosts: set[str]) -> Cluster:
+    """The cluster with these workers left out (a restart without a failed node)."""
+    return replace(cluster, workers=tuple(n for n in cluster.workers if n.name not in hosts))
+
+
+def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: NetworkChoice | None,
+              restart: int = 0) -> JobPlan:
     """The plan for a request; ``network`` is ``network(cluster)``, which run.yml also checks."""
     return build_plan(
         cluster,
@@ -89,6 +99,8 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         slurm=launcher_named(request.launcher).settings(cluster, request.slurm_mode),
         allow_gpu_mismatch=request.allow_gpu_mismatch,
         gdc=request.gdc,
+        restart=restart,
+        max_restarts=request.max_restarts,
     )
 
 

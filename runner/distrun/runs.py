@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import reprlib
 import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
-from . import paths
+from . import controller, paths
 from .errors import UserError
+
+# The record's format. A reader takes the fields it knows from any format and ignores the rest;
+# a record it cannot read names its format when that is newer than this one.
+FORMAT = 1
 
 
 @dataclass
@@ -21,14 +27,71 @@ class RunMeta:
     verb: str
     inventory: str
     started: float
-    status: str = "running"  # running, succeeded, failed, stopped
+    status: str = "running"  # running, succeeded, failed, stopped, lost
     rc: int | None = None
     finished: float | None = None
     summary: str = ""
+    format: int = FORMAT
+    # The distrun process following the run (controller.identity()); None once nothing follows
+    # it (a detached run, or a finished one).
+    controller: dict[str, Any] | None = None
+    # Whether the run's files were brought home; a run that ended while detached was not yet.
+    collected: bool = True
+    restarts: int = 0  # restarts done so far
+    max_restarts: int = 0
 
     @property
     def duration(self) -> float | None:
         return None if self.finished is None else self.finished - self.started
+
+
+class RecordError(UserError):
+    """A run record that cannot be read: one line naming it, and what to do."""
+
+
+_NUMBER = (int, float)
+# What each field of meta.json must hold for this version to use it.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "verb": (str,), "inventory": (str,), "started": _NUMBER, "status": (str,),
+    "rc": (int, type(None)), "finished": (*_NUMBER, type(None)), "summary": (str,), "format": (int,),
+    "controller": (dict, type(None)), "collected": (bool,), "restarts": (int,), "max_restarts": (int,),
+}
+
+
+def _holds(value: object, types: tuple[type, ...]) -> bool:
+    # JSON's true/false are Python bools, which are ints too: a bool only where one is expected.
+    return isinstance(value, types) and (bool in types or not isinstance(value, bool))
+
+
+def read_meta(directory: Path) -> RunMeta:
+    """A record's meta.json, forward-compatibly: unknown keys are ignored, a missing optional one
+    takes its default; anything else that is wrong is one RecordError line."""
+    path = directory / "meta.json"
+    if path.is_symlink() or not path.is_file():
+        raise RecordError(f"run record {directory}: no meta.json; remove the folder (it holds no readable run)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RecordError(f"run record {path} is unreadable ({why}); remove {directory} or restore the file") from None
+    fix = f"; remove {directory} or restore the file"
+    if isinstance(data, dict) and isinstance(data.get("format"), int) and data["format"] > FORMAT:
+        fix = f": it was written by a newer distrun (record format {data['format']}; this one reads {FORMAT}): upgrade distrun"
+    if not isinstance(data, dict):
+        raise RecordError(f"run record {path} holds no JSON object{fix}")
+    for key, types in _FIELD_TYPES.items():
+        if key in data and not _holds(data[key], types):
+            raise RecordError(f"run record {path}: {key}={reprlib.repr(data[key])} is not what distrun expects{fix}")
+    known = {k: v for k, v in data.items() if k in _META_FIELDS}
+    if "format" not in data:
+        known["format"] = 0  # written before records had a format
+    missing = [f for f in ("run_id", "verb", "inventory", "started") if f not in known]
+    if missing:
+        raise RecordError(f"run record {path} lacks {', '.join(missing)}{fix}")
+    meta = RunMeta(**known)
+    if meta.run_id != directory.name:
+        raise RecordError(f"run record {path} names run {meta.run_id!r}, not its folder's; it was copied or planted: remove it")
+    return meta
 
 
 class Run:
@@ -50,6 +113,22 @@ class Run:
         self.meta.status = status or ("succeeded" if rc == 0 else "failed")
         self.meta.finished = time.time()
         self.meta.summary = summary
+        self.meta.controller = None
+        self.save()
+
+    def reload(self) -> Run:
+        """The record as it is on disk now (another distrun process may have changed it)."""
+        self.meta = read_meta(self.dir)
+        return self
+
+    def follow_here(self) -> None:
+        """This process follows the run from now on: the record names it."""
+        self.meta.controller = controller.identity()
+        self.save()
+
+    def let_go(self) -> None:
+        """Nothing follows the run any more; it goes on by itself on the cluster."""
+        self.meta.controller = None
         self.save()
 
     def write(self, name: str, text: str, mode: int = 0o600) -> Path:
@@ -80,12 +159,17 @@ class Phases:
         self.run.write("timings.json", json.dumps(data, indent=2) + "\n")
 
 
-def new_run(verb: str, inventory: Path) -> Run:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_id = f"{stamp}-{verb}-{secrets.token_hex(2)}"
+def new_run_id(verb: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{verb}-{secrets.token_hex(2)}"
+
+
+def new_run(verb: str, inventory: Path, run_id: str | None = None) -> Run:
+    """A new record, followed by this process."""
+    run_id = run_id or new_run_id(verb)
     directory = paths.runs_dir() / run_id
     directory.mkdir(mode=0o700)
-    run = Run(directory, RunMeta(run_id=run_id, verb=verb, inventory=str(inventory), started=time.time()))
+    run = Run(directory, RunMeta(run_id=run_id, verb=verb, inventory=str(inventory), started=time.time(),
+                                 controller=controller.identity()))
     run.save()
     return run
 
@@ -121,34 +205,33 @@ def load_run(run_ref: str, verb: str | None = None) -> Run:
             what = f"{verb} runs" if verb else "runs"
             raise UserError(f"no {what} yet in {base}; start one with 'distrun train --inventory NAME'")
         return all_runs[-1]
-    runs = list_runs()
-    exact = [r for r in runs if r.id == run_ref]
-    matches = exact or [r for r in runs if r.id.startswith(run_ref) or r.id.endswith(run_ref)]
+    bad: dict[str, RecordError] = {}
+    runs = list_runs(bad)
+    names = [r.id for r in runs] + list(bad)
+    exact = [n for n in names if n == run_ref]
+    matches = exact or [n for n in names if n.startswith(run_ref) or n.endswith(run_ref)]
     if len(matches) == 1:
-        return matches[0]
+        if matches[0] in bad:
+            raise bad[matches[0]]
+        return next(r for r in runs if r.id == matches[0])
     if matches:
-        shown = ", ".join(r.id for r in matches[:8]) + (f" and {len(matches) - 8} more" if len(matches) > 8 else "")
+        shown = ", ".join(matches[:8]) + (f" and {len(matches) - 8} more" if len(matches) > 8 else "")
         raise UserError(f"run {run_ref!r} is ambiguous: it matches {shown}; give more of the id")
     raise UserError(f"run {run_ref!r} not found in {base}; 'distrun runs' lists them")
 
 
-def list_runs() -> list[Run]:
-    """Every readable record whose directory is a real folder named like a run id."""
+def list_runs(unreadable: dict[str, RecordError] | None = None) -> list[Run]:
+    """Every readable record whose directory is a real folder named like a run id, oldest
+    first; the others go into ``unreadable`` (folder name -> why), when given."""
     runs: list[Run] = []
     for directory in sorted(paths.runs_dir().iterdir()):
         if not RUN_ID_RE.fullmatch(directory.name) or directory.is_symlink() or not directory.is_dir():
             continue
-        meta_file = directory / "meta.json"
-        if meta_file.is_file() and not meta_file.is_symlink():
-            try:
-                data = json.loads(meta_file.read_text())
-                # Records written by older versions may hold keys this one no longer has.
-                meta = RunMeta(**{k: v for k, v in data.items() if k in _META_FIELDS})
-            except (json.JSONDecodeError, TypeError, AttributeError):
-                continue
-            if meta.run_id != directory.name:
-                continue  # a record copied or planted under another name: not this run
-            runs.append(Run(directory, meta))
+        try:
+            runs.append(Run(directory, read_meta(directory)))
+        except RecordError as exc:
+            if unreadable is not None:
+                unreadable[directory.name] = exc
     runs.sort(key=lambda r: r.meta.started)
     return runs
 

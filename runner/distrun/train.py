@@ -1,90 +1,60 @@
-"""One training run, end to end: plan, preflight, stage and launch in one playbook, follow the
-ranks, stop and collect, summarise. Prints nothing: it reports through a ``Listener``, which
-the UI implements (``ui_run.TrainView``); a bare Listener runs silently.
+"""One training run, end to end: claim the hosts, plan, preflight, stage and launch in one
+playbook, follow the ranks (or detach once they all started), restart after a failure while
+restarts are left, stop and collect, summarise. Prints nothing: it reports through a
+``Listener`` (listener.py), which the UI implements; a bare Listener runs silently.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import asdict
 
-from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
-from .bundle import common_vars, launch_scripts, plan_files, record_plan, run_vars, stage_vars
+from .ansible_bridge import PlaybookResult, run_playbook
+from .bundle import launch_scripts, plan_files, record_plan, run_vars, stage_vars
+from .busy import claim_request
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
-from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
-from .diagnosis import RunSummary, summarise
+from .collect import collect_hosts
+from .diagnosis import failed_host
+from .ending import RunEnd, collect_limits
 from .errors import UserError
-from .follow import Outcome, follow
+from .follow import Outcome
 from .inventory import Cluster
 from .judge import refusal
 from .launchers import launcher_named
+from .listener import EventHandler, Listener
+from .liveness import CONTACT_LOST, read, wait_started
 from .plan import JobPlan
-from .planning import JobRequest, facts_unusable, load, make_plan, network
-from .runs import Phases, Run, new_run
+from .planning import JobRequest, facts_unusable, load, make_plan, network, without
+from .restarts import archive, decide
+from .runs import Phases, new_run, new_run_id
 
-EventHandler = Callable[[PlaybookEvent], None]
+__all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
 # The steps of run.yml, in order; each play publishes its own as the fact distrun_step.
 STEPS = ("preflight", "stage", "launch")
-
-
-class Listener:
-    """What a run reports as it goes. Every method does nothing here; the UI overrides them."""
-
-    def started(self, run: Run) -> None:
-        """The run record exists."""
-
-    def playbook(self, title: str, hosts: list[str]) -> AbstractContextManager[EventHandler | None]:
-        """A playbook is about to run on hosts: the context is open while it runs and gives its event handler."""
-        return contextlib.nullcontext(None)
-
-    def playbook_failed(self, result: PlaybookResult, elapsed: float) -> None:
-        """A playbook failed in a way no later message explains."""
-
-    def replanning(self) -> None:
-        """The nodes' network changed since the plan was made: planning again."""
-
-    def line(self, text: str) -> None:
-        """One line of the head launcher's output, as it comes."""
-
-    def node_failed(self, reason: str) -> None:
-        """A node ended the run (its launcher failed, or the node was lost): every rank is being stopped."""
-
-    def interrupted(self) -> None:
-        """Ctrl-C: every rank is being stopped."""
-
-    def warn(self, message: str) -> None:
-        """Something went wrong that does not change the run's result (logs not collected)."""
-
-    def finished(self, summary: RunSummary) -> None:
-        """The run ended and its record is complete."""
-
-
-def collect_limits() -> dict[str, int]:
-    """Bytes and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB and
-    DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
-    limits: dict[str, int] = {}
-    for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
-        text = os.environ.get(var)
-        if text:
-            if not text.isdigit() or int(text) == 0:
-                raise UserError(f"{var}={text!r}: give a positive whole number")
-            limits[key] = int(text) * scale
-    return limits
+# How long --detach waits for every rank to start before it lets the run go anyway.
+DETACH_WAIT_S = 600
 
 
 class _Run:
-    """The steps of one run, with what they share: the request, the record, the listener."""
+    """The steps of one run, with what they share: the request, the record, the listener, and
+    what the attempts so far did (the plan, the hosts used and lost, restarts)."""
 
-    def __init__(self, request: JobRequest, listener: Listener, phases: Phases) -> None:
+    def __init__(self, request: JobRequest, listener: Listener, phases: Phases, cluster: Cluster) -> None:
         self.request = request
         self.listener = listener
         self.phases = phases
         self.run = phases.run
+        self.cluster = cluster
+        self.end = RunEnd(self.run, request.inventory, listener)
+        self.plan: JobPlan | None = None
+        self.limit: list[str] = []  # the head and the rank hosts of the current attempt
+        self.used: list[str] = []  # every host an attempt ran on
+        self.lost: set[str] = set()  # hosts that stopped answering: not waited on again
+        self.exclude: frozenset[str] = frozenset()
+        self.restart = 0
+        self.launched = False  # once run.yml reached its launch play, ranks may run: stop and collect
+        self.stopped = False  # the current attempt was stopped already
+        self.left_running = False  # detached, or out of contact: nothing to stop or collect here
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
                  limit: str | None = None) -> PlaybookResult:
@@ -111,129 +81,156 @@ class _Run:
         self.run.finish(3, "preflight failed")
         raise UserError(preflight_refusal(result, str(self.request.inventory)), exit_code=3)
 
-    def stop(self, plan: JobPlan, limit: str | None) -> None:
-        run_playbook("playbooks/stop.yml", self.request.inventory, self.run.dir,
-                     extravars={"distrun_run_id": plan.run_id}, limit=limit)
+    def launch(self) -> int | None:
+        """Plan this attempt and run run.yml (preflight, stage, launch): None once every launcher
+        started, 4 when staging failed, 5 when the launch did."""
+        request, run, phases = self.request, self.run, self.phases
+        for attempt in (1, 2):
+            cluster = without(self.cluster, set(self.exclude))
+            net = network(cluster)
+            plan = make_plan(request, cluster, run.id, net, restart=self.restart)
+            files, scripts = plan_files(plan), launch_scripts(plan)
+            record_plan(run, plan, files, scripts)
+            self.plan, self.stopped = plan, False
+            self.limit = list(dict.fromkeys([cluster.head.name, *(h.name for h in plan.hosts)]))
+            self.used = list(dict.fromkeys([*self.used, *self.limit]))
+            extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=request.env, network=net,
+                                    preflight=request.preflight),
+                         **self.preflight_vars()}
+            phases.mark("plan and bundle")
+            title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
+            result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit))
+            phases.mark("run.yml (preflight, stage, launch)")
+            step = "launch" if result.ok else failed_step(result)
+            self.launched = step == "launch"
+            if result.ok:
+                return None
+            if step == "preflight":
+                if attempt == 1 and any(h.facts.get("distrun_network_changed") for h in result.failures()):
+                    self.listener.replanning()
+                    self.cluster = load(request)  # facts now fresh
+                    continue
+                self.refuse_preflight(result)
+            if step == "stage":
+                run.finish(4, "staging failed")
+                return 4
+            break
+        return 5
 
-    def collect(self, plan: JobPlan, cluster: Cluster, lost: str | None = None) -> None:
-        dest = self.run.dir / "nodes"
-        dest.mkdir(exist_ok=True, mode=0o700)
-        hosts = [h for h in collect_hosts(cluster, [h.name for h in plan.hosts]) if h != lost]
-        failed = pull_run(cluster, plan.run_dir, hosts, dest, **collect_limits())
-        for h, e in failed.items():
-            if e.startswith((REFUSED, CAPPED)):
-                what = "refused" if e.startswith(REFUSED) else "incomplete"
-                self.listener.warn(f"collect from {h} {what}: {e.split(': ', 1)[1]}")
-        unreachable = {h: e for h, e in failed.items() if e.startswith(UNREACHABLE)}
-        retry = [h for h in failed if not failed[h].startswith(FINAL)]
-        lost_msgs = [f"{h} ({e[len(UNREACHABLE):]})" for h, e in unreachable.items()]
-        if lost:
-            lost_msgs.insert(0, f"{lost} (lost during the run)")
-        if retry:
-            # Whatever a tar over ssh could not bring from a reachable node, the playbook tries file by file.
-            result = run_playbook("playbooks/collect.yml", self.request.inventory, self.run.dir,
-                                  extravars={**common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(retry))
-            lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
-        if lost_msgs:
-            self.listener.warn(f"logs not collected from: {', '.join(lost_msgs)}")
+    def detach(self) -> bool:
+        """--detach: wait until every rank started, then let the run go on by itself. False when
+        it ended before that (it is then followed to its end here, like any run)."""
+        assert self.plan is not None
+        state = wait_started(self.cluster, self.plan, DETACH_WAIT_S)
+        if state.state != "running":
+            return False
+        self.run.let_go()
+        self.left_running = True
+        self.listener.detached(self.run, state)
+        return True
 
-    def follow(self, cluster: Cluster, plan: JobPlan, scripts: dict[str, str], lines: list[str]) -> Outcome:
-        with (self.run.dir / "launcher.log").open("w") as log:
+    def out_of_contact(self) -> str | None:
+        """After a node was lost: why no launch host answers any more (this machine's network, or
+        the head, is gone), or None when the launch hosts still answer."""
+        assert self.plan is not None
+        state = read(self.cluster, self.plan, self.lost)
+        return state.reason if state.state == "unreachable" else None
 
-            def on_line(text: str) -> None:
-                log.write(text + "\n")
-                log.flush()
-                lines.append(text)
-                if len(lines) > 4000:
-                    del lines[:2000]
-                self.listener.line(text)
+    def stop(self) -> None:
+        if self.plan is not None and not self.stopped:
+            self.lost |= self.end.stop(self.plan, [h for h in self.limit if h not in self.lost])
+            self.stopped = True
+            self.phases.mark("stop")
 
-            return follow(cluster, plan, list(scripts), on_line)
+    def restart_after(self, outcome: Outcome) -> bool:
+        """Stop what is left of a failed attempt and prepare the next, while restarts are left."""
+        request, plan = self.request, self.plan
+        assert plan is not None
+        if self.restart >= request.max_restarts:
+            return False
+        self.stop()
+        failed = outcome.host if outcome.lost else (failed_host(self.end.lines, launcher_named(plan.launcher)) or outcome.host)
+        decision = decide(self.cluster, plan, request.np, failed=failed, lost=self.lost, exclude_failed=request.exclude_failed)
+        if not decision.ok:
+            self.listener.not_restarting(decision.refused)
+            return False
+        hosts = [h for h in collect_hosts(self.cluster, self.used) if h not in self.lost]
+        unmoved = archive(self.cluster, plan, hosts, self.restart)
+        if unmoved:
+            self.listener.not_restarting("the failed attempt's files could not be put aside on "
+                                         + "; ".join(f"{h}: {why}" for h, why in unmoved.items()))
+            return False
+        # The record keeps each failed attempt's plan; its output stays in launcher.log.
+        self.run.write(f"attempts/{self.restart}/plan.json", (self.run.dir / "plan.json").read_text())
+        self.end.lines.clear()
+        self.restart += 1
+        self.exclude = decision.exclude
+        self.run.meta.restarts = self.restart
+        self.run.save()
+        left = [n.name for n in without(self.cluster, set(self.exclude)).workers]
+        self.listener.restarting(self.restart, request.max_restarts, left, outcome.reason or f"the launcher exited {outcome.rc}")
+        self.phases.mark("restart")
+        return True
 
-    def execute(self, cluster: Cluster) -> int:
+    def execute(self) -> int:
         request, run, phases, listener = self.request, self.run, self.phases, self.listener
         listener.started(run)
         phases.mark("load inventory")
-        if request.preflight and facts_unusable(cluster):
+        if request.preflight and facts_unusable(self.cluster):
             # First run against these nodes: the plan needs their interfaces and GPUs, so gather
             # facts first; later runs plan from the cache and run.yml verifies it still holds.
-            self.preflight(cluster)
-            cluster = load(request)
+            self.preflight(self.cluster)
+            self.cluster = load(request)
             phases.mark("gather facts (first run)")
         started = time.monotonic()
         rc: int | None = None
         interrupted = False
-        lines: list[str] = []
-        plan: JobPlan | None = None
-        limit = ""
-        launched = False  # once run.yml reached its launch play, ranks may run: stop and collect
-        lost: str | None = None  # a node the run lost: not waited on again when stopping and collecting
         try:
-            for attempt in (1, 2):
-                net = network(cluster)
-                plan = make_plan(request, cluster, run.id, net)
-                files = plan_files(plan)
-                scripts = launch_scripts(plan)
-                record_plan(run, plan, files, scripts)
-                limit = ",".join(dict.fromkeys([cluster.head.name, *(h.name for h in plan.hosts)]))
-                extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=request.env, network=net,
-                                        preflight=request.preflight),
-                             **self.preflight_vars()}
-                phases.mark("plan and bundle")
-                started = time.monotonic()
-                title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
-                result = self.playbook(title, "playbooks/run.yml", limit.split(","), extravars, limit=limit)
-                phases.mark("run.yml (preflight, stage, launch)")
-                step = "launch" if result.ok else failed_step(result)
-                launched = step == "launch"
-                if result.ok:
-                    break
-                if step == "preflight":
-                    replan = any(h.facts.get("distrun_network_changed") for h in result.failures())
-                    if replan and attempt == 1:
-                        listener.replanning()
-                        cluster = load(request)  # facts now fresh
-                        continue
-                    self.refuse_preflight(result)
-                if step == "stage":
-                    run.finish(4, "staging failed")
+            while True:
+                rc = self.launch()
+                if rc == 4:
                     return 4
-                rc = 5
-                break
-            assert plan is not None
-            if rc is None:
-                outcome = self.follow(cluster, plan, scripts, lines)
-                rc = outcome.rc
+                if rc is not None or (request.detach and self.detach()):
+                    break
+                assert self.plan is not None
+                outcome = self.end.follow(self.cluster, self.plan)
                 phases.mark("follow (ranks run)")
-                if outcome.lost:
-                    lost = outcome.host
-                if outcome.host and outcome.rc != 0:
+                rc = outcome.rc
+                if rc == 0:
+                    break
+                if outcome.lost and outcome.host:
+                    self.lost.add(outcome.host)
+                    why = self.out_of_contact()
+                    if why is not None:
+                        self.left_running = True
+                        run.let_go()
+                        listener.contact_lost(run, why)
+                        return CONTACT_LOST
+                if outcome.host:
                     listener.node_failed(outcome.reason)
-                    lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
+                    self.end.lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
+                if not self.restart_after(outcome):
+                    break
         except KeyboardInterrupt:
             interrupted = True
             listener.interrupted()
         finally:
-            if plan is not None and limit and (launched or interrupted):
+            if self.plan is not None and not self.left_running and (self.launched or interrupted):
                 if interrupted or rc is None or rc != 0:
                     # A lost node is left out: Ansible would wait its connect timeout for it, and its
                     # ranks lose their peers and the head's orted with it.
-                    self.stop(plan, ",".join(h for h in limit.split(",") if h != lost))
-                    phases.mark("stop")
-                self.collect(plan, cluster, lost)
+                    self.stop()
+                self.end.collect(self.cluster, self.plan, self.used, self.lost)
                 phases.mark("collect")
-        elapsed = time.monotonic() - started
+        if self.left_running:
+            return 0
         if interrupted:
             run.finish(130, "interrupted", status="stopped")
             return 130
-        assert rc is not None and plan is not None
-        summary = summarise(run.id, rc, elapsed, lines, launcher_named(plan.launcher), plan.world_size, run.dir / "nodes")
-        if summary.result is not None:
-            run.write("result.json", json.dumps(summary.result, indent=2) + "\n")
-        run.finish(summary.exit_code, summary.text)
-        listener.finished(summary)
+        assert rc is not None and self.plan is not None
+        code = self.end.summarise(rc, time.monotonic() - started, self.plan)
         phases.mark("summary")
-        return summary.exit_code
+        return code
 
 
 def failed_step(result: PlaybookResult) -> str:
@@ -257,34 +254,50 @@ def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
 
 
 def run_job(request: JobRequest, listener: Listener | None = None) -> int:
-    """Run a training job to its end; distrun's exit code."""
+    """Run a training job to its end (or, with request.detach, until every rank started);
+    distrun's exit code."""
     t0 = time.monotonic()
     cluster = load(request)  # a bad inventory leaves no record
     launcher_named(request.launcher).require_ready(cluster)
     collect_limits()  # a bad limit is refused before anything starts
-    phases = Phases(new_run("train", request.inventory), t0)
+    run_id = new_run_id("train")
+    held = claim_request(request, cluster, run_id)  # busy hosts, or a plan error, leave no record either
     try:
-        return _Run(request, listener or Listener(), phases).execute(cluster)
-    except UserError as exc:
-        if phases.run.meta.status == "running":  # e.g. a plan error: the record says why
-            phases.run.finish(exc.exit_code, str(exc))
-        raise
-    except Exception as exc:
-        if phases.run.meta.status == "running":
-            phases.run.finish(1, f"internal error: {type(exc).__name__}: {exc}")
-        raise
+        phases = Phases(new_run("train", request.inventory, run_id), t0)
+        phases.run.meta.max_restarts = request.max_restarts
+        phases.run.meta.collected = False
+        phases.run.save()
+        try:
+            return _Run(request, listener or Listener(), phases, cluster).execute()
+        except UserError as exc:
+            if phases.run.meta.status == "running":  # the record says why
+                phases.run.finish(exc.exit_code, str(exc))
+            raise
+        except Exception as exc:
+            if phases.run.meta.status == "running":
+                phases.run.finish(1, f"internal error: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            phases.save()
     finally:
-        phases.save()
+        if held is not None:
+            held.release()
 
 
 def run_partition_only(request: JobRequest, listener: Listener | None = None) -> int:
     """Partition the graph on the head node for the request's world size; 0 or 1."""
     cluster = load(request)
-    run = new_run("partition", request.inventory)
-    plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run.id, network(cluster))
+    run_id = new_run_id("partition")
+    # A bad --np is refused before the record exists: no record is left saying "running".
+    plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run_id, network(cluster))
     assert plan.partition is not None
-    steps = _Run(request, listener or Listener(), Phases(run))
-    result = steps.playbook("partition", "playbooks/stage.yml", [cluster.head.name],
-                            stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)
+    run = new_run("partition", request.inventory, run_id)
+    try:
+        steps = _Run(request, listener or Listener(), Phases(run), cluster)
+        result = steps.playbook("partition", "playbooks/stage.yml", [cluster.head.name],
+                                stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)
+    finally:
+        if run.meta.status == "running":
+            run.finish(1, "interrupted before the partition ended")
     run.finish(0 if result.ok else 1)
     return 0 if result.ok else 1

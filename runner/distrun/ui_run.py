@@ -11,10 +11,12 @@ from rich.markup import escape
 
 from .ansible_bridge import PlaybookResult
 from .diagnosis import RunSummary, epoch
+from .listener import EventHandler, Listener
+from .liveness import ClusterState
 from .planning import DryRun
+from .reconcile import RunView
 from .runs import Run
 from .stop import StopReport
-from .train import EventHandler, Listener
 from .ui import PlaybookProgress, console, err_console, print_summary, warn
 
 
@@ -51,6 +53,32 @@ class TrainView(Listener):
     def node_failed(self, reason: str) -> None:
         err_console.print(f"[red]{escape(reason)}: stopping every rank on every node[/red]")
 
+    def restarting(self, restart: int, max_restarts: int, hosts: list[str], reason: str) -> None:
+        err_console.print(f"[yellow]{escape(reason)}: restart {restart} of {max_restarts} on {escape(', '.join(hosts))}[/yellow]",
+                          soft_wrap=True)
+
+    def not_restarting(self, reason: str) -> None:
+        warn(f"not restarting: {reason}")
+
+    def detached(self, run: Run, state: ClusterState) -> None:
+        hosts = ", ".join(h for h, s in state.hosts.items() if s.started)
+        console.print(f"{len(state.started)} of {state.world_size} rank(s) started on {hosts}: the run goes on by itself",
+                      markup=False)
+        console.print(f"follow it: distrun attach {run.id}  |  distrun status {run.id}  |  distrun logs -f {run.id}  "
+                      f"|  distrun stop {run.id}", markup=False, soft_wrap=True)
+        console.print(run.id, markup=False)
+
+    def attached(self, run: Run) -> None:
+        console.print(f"attached to run {run.id}: following it to its end (Ctrl-C leaves it running)", markup=False)
+
+    def already_ended(self, run: Run) -> None:
+        console.print(f"run {run.id} already ended: {run.meta.status} ({run.meta.summary}); 'distrun logs {run.id}' "
+                      "shows its output", markup=False, soft_wrap=True)
+
+    def contact_lost(self, run: Run, reason: str) -> None:
+        warn(f"lost contact with the run's nodes ({reason}); the run may still be going: its record stays open. "
+             f"When the nodes answer again: 'distrun status {run.id}', 'distrun attach {run.id}'")
+
     def interrupted(self) -> None:
         err_console.print("[yellow]interrupted: stopping every rank on every node[/yellow]")
 
@@ -67,6 +95,27 @@ class TrainView(Listener):
                       f"{summary.elapsed:.1f}s{escape(summary.failure)}")
         for fix in summary.hints:
             console.print(f"  hint: {fix}", markup=False)
+
+
+def state_text(view: RunView) -> str:
+    """One word or two for a run's state in 'distrun runs': live states say they were checked."""
+    if view.state == "running":
+        return "running" if view.followed else "running (live)"
+    return view.state
+
+
+def print_status(view: RunView) -> None:
+    """'distrun status': the run's state, then each rank host as its probe answered."""
+    rc = "" if view.rc is None else f", exit code {view.rc}"
+    console.print(f"run {view.run.id}: {view.state}{rc}", markup=False)
+    if view.detail:
+        console.print(f"  {view.detail}", markup=False, soft_wrap=True)
+    meta = view.run.meta
+    if meta.max_restarts:
+        console.print(f"  restarts: {meta.restarts} of {meta.max_restarts}", markup=False)
+    if view.cluster is not None:
+        for host, s in view.cluster.hosts.items():
+            console.print(f"  {host}: {s.text()}", markup=False, soft_wrap=True)
 
 
 def print_stop_report(report: StopReport) -> None:

@@ -26,8 +26,9 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint_host or plan.master_addr}:{plan.master_port}",
         f"--rdzv-id={plan.run_id}",
-        # A failed rank fails the job; restarting would hide the error from the user.
-        "--max-restarts=0",
+        # In-node restarts: torchrun's agents restart every worker at once up to this many
+        # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost.
+        f"--max-restarts={int(plan.max_restarts)}",
         f"--log-dir={plan.run_dir}/torchrun/{host.name}",
         "--redirects=3",
         "--tee=3",

@@ -1,0 +1,172 @@
+"""One run at a time on a host: a run claims its hosts before it stages anything.
+
+A host is busy for a new run when another run's controller holds the host's claim, or when
+processes of another run live there. Neither can go stale. The claim is a lock held by an ssh
+session of the controller that took it: it ends with that session, when the controller exits or
+is killed, and at most 20 s after the controller's last heartbeat when its machine sleeps. The
+processes are the run itself: every process of a run carries its tag (DISTRUN_RUN_ID, the tag
+'distrun stop' uses), so a detached run keeps its hosts busy exactly as long as it runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .errors import UserError
+from .inventory import Cluster
+from .planning import JobRequest, make_plan
+from .remote import as_user, shell_argv
+from .runs import RUN_ID_RE
+
+HEARTBEAT_S = 5
+# Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
+HOLD_S = 20
+ANSWER_TIMEOUT_S = 30
+BUSY_EXIT = 2
+
+
+def claim_command(host: str, run_id: str, user: str) -> str:
+    """On host, as the training user: take the host's lock and hold it while the controller's
+    heartbeats come; or say who holds it, or which other runs have processes there."""
+    return as_user(user, (
+        f"set -u; h={shlex.quote(host)}; id={shlex.quote(run_id)}; "
+        # The training user's own home from the password database, not from the environment.
+        'home=$(getent passwd "$(id -un)" | cut -d: -f6); dir="$home/.cache/distrun"; '
+        'mkdir -p "$dir" && cd "$dir" && exec 9>>"busy-$h.lock" || { echo "DISTRUN_CLAIM_ERROR cannot write $dir"; exit 0; }; '
+        'if ! flock -n 9; then echo "DISTRUN_BUSY held $(head -c 80 "busy-$h.run" 2>/dev/null | tr -cd "A-Za-z0-9-")"; exit 0; fi; '
+        'others=; uid=$(id -u); '
+        'for p in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
+        # Read with builtins only: no process per process of the user.
+        "  r=; while IFS= read -r -d '' kv; do case \"$kv\" in DISTRUN_RUN_ID=*) r=${kv#DISTRUN_RUN_ID=}; break;; esac; "
+        '  done 2>/dev/null < "$p/environ"; r=${r//[!A-Za-z0-9-]/}; '
+        '  [ -n "$r" ] && [ "$r" != "$id" ] && case " $others " in *" $r "*) ;; *) others="$others $r";; esac; '
+        'done; '
+        'if [ -n "$others" ]; then echo "DISTRUN_BUSY running$others"; exit 0; fi; '
+        'echo "$id" > "busy-$h.run"; echo DISTRUN_CLAIMED; '
+        # Held while heartbeats come; a closed stdin (controller gone) or silence ends it.
+        f"while read -r -t {HOLD_S} _; do :; done"
+    ))
+
+
+@dataclass
+class Answer:
+    host: str
+    claimed: bool = False
+    busy_with: list[str] = field(default_factory=list)  # run ids; "" for a run that could not be named
+    held: bool = False  # busy because another controller holds the claim (it is starting or following)
+    error: str = ""
+
+
+def parse_answer(host: str, line: str) -> Answer:
+    words = line.split()
+    if words[:1] == ["DISTRUN_CLAIMED"]:
+        return Answer(host, claimed=True)
+    if words[:1] == ["DISTRUN_BUSY"] and len(words) >= 2:
+        ids = [w if RUN_ID_RE.fullmatch(w) else "" for w in words[2:]] or [""]
+        return Answer(host, busy_with=ids, held=words[1] == "held")
+    return Answer(host, error=line.strip()[:200] or "no answer")
+
+
+class Claim:
+    """The hosts a run holds; release() lets them go (they also go when this process dies)."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen[str]]) -> None:
+        self.procs = procs
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.procs)
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            for proc in self.procs.values():
+                try:
+                    assert proc.stdin is not None
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                except (OSError, ValueError):
+                    pass  # that session ended; the run's processes keep the host busy
+
+    def release(self) -> None:
+        self.stopped.set()
+        for proc in self.procs.values():
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def refusal(answers: list[Answer]) -> UserError:
+    """The one line that refuses a run on busy hosts, naming the runs that hold them."""
+    busy = [a for a in answers if a.busy_with]
+    runs = list(dict.fromkeys(r for a in busy for r in a.busy_with if r))
+    hosts = ", ".join(a.host for a in busy)
+    named = f"run {', '.join(runs)}" if runs else "another run"
+    how = "starting there now" if all(a.held for a in busy) else "running there now"
+    stop = f"stop it with 'distrun stop {runs[0]}'" if runs else "stop it with 'distrun stop RUN'"
+    return UserError(f"{hosts} {'is' if len(busy) == 1 else 'are'} busy with {named} ({how}): wait for it to end, "
+                     f"{stop}, or pass --allow-concurrent", exit_code=BUSY_EXIT)
+
+
+def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
+    """Claim every host for run_id, all at once; UserError naming the busy hosts and their runs.
+    A host that does not answer is not claimed: the preflight names it."""
+    nodes = {n.name: n for n in cluster.nodes}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    answers: queue.Queue[Answer] = queue.Queue()
+
+    def first_line(host: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        answers.put(parse_answer(host, line) if line else Answer(host, error=f"no answer (exit {proc.wait()})"))
+
+    for h in dict.fromkeys(hosts):
+        try:
+            argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user))
+        except UserError:
+            continue  # a host distrun cannot open a shell on: the preflight refuses it
+        procs[h] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True, bufsize=1, start_new_session=True)
+        threading.Thread(target=first_line, args=(h, procs[h]), daemon=True).start()
+    got: list[Answer] = []
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while len(got) < len(procs):
+        try:
+            got.append(answers.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    held = Claim({a.host: procs[a.host] for a in got if a.claimed})
+    if any(a.busy_with for a in got):
+        held.release()
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        raise refusal(sorted(got, key=lambda a: hosts.index(a.host)))
+    for h, proc in procs.items():
+        if h not in held.procs and proc.poll() is None:
+            proc.kill()
+    return held
+
+
+def claim_request(request: JobRequest, cluster: Cluster, run_id: str) -> Claim | None:
+    """Hold a request's hosts (the head and the rank hosts its plan would use) unless it allows
+    another run on them (--allow-concurrent). A plan error is refused here, before any record."""
+    if request.allow_concurrent:
+        return None
+    plan = make_plan(request, cluster, run_id, None)
+    return claim(cluster, [cluster.head.name, *(h.name for h in plan.hosts)], run_id)

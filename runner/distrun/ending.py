@@ -1,0 +1,111 @@
+"""A launched run to its end: follow its ranks, stop what is left, bring its files home, sum it
+up in the record. 'distrun train' does this after each launch (and between restarts);
+'distrun attach' does it for a run it takes over."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .ansible_bridge import run_playbook
+from .bundle import common_vars
+from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
+from .diagnosis import RunSummary, summarise
+from .errors import UserError
+from .follow import Outcome, follow
+from .inventory import Cluster
+from .launchers import launcher_named
+from .listener import Listener
+from .plan import JobPlan
+from .runs import Run
+
+# Lines the runner keeps in memory to read the result and the failure from (the rest is in launcher.log).
+KEEP_LINES = 4000
+
+
+def collect_limits() -> dict[str, int]:
+    """Bytes and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB and
+    DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
+    limits: dict[str, int] = {}
+    for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
+        text = os.environ.get(var)
+        if text:
+            if not text.isdigit() or int(text) == 0:
+                raise UserError(f"{var}={text!r}: give a positive whole number")
+            limits[key] = int(text) * scale
+    return limits
+
+
+class RunEnd:
+    """The end of one run, as one controller sees it: the lines it followed, what it stopped."""
+
+    def __init__(self, run: Run, inventory: Path, listener: Listener) -> None:
+        self.run = run
+        self.inventory = inventory
+        self.listener = listener
+        self.lines: list[str] = []
+        self.followed = 0  # follows so far: the first starts launcher.log afresh, later ones append
+
+    def follow(self, cluster: Cluster, plan: JobPlan) -> Outcome:
+        """Follow the launchers until the head's exits or a node fails; launcher.log gets every line."""
+        launch_hosts = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan)]
+        with (self.run.dir / "launcher.log").open("a" if self.followed else "w") as log:
+            if self.followed:
+                log.write(f"DISTRUN_RESTART {plan.restart}\n")
+            self.followed += 1
+
+            def on_line(text: str) -> None:
+                log.write(text + "\n")
+                log.flush()
+                self.lines.append(text)
+                if len(self.lines) > KEEP_LINES:
+                    del self.lines[:KEEP_LINES // 2]
+                self.listener.line(text)
+
+            return follow(cluster, plan, launch_hosts, on_line)
+
+    def stop(self, plan: JobPlan, hosts: list[str]) -> set[str]:
+        """Stop every process of the run on hosts; the hosts that could not be reached."""
+        if not hosts:
+            return set()
+        result = run_playbook("playbooks/stop.yml", self.inventory, self.run.dir,
+                              extravars={"distrun_run_id": plan.run_id}, limit=",".join(hosts))
+        return {h.name for h in result.hosts.values() if h.unreachable}
+
+    def collect(self, cluster: Cluster, plan: JobPlan, hosts: list[str], lost: set[str]) -> None:
+        """Bring the run directory home from hosts (every rank host in sync mode, else the head),
+        leaving out the lost ones; say what could not be brought."""
+        dest = self.run.dir / "nodes"
+        dest.mkdir(exist_ok=True, mode=0o700)
+        hosts = [h for h in collect_hosts(cluster, hosts) if h not in lost]
+        failed = pull_run(cluster, plan.run_dir, hosts, dest, **collect_limits())
+        for h, e in failed.items():
+            if e.startswith((REFUSED, CAPPED)):
+                what = "refused" if e.startswith(REFUSED) else "incomplete"
+                self.listener.warn(f"collect from {h} {what}: {e.split(': ', 1)[1]}")
+        unreachable = {h: e for h, e in failed.items() if e.startswith(UNREACHABLE)}
+        retry = [h for h in failed if not failed[h].startswith(FINAL)]
+        lost_msgs = [f"{h} (lost during the run)" for h in sorted(lost)]
+        lost_msgs += [f"{h} ({e[len(UNREACHABLE):]})" for h, e in unreachable.items()]
+        if retry:
+            # Whatever a tar over ssh could not bring from a reachable node, the playbook tries file by file.
+            result = run_playbook("playbooks/collect.yml", self.inventory, self.run.dir,
+                                  extravars={**common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(retry))
+            lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
+        if lost_msgs:
+            self.listener.warn(f"logs not collected from: {', '.join(lost_msgs)}")
+        self.run.meta.collected = True
+
+    def summarise(self, rc: int, elapsed: float, plan: JobPlan) -> int:
+        """Read what the run printed and what was collected; the record's last word; distrun's exit code."""
+        summary: RunSummary = summarise(self.run.id, rc, elapsed, self.lines, launcher_named(plan.launcher),
+                                        plan.world_size, self.run.dir / "nodes")
+        if summary.result is not None:
+            self.run.write("result.json", json.dumps(summary.result, indent=2) + "\n")
+        text = summary.text
+        if self.run.meta.restarts:
+            text += f" after {self.run.meta.restarts} restart(s)"
+        self.run.finish(summary.exit_code, text)
+        self.listener.finished(summary)
+        return summary.exit_code

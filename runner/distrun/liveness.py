@@ -1,0 +1,220 @@
+"""What a run is doing on its nodes now: the live state a record is reconciled with.
+
+A record says what its controller last wrote. When no controller follows the run any more (a
+detached run, a controller killed, a laptop that slept), the nodes say the rest: on each rank
+host, whether the run's launcher still runs or the exit code it wrote, which ranks started, how
+many of the run's processes live. From that, a run is running, finished with its real exit code,
+lost (its launcher ended without one) or unreachable (no answer from a launch host).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .errors import UserError
+from .inventory import Cluster, Node
+from .launchers import LAUNCHERS, launcher_named
+from .plan import JobPlan, RankHost
+from .remote import as_user, shell_argv
+from .runs import RecordError, Run
+
+PROBE_RE = re.compile(r"^DISTRUN_PROBE (.*)$", re.M)
+PROBE_TIMEOUT_S = 30
+# distrun's exit code when no launch host of a run answers: the run may go on without distrun.
+CONTACT_LOST = 6
+# Where the rank wrapper leaves one marker per started rank, in the run directory.
+STARTED_DIR = "started"
+
+
+@dataclass
+class HostState:
+    """One rank host, as its probe answered."""
+
+    host: str
+    reached: bool = True
+    error: str = ""
+    run_dir: bool = True  # the run's directory exists there
+    # running; exited (with rc); gone (a pid file, no process, no exit code); none (no launcher here, or not yet)
+    launcher: str = "none"
+    rc: int | None = None
+    procs: int = 0  # live processes carrying the run's tag
+    started: tuple[int, ...] = ()  # ranks whose wrapper ran here
+
+    def text(self) -> str:
+        if not self.reached:
+            return f"unreachable: {self.error}"
+        if not self.run_dir:
+            return "no run directory"
+        launcher = {"running": "launcher running", "exited": f"launcher exited {self.rc}",
+                    "gone": "launcher gone without an exit code", "none": ""}[self.launcher]
+        ranks = f"ranks {','.join(map(str, self.started))} started" if self.started else "no rank started"
+        return ", ".join(x for x in (launcher, f"{self.procs} process(es) of the run", ranks) if x)
+
+
+@dataclass
+class ClusterState:
+    """A run's state read from its nodes."""
+
+    state: str  # running, succeeded, failed, lost, unreachable
+    rc: int | None = None  # the launcher's exit code, once it exited
+    reason: str = ""
+    hosts: dict[str, HostState] = field(default_factory=dict)
+    world_size: int = 0
+
+    @property
+    def started(self) -> tuple[int, ...]:
+        return tuple(sorted({r for h in self.hosts.values() for r in h.started}))
+
+    @property
+    def final(self) -> bool:
+        return self.state in ("succeeded", "failed", "lost")
+
+
+def recorded_plan(run: Run) -> JobPlan:
+    """The plan a run recorded (plan.json), as the object the launchers take."""
+    path = run.dir / "plan.json"
+    if not path.is_file():
+        raise RecordError(f"run {run.id} has no plan.json: it ended before it was planned")
+    try:
+        data = json.loads(path.read_text())
+        data["hosts"] = tuple(RankHost(**h) for h in data["hosts"])
+        for key in ("program", "env", "partition"):
+            if data.get(key) is not None:
+                data[key] = tuple(tuple(x) if isinstance(x, list) else x for x in data[key])
+        plan = JobPlan(**data)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RecordError(f"run {run.id}: {path} is unreadable ({type(exc).__name__}); this record cannot be followed") from None
+    if plan.launcher not in LAUNCHERS:
+        raise RecordError(f"run {run.id}: launcher {plan.launcher!r} is unknown to this distrun")
+    return plan
+
+
+def probe_command(plan: JobPlan, host: str) -> str:
+    """The remote check of one host, as the training user; prints one DISTRUN_PROBE line of
+    key=value words (numbers and fixed words only: what a node sends back is not trusted)."""
+    return as_user(plan.user, (
+        f"set -u; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; tag={shlex.quote('DISTRUN_RUN_ID=' + plan.run_id)}; "
+        'cd "$d" 2>/dev/null || { echo "DISTRUN_PROBE dir=0"; exit 0; }; '
+        "code() { rc=$(cat \"exitcode-$h\" 2>/dev/null) || rc=; case \"$rc\" in *[!0-9-]*) rc=;; esac; state=exited; }; "
+        'state=none; rc=; '
+        'if [ -e "exitcode-$h" ]; then code; '
+        'elif [ -s "launcher-$h.pid" ]; then state=gone; read -r pid < "launcher-$h.pid" || pid=; '
+        # The launch script's own shell: alive, in this run dir, running this host's launch script.
+        '  case "$pid" in ""|*[!0-9]*) ;; *) '
+        '    if [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$(pwd -P)" ] && '
+        "       tr '\\0' ' ' < \"/proc/$pid/cmdline\" 2>/dev/null | grep -qF \"launch-$h.sh\"; then state=running; fi;; esac; "
+        '  if [ "$state" = gone ] && [ -e "exitcode-$h" ]; then code; fi; '
+        'fi; '
+        'uid=$(id -u); procs=0; '
+        'for p in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
+        '  if grep -qzxF "$tag" "$p/environ" 2>/dev/null; then procs=$((procs + 1)); fi; done; '
+        f"started=$(ls {STARTED_DIR} 2>/dev/null | sed -n 's/^rank-\\([0-9][0-9]*\\)$/\\1/p' | tr '\\n' ',' ); "
+        'echo "DISTRUN_PROBE dir=1 launcher=$state rc=$rc procs=$procs started=$started"'
+    ))
+
+
+def parse_probe(host: str, output: str) -> HostState:
+    """A host's state from its probe's output; a host that printed no DISTRUN_PROBE line was not reached."""
+    found = PROBE_RE.findall(output)
+    if not found:
+        last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no answer")
+        return HostState(host, reached=False, error=last[:200])
+    words = dict(w.split("=", 1) for w in found[-1].split() if "=" in w)
+    state = HostState(host, run_dir=words.get("dir") == "1")
+    launcher = words.get("launcher", "none")
+    state.launcher = launcher if launcher in ("running", "exited", "gone", "none") else "none"
+    rc = words.get("rc", "")
+    state.rc = int(rc) if re.fullmatch(r"-?\d{1,4}", rc) else None
+    if state.launcher == "exited" and state.rc is None:
+        state.launcher = "gone"  # an exit code file without a code in it
+    procs = words.get("procs", "0")
+    state.procs = int(procs) if procs.isdigit() else 0
+    state.started = tuple(sorted({int(r) for r in words.get("started", "").split(",") if r.isdigit()}))
+    return state
+
+
+def _probe_one(node: Node, plan: JobPlan, timeout_s: float) -> HostState:
+    try:
+        proc = subprocess.run(shell_argv(node, probe_command(plan, node.name)), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return HostState(node.name, reached=False, error=f"no answer within {timeout_s:.0f}s")
+    except (OSError, UserError) as exc:
+        return HostState(node.name, reached=False, error=str(exc))
+    return parse_probe(node.name, proc.stdout + "\n" + proc.stderr)
+
+
+def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
+          lost: set[str] | frozenset[str] = frozenset()) -> dict[str, HostState]:
+    """Every rank host of the plan, all at once; hosts known ``lost`` are not asked again."""
+    nodes = {n.name: n for n in cluster.nodes}
+    hosts = [h.name for h in plan.hosts]
+    ask = [h for h in hosts if h in nodes and h not in lost]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ask)))) as pool:
+        futures = {h: pool.submit(_probe_one, nodes[h], plan, timeout_s) for h in ask}
+    states = {h: f.result() for h, f in futures.items()}
+    for h in hosts:
+        if h not in states:
+            why = "lost during the run" if h in lost else f"not in inventory {cluster.source} any more"
+            states[h] = HostState(h, reached=False, error=why)
+    return {h: states[h] for h in hosts}
+
+
+def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
+    """The run's state from its hosts' answers: its launchers say whether it runs and how it ended."""
+    launcher = launcher_named(plan.launcher)
+    launch = [h.name for h in launcher.launch_hosts(plan)]
+    state = ClusterState("running", hosts=hosts, world_size=plan.world_size)
+    unreached = [h for h in launch if not hosts[h].reached]
+    running = [h for h in launch if hosts[h].reached and hosts[h].launcher == "running"]
+    if running:
+        if unreached:
+            state.reason = "; ".join(f"{h} unreachable: {hosts[h].error}" for h in unreached)
+        return state
+    if unreached:
+        state.state = "unreachable"
+        state.reason = "; ".join(f"cannot reach {h} ({hosts[h].error})" for h in unreached)
+        return state
+    no_dir = [h for h in launch if not hosts[h].run_dir]
+    gone = [h for h in launch if hosts[h].launcher in ("gone", "none")]
+    if no_dir or gone:
+        state.state = "lost"
+        if no_dir:
+            state.reason = f"the run directory {plan.run_dir} is missing on {', '.join(no_dir)}"
+        else:
+            state.reason = (f"the launcher on {', '.join(gone)} ended without writing its exit code "
+                            "(killed, stopped, or its node restarted)")
+        return state
+    codes = {h: int(hosts[h].rc or 0) for h in launch}
+    head = plan.head.name
+    bad = [h for h in launch if codes[h] != 0]
+    rc = codes[head] if codes.get(head) else (codes[bad[0]] if bad else 0)
+    state.rc = rc
+    state.state = "succeeded" if rc == 0 else "failed"
+    state.reason = f"the launcher exited {rc}" + (f" on {', '.join(bad)}" if bad else "")
+    return state
+
+
+def read(cluster: Cluster, plan: JobPlan, lost: set[str] | frozenset[str] = frozenset()) -> ClusterState:
+    return judge(plan, probe(cluster, plan, lost=lost))
+
+
+def wait_started(cluster: Cluster, plan: JobPlan, timeout_s: float,
+                 on_state: Callable[[ClusterState], None] | None = None) -> ClusterState:
+    """Poll the rank hosts until every rank started, or the run is no longer running, or
+    ``timeout_s`` passed; the last state read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = read(cluster, plan)
+        if on_state is not None:
+            on_state(state)
+        if state.state != "running" or len(state.started) >= plan.world_size or time.monotonic() > deadline:
+            return state
+        time.sleep(1)

@@ -1,0 +1,91 @@
+"""Restarts: after a failed rank or a lost node, on which hosts a run starts again, and putting
+the failed attempt's files aside so the next attempt starts clean.
+
+The job itself resumes: every rank gets DISTRUN_RESTART (0, 1, ...) and DISTRUN_CHECKPOINT_DIR,
+a folder per run in the shared folder that survives restarts (plan.py). A restart re-plans on
+the hosts that are left and runs run.yml again (preflight, stage, launch); in sync mode the
+stage step first copies the head's checkpoints to every node.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .errors import UserError
+from .inventory import Cluster
+from .plan import JobPlan
+from .remote import as_user, shell_argv
+
+# What one attempt leaves in the run directory; a restart moves it to attempts/<n>/.
+ATTEMPT_FILES = ("launcher-*", "exitcode-*", "ranks", "torchrun", "started", "slurm-*.out")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where the next attempt runs: the hosts left out (empty: the same hosts), or why it cannot."""
+
+    exclude: frozenset[str] = frozenset()
+    refused: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+
+def decide(cluster: Cluster, plan: JobPlan, np: int | None, *, failed: str | None, lost: Iterable[str],
+           exclude_failed: bool) -> Decision:
+    """The next attempt's hosts after a failure. A lost node is left out when the user allowed it
+    (--exclude-failed), a failed node too when the job still fits without it; the head, which
+    starts the job, is never left out."""
+    lost = set(lost)
+    head = cluster.head.name
+    if head in lost:
+        return Decision(refused=f"the head node {head} is lost; a run cannot go on without it")
+    if lost and not exclude_failed:
+        return Decision(refused=f"{', '.join(sorted(lost))} cannot be reached; restart with --exclude-failed "
+                                "to go on without it, or bring it back and run the job again")
+    used = {h.name for h in plan.hosts}
+    drop = set(lost)
+    if exclude_failed and failed and failed != head and failed in used:
+        drop.add(failed)
+    left = [n for n in cluster.workers if n.name not in drop]
+    slots = sum(n.slots for n in left)
+    need = plan.world_size if np is not None else 1
+    if slots >= need and left:
+        return Decision(frozenset(drop))
+    if drop - lost and slots + sum(n.slots for n in cluster.workers if n.name in drop - lost) >= need:
+        return Decision(frozenset(lost))  # the failed node is reachable: the job fits only with it
+    shown = ", ".join(sorted(drop))
+    return Decision(refused=f"--np {np} needs {need} slots; without {shown} only {slots} are left")
+
+
+def archive_command(plan: JobPlan, attempt: int) -> str:
+    """As the training user: move the finished attempt's launcher, rank and marker files to
+    attempts/<attempt>/ in the run directory (the next attempt writes the same names)."""
+    names = " ".join(ATTEMPT_FILES)
+    return as_user(plan.user, (
+        f"set -e; d={shlex.quote(plan.run_dir)}; a=attempts/{int(attempt)}; "
+        'cd "$d"; mkdir -p "$a"; '
+        f'for f in {names}; do if [ -e "$f" ] && [ ! -L "$f" ]; then mv -- "$f" "$a/"; fi; done'
+    ))
+
+
+def archive(cluster: Cluster, plan: JobPlan, hosts: list[str], attempt: int) -> dict[str, str]:
+    """Put the attempt's files aside on hosts, all at once; host -> why, for those that failed."""
+    nodes = {n.name: n for n in cluster.nodes}
+
+    def one(host: str) -> str | None:
+        try:
+            proc = subprocess.run(shell_argv(nodes[host], archive_command(plan, attempt)), capture_output=True,
+                                  text=True, timeout=60, stdin=subprocess.DEVNULL)
+        except (OSError, UserError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
+        results = dict(zip(hosts, pool.map(one, hosts), strict=True))
+    return {h: why for h, why in results.items() if why}

@@ -1,0 +1,358 @@
+"""Runs that outlive the terminal, run for real in local shells: a run's state read from its
+"node" (this machine), records checked against it, the claim on busy hosts, restarts."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distrun import busy, controller, liveness, reconcile, restarts, runs
+from distrun.bundle import launch_scripts
+from distrun.errors import UserError
+from distrun.inventory import cluster_from_json
+from distrun.launchers.mpirun import Mpirun
+from distrun.logs import log_text
+from distrun.plan import build_plan
+
+from .conftest import distrun_bin
+
+ME = getpass.getuser()
+
+
+def local_cluster(names=("n1",), slots=1):
+    hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": slots, "distrun_user": ME}
+             for i, h in enumerate(names, 1)}
+    inv = {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
+           "head": {"hosts": [names[0]]}, "workers": {"hosts": list(names)}}
+    return cluster_from_json(Path("/inv/hosts.yml"), inv, None)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def record(run_id: str, verb: str = "train", **meta) -> runs.Run:
+    """A record as a distrun process that was killed leaves it: running, its controller gone."""
+    run = runs.new_run(verb, Path("/inv/hosts.yml"), run_id)
+    run.meta.controller = {**controller.identity(), "pid": dead_pid()}
+    for key, value in meta.items():
+        setattr(run.meta, key, value)
+    run.save()
+    return run
+
+
+class LocalRun:
+    """A train run launched on this machine with distrun's own launch script; the launcher's
+    command is replaced by a shell line (no mpirun needed)."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, program: str, run_id: str = "20260101-000000-train-aaaa") -> None:
+        self.cluster = local_cluster()
+        plan = build_plan(self.cluster, run_id=run_id, launcher="mpirun", script="job.py")
+        self.plan = dataclasses.replace(plan, user=ME, shared_dir=str(tmp_path / "shared"))
+        monkeypatch.setattr(Mpirun, "command", lambda self_, plan_, host: ["bash", "-c", program])
+        self.dir = Path(self.plan.run_dir)
+        self.dir.mkdir(parents=True)
+        for host, text in launch_scripts(self.plan).items():
+            (self.dir / f"launch-{host}.sh").write_text(text)
+        self.run = record(run_id)
+        self.run.write("plan.json", json.dumps(dataclasses.asdict(self.plan), default=str))
+
+    def launch(self) -> None:
+        # As the job role starts it: detached, in its own session.
+        subprocess.run(["setsid", "-f", "bash", "launch-n1.sh"], cwd=self.dir, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not (self.dir / "launcher-n1.pid").is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def state(self) -> liveness.ClusterState:
+        return liveness.read(self.cluster, self.plan)
+
+    def cache(self) -> reconcile.ClusterCache:
+        cache = reconcile.ClusterCache()
+        cache._clusters[self.run.meta.inventory] = self.cluster
+        return cache
+
+    def wait_exit(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not (self.dir / "exitcode-n1").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+# ------------------------------------------------------------------ records that never lie
+
+def test_a_record_keeps_its_controller_and_knows_when_it_is_gone(private_state):
+    run = runs.new_run("train", Path("/inv/hosts.yml"))
+    assert controller.alive(run.meta.controller) is True  # this test process
+    run.meta.controller = {**controller.identity(), "pid": dead_pid()}
+    assert controller.alive(run.meta.controller) is False
+    # A pid that is alive but started at another time is not the controller (pid reuse).
+    assert controller.alive({**controller.identity(), "start": 1}) is False
+    assert controller.alive({**controller.identity(), "host": "another-machine"}) is None
+    run.finish(0)
+    assert runs.read_meta(run.dir).controller is None
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("{not json", "is unreadable"),
+    ('["a list"]', "holds no JSON object"),
+    ('{"run_id": "X", "verb": "train", "inventory": "i", "started": "yesterday"}', "started='yesterday' is not what distrun expects"),
+    ('{"format": 9, "run_id": "X", "verb": "train", "inventory": "i", "started": {"t": 1}}',
+     "written by a newer distrun (record format 9; this one reads 1): upgrade distrun"),
+    ('{"verb": "train"}', "lacks run_id, inventory, started"),
+])
+def test_an_unreadable_record_is_one_error_naming_it_and_the_fix(private_state, text, said):
+    run_id = "20260101-000000-train-bad1"
+    folder = runs.new_run("train", Path("/inv"), run_id).dir
+    (folder / "meta.json").write_text(text.replace('"X"', f'"{run_id}"'))
+    with pytest.raises(runs.RecordError) as caught:
+        runs.read_meta(folder)
+    assert said in str(caught.value) and str(folder) in str(caught.value) and "\n" not in str(caught.value)
+    bad: dict[str, runs.RecordError] = {}
+    assert runs.list_runs(bad) == [] and list(bad) == [run_id]
+
+
+def test_every_verb_says_an_unreadable_record_in_one_line(private_state, cli_env):
+    run_id = "20260101-000000-train-bad1"
+    folder = runs.new_run("train", Path("/inv"), run_id).dir
+    (folder / "meta.json").write_text("{not json")
+    for args in (["runs"], ["logs", run_id], ["status", run_id], ["attach", "bad1"], ["stop", run_id]):
+        out = subprocess.run([distrun_bin(), *args], capture_output=True, text=True, env=cli_env, timeout=60)
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "is unreadable" in lines[0] and str(folder) in lines[0], (args, out.stderr)
+        assert out.returncode == (0 if args == ["runs"] else 2), (args, out)
+
+
+def test_a_newer_record_with_unknown_fields_is_read(private_state):
+    run = runs.new_run("train", Path("/inv"))
+    data = json.loads((run.dir / "meta.json").read_text())
+    (run.dir / "meta.json").write_text(json.dumps({**data, "format": 2, "priority": "high", "labels": {"a": 1}}))
+    assert runs.read_meta(run.dir).run_id == run.id
+
+
+def test_records_whose_distrun_process_died_are_shown_lost_and_corrected(private_state, cli_env):
+    setup = record("20260101-000000-setup-aaaa", verb="setup")
+    unplanned = record("20260101-000001-train-bbbb")
+    out = subprocess.run([distrun_bin(), "runs"], capture_output=True, text=True, env=cli_env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for run in (setup, unplanned):
+        row = next(line for line in out.stdout.splitlines() if run.id in line)
+        assert " lost " in row, row
+        assert runs.read_meta(run.dir).status == "lost"
+    # 'logs last' no longer targets a run that waits forever: it is over.
+    logs = subprocess.run([distrun_bin(), "logs", "last", "-f"], capture_output=True, text=True, env=cli_env, timeout=60)
+    assert logs.returncode == 2 and "launcher.log does not exist" in logs.stderr
+
+
+def test_partition_with_a_bad_np_leaves_no_running_record(private_state, cli_env):
+    out = subprocess.run([distrun_bin(), "partition", "-i", "tests/golden/inventories/two-nodes", "--np", "99"],
+                         capture_output=True, text=True, env=cli_env, timeout=120, cwd=Path(__file__).parents[2])
+    assert out.returncode == 2 and "--np 99 is more than the 3 slots" in out.stderr
+    assert all(r.meta.status != "running" for r in runs.list_runs())
+
+
+# ------------------------------------------------------------------ a run's live state
+
+def test_the_nodes_say_running_then_the_real_exit_code_and_the_record_is_corrected(tmp_path, monkeypatch):
+    # The job runs until the test releases it (at most a minute), however slow this machine is.
+    release = tmp_path / "release"
+    local = LocalRun(tmp_path, monkeypatch, "mkdir -p started && : > started/rank-0; echo hello; "
+                     f"for _ in $(seq 1200); do [ -e {release} ] && break; sleep 0.05; done; exit 3")
+    local.launch()
+    state = local.state()
+    assert state.state == "running", state
+    assert state.hosts["n1"].launcher == "running" and state.hosts["n1"].procs >= 1
+    assert state.started == (0,)
+    shown = reconcile.view(local.run, local.cache())
+    assert shown.state == "running" and "no distrun process follows it" in shown.detail
+    assert runs.read_meta(local.run.dir).status == "running"
+
+    release.touch()
+    local.wait_exit()
+    state = local.state()
+    assert (state.state, state.rc) == ("failed", 3)
+    shown = reconcile.view(local.run, local.cache())
+    meta = runs.read_meta(local.run.dir)
+    # The record now says how it ended: distrun's exit code, the launcher's in the summary;
+    # its logs are still on the node until 'distrun attach' brings them.
+    assert (shown.state, meta.status, meta.rc, meta.collected) == ("failed", "failed", 1, False)
+    assert "failed rc=3" in meta.summary and "distrun attach" in shown.detail
+
+
+def test_a_launcher_that_vanished_without_an_exit_code_is_lost(tmp_path, monkeypatch):
+    local = LocalRun(tmp_path, monkeypatch, "true")
+    (local.dir / "launcher-n1.pid").write_text(f"{dead_pid()}\n")
+    state = local.state()
+    assert state.state == "lost" and "ended without writing its exit code" in state.reason
+    assert reconcile.view(local.run, local.cache()).state == "lost"
+    assert runs.read_meta(local.run.dir).status == "lost"
+
+
+def test_a_host_that_does_not_answer_is_unreachable_and_the_record_is_kept(tmp_path, monkeypatch):
+    local = LocalRun(tmp_path, monkeypatch, "true")
+    monkeypatch.setattr(liveness, "_probe_one", lambda node, plan, t: liveness.HostState(node.name, reached=False,
+                                                                                       error="ssh: connect timed out"))
+    shown = reconcile.view(local.run, local.cache())
+    assert shown.state == "unreachable" and "cannot reach n1 (ssh: connect timed out)" in shown.detail
+    assert runs.read_meta(local.run.dir).status == "running"
+
+
+@pytest.mark.parametrize(("launcher", "answers", "state", "rc"), [
+    ("mpirun", {"n1": "launcher=running", "n2": "launcher=none"}, "running", None),
+    ("mpirun", {"n1": "launcher=exited rc=0", "n2": "launcher=none"}, "succeeded", 0),
+    ("mpirun", {"n1": "launcher=exited rc=137", "n2": None}, "failed", 137),
+    ("mpirun", {"n1": None, "n2": "launcher=none"}, "unreachable", None),
+    ("torchrun", {"n1": "launcher=running", "n2": None}, "running", None),
+    ("torchrun", {"n1": "launcher=exited rc=0", "n2": "launcher=exited rc=1"}, "failed", 1),
+    ("torchrun", {"n1": "launcher=exited rc=0", "n2": "launcher=gone"}, "lost", None),
+    ("torchrun", {"n1": "launcher=exited rc=0", "n2": "launcher=exited rc=junk"}, "lost", None),
+])
+def test_the_launchers_decide_the_runs_state(launcher, answers, state, rc):
+    cluster = local_cluster(("n1", "n2"))
+    plan = build_plan(cluster, run_id="R", launcher=launcher, workload="ddp")
+    hosts = {h: liveness.parse_probe(h, f"noise\nDISTRUN_PROBE dir=1 {a} procs=2 started=0,\n" if a else "ssh: timeout")
+             for h, a in answers.items()}
+    judged = liveness.judge(plan, hosts)
+    assert (judged.state, judged.rc) == (state, rc), judged
+
+
+# ------------------------------------------------------------------ logs -f ends with the run
+
+def test_logs_follow_of_a_run_nothing_follows_reads_the_head_and_ends_with_the_run(tmp_path, monkeypatch):
+    local = LocalRun(tmp_path, monkeypatch, "for i in 1 2 3; do echo line $i; sleep 0.5; done")
+    monkeypatch.setattr("distrun.logs._cluster", lambda run: local.cluster)
+    local.launch()
+    started = time.monotonic()
+    text = "".join(log_text(local.run.id, None, follow=True))
+    assert "line 1\nline 2\nline 3\n" in text
+    assert (local.dir / "exitcode-n1").exists(), "logs -f returned before the launcher ended"
+    assert time.monotonic() - started < 60
+
+
+def test_logs_follow_of_a_lost_run_ends_at_once_with_one_line(tmp_path, monkeypatch):
+    local = LocalRun(tmp_path, monkeypatch, "true")
+    monkeypatch.setattr("distrun.logs._cluster", lambda run: local.cluster)
+    (local.dir / "launcher-n1.pid").write_text(f"{dead_pid()}\n")
+    with pytest.raises(UserError, match="is lost: the launcher on n1 ended without writing its exit code"):
+        "".join(log_text(local.run.id, None, follow=True))
+
+
+# ------------------------------------------------------------------ one run at a time
+
+def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets_go(tmp_path):
+    host = f"unit-{os.getpid()}"
+    cluster = local_cluster((host,))
+    first, second = "20260101-000000-train-aaa1", "20260101-000000-train-bbb2"
+    held = busy.claim(cluster, [host], first)
+    try:
+        with pytest.raises(UserError, match=f"{host} is busy with run {first} \\(starting there now\\).*--allow-concurrent"):
+            busy.claim(cluster, [host], second)
+    finally:
+        held.release()
+    busy.claim(cluster, [host], second).release()
+    # A run's processes keep its hosts busy after its controller let go (a detached run).
+    tagged = subprocess.Popen(["sleep", "30"], env={**os.environ, "DISTRUN_RUN_ID": first})
+    try:
+        with pytest.raises(UserError, match=f"busy with run {first} \\(running there now\\): .*'distrun stop {first}'"):
+            busy.claim(cluster, [host], second)
+    finally:
+        tagged.send_signal(signal.SIGKILL)
+        tagged.wait()
+    busy.claim(cluster, [host], second).release()
+    home = Path(os.path.expanduser(f"~{ME}")) / ".cache" / "distrun"
+    for f in home.glob(f"busy-{host}.*"):
+        f.unlink()
+
+
+def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
+    host = f"unit-{os.getpid()}-b"
+    cluster = local_cluster((host,))
+    code = ("import sys, time; sys.path[:0] = sys.argv[1:]; from distrun import busy; from tests.unit.test_long_runs import "
+            f"local_cluster; busy.claim(local_cluster(({host!r},)), [{host!r}], '20260101-000000-train-ccc3'); "
+            "print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "runner")],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(UserError, match="busy with run 20260101-000000-train-ccc3"):
+        busy.claim(cluster, [host], "20260101-000000-train-ddd4")
+    holder.send_signal(signal.SIGKILL)  # as a controller killed with SIGKILL
+    holder.wait()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            busy.claim(cluster, [host], "20260101-000000-train-ddd4").release()
+            break
+        except UserError:
+            assert time.monotonic() < deadline, "the claim outlived its controller"
+            time.sleep(0.5)
+    for f in (Path(os.path.expanduser(f"~{ME}")) / ".cache" / "distrun").glob(f"busy-{host}.*"):
+        f.unlink()
+
+
+# ------------------------------------------------------------------ restarts
+
+@pytest.mark.parametrize(("np", "failed", "lost", "exclude_failed", "expect"), [
+    (None, "n3", {"n3"}, True, {"exclude": {"n3"}}),
+    (None, "n2", set(), True, {"exclude": {"n2"}}),
+    (None, "n2", set(), False, {"exclude": set()}),
+    (None, "n1", set(), True, {"exclude": set()}),  # the head is never left out
+    (None, "n3", {"n3"}, False, {"refused": "n3 cannot be reached; restart with --exclude-failed"}),
+    (None, "n1", {"n1"}, True, {"refused": "the head node n1 is lost"}),
+    (3, "n3", {"n3"}, True, {"refused": "--np 3 needs 3 slots; without n3 only 2 are left"}),
+    (3, "n2", set(), True, {"exclude": set()}),  # does not fit without n2, which still answers: same hosts
+])
+def test_where_a_restart_runs(np, failed, lost, exclude_failed, expect):
+    cluster = local_cluster(("n1", "n2", "n3"))
+    plan = build_plan(cluster, run_id="R", np=np, workload="ddp")
+    decision = restarts.decide(cluster, plan, np, failed=failed, lost=lost, exclude_failed=exclude_failed)
+    if "refused" in expect:
+        assert expect["refused"] in decision.refused
+    else:
+        assert decision.ok and set(decision.exclude) == expect["exclude"]
+
+
+def test_a_failed_attempts_files_are_put_aside_and_ranks_see_the_restart(tmp_path):
+    cluster = local_cluster()
+    plan = dataclasses.replace(build_plan(cluster, run_id="R", workload="ddp", restart=2), user=ME, shared_dir=str(tmp_path))
+    env = dict(plan.env)
+    assert env["DISTRUN_RESTART"] == "2" and env["DISTRUN_CHECKPOINT_DIR"].endswith("/checkpoints/R")
+    run_dir = Path(plan.run_dir)
+    (run_dir / "ranks" / "1").mkdir(parents=True)
+    (run_dir / "started").mkdir()
+    for name in ("launcher-n1.pid", "launcher-n1.log", "exitcode-n1", "hostfile"):
+        (run_dir / name).write_text("x\n")
+    assert restarts.archive(cluster, plan, ["n1"], 0) == {}
+    assert sorted(p.name for p in run_dir.iterdir()) == ["attempts", "hostfile"]
+    assert sorted(p.name for p in (run_dir / "attempts" / "0").iterdir()) == [
+        "exitcode-n1", "launcher-n1.log", "launcher-n1.pid", "ranks", "started"]
+
+
+def test_torchrun_restarts_its_workers_in_place_up_to_the_runs_budget():
+    from distrun.launchers import torchrun_argv
+
+    cluster = local_cluster(("n1", "n2"))
+    plan = build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp", max_restarts=2)
+    assert "--max-restarts=2" in torchrun_argv(plan, plan.hosts[0])
+    assert "--max-restarts=0" in torchrun_argv(build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp"), plan.hosts[0])
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--exclude-failed"], "--exclude-failed only goes with --max-restarts N"),
+    (["--detach", "--max-restarts", "1"], "restarts need a distrun process that follows the run"),
+    (["--max-restarts", "-1"], "-1 is not in the range 0<=x<=100"),
+])
+def test_restart_flags_that_do_not_go_together_are_refused(cli_env, args, said):
+    out = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", *args], capture_output=True,
+                         text=True, env=cli_env, timeout=60, cwd=Path(__file__).parents[2])
+    assert out.returncode == 2 and said in out.stderr, out.stderr
