@@ -159,7 +159,7 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
         env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
         allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
-        allow_gpu_mismatch=allow_gpu_mismatch, detach=detach, max_restarts=max_restarts,
+        detach=detach, max_restarts=max_restarts,
         exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
     )
     if dry_run:
