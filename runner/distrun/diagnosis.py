@@ -37,8 +37,10 @@ DIAGNOSES: tuple[tuple[str, str], ...] = (
      "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
     (r"There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
     (r"ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
-    (r"does not match the number of MPI ranks",
-     "the partition has a different part count than ranks: distrun re-partitions when --np changes"),
+    # The trainers' own words (workloads/gcn_jittor.py, workloads/common.py).
+    (r"(?:has \d+ parts|--num-parts \d+) but MPI started \d+ ranks",
+     "the partition's part count differs from the number of ranks: 'distrun train' partitions for each --np; "
+     "by hand, partition again with --num-parts equal to the rank count ('distrun partition --np N')"),
 )
 # Said only when nothing above explains the failure: Open MPI's catch-all for a daemon that did not start.
 FALLBACK_DIAGNOSES: tuple[tuple[str, str], ...] = (
