@@ -1,4 +1,4 @@
-"""The run summary's hints, matched against what Open MPI 4.1 really prints (captured from mpirun)."""
+"""The run summary's hints, matched against what Open MPI 4.1 and torchrun really print (captures: data/README.md)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,38 @@ DATA = Path(__file__).parent / "data" / "openmpi"
     # two ranks with no transport between them
     ("ranks-cannot-reach.txt", "two ranks cannot reach each other over MPI: a firewall or a wrong interface between "
                                "nodes; run 'distrun check'"),
+    # ssh as a user whose key the node does not accept
+    ("ssh-permission-denied.txt", "the training user cannot ssh between nodes: run 'distrun setup --tags ssh_mesh'"),
+    # ssh with strict checking and a known_hosts that lacks the node
+    ("host-key-unknown.txt", "a node's host key is not in known_hosts (a node was rebuilt?): "
+                             "run 'distrun setup --tags ssh_mesh'"),
+    # more ranks than the hostfile's slots
+    ("not-enough-slots.txt", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
+    # a rank's script imports a package the env lacks
+    ("module-not-found.txt", "a Python package is missing in the env on a node: add it to mpi_env_packages and "
+                             "run 'distrun setup'"),
+    # a trainer told to expect another number of ranks than mpirun started
+    ("part-count-differs.txt", "the partition's part count differs from the number of ranks: 'distrun train' "
+                               "partitions for each --np; by hand, partition again with --num-parts equal to the rank "
+                               "count ('distrun partition --np N')"),
+    # the remote shell failed without a word of its own
+    ("daemon-did-not-start.txt", "Open MPI could not start its daemon on a node (ssh, the env or /tmp there): "
+                                 "run 'distrun check'"),
 ])
 def test_each_real_open_mpi_failure_gets_its_own_hint(capture, hint):
     assert diagnose((DATA / capture).read_text()) == [hint]
+
+
+@pytest.mark.parametrize(("capture", "hint"), [
+    # two nodes expected, only one joined before the join timeout
+    ("rendezvous-timeout.txt", "not every node joined the torchrun rendezvous: check 'distrun check' "
+                               "(ports, firewall, interface)"),
+    # a rendezvous endpoint nobody answers on
+    ("rendezvous-connection-failed.txt", "nodes cannot reach the rendezvous on the head: check the port and the "
+                                         "network interface ('distrun check')"),
+])
+def test_each_real_torchrun_failure_gets_its_own_hint(capture, hint):
+    assert diagnose((DATA.parent / "torchrun" / capture).read_text()) == [hint]
 
 
 def test_a_daemon_that_did_not_start_for_another_reason_gets_the_general_hint():
