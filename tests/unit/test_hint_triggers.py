@@ -30,7 +30,7 @@ def _literal(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else FILLER for v in node.values)
+        return "".join(str(v.value) if isinstance(v, ast.Constant) else FILLER for v in node.values)
     return None
 
 
