@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
-from .bundle import common_vars, launch_scripts, plan_files, record_plan, run_vars, stage_vars
+from .bundle import common_vars, launch_scripts, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
 from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
 from .diagnosis import RunSummary, summarise
@@ -24,8 +24,10 @@ from .inventory import Cluster
 from .judge import refusal
 from .launchers import launcher_named
 from .plan import JobPlan
-from .planning import JobRequest, facts_unusable, load, make_plan, network
+from .planning import JobRequest, environment, facts_unusable, load, make_plan, network
+from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .runs import Phases, Run, new_run
+from .workdir import Scan, SyncStats
 
 EventHandler = Callable[[PlaybookEvent], None]
 # The steps of run.yml, in order; each play publishes its own as the fact distrun_step.
@@ -50,6 +52,15 @@ class Listener:
 
     def line(self, text: str) -> None:
         """One line of the head launcher's output, as it comes."""
+
+    def workdir_synced(self, host: str, scan: Scan, stats: SyncStats) -> None:
+        """--workdir: the project folder reached the head; what rsync sent."""
+
+    def prepare_started(self, host: str, argv: tuple[str, ...]) -> None:
+        """--prepare starts on the head."""
+
+    def prepare_line(self, text: str) -> None:
+        """One line of --prepare's output, as it comes."""
 
     def node_failed(self, reason: str) -> None:
         """A node ended the run (its launcher failed, or the node was lost): every rank is being stopped."""
@@ -102,8 +113,8 @@ class _Run:
         return {"preflight_ports": [self.request.port], **preflight_vars(str(self.request.inventory), self.run.dir)}
 
     def preflight(self, cluster: Cluster) -> None:
-        result = self.playbook("preflight", "playbooks/preflight.yml", [n.name for n in cluster.nodes],
-                               self.preflight_vars())
+        names = [n.name for n in cluster.nodes]  # --hosts/--exclude: only the run's nodes
+        result = self.playbook("preflight", "playbooks/preflight.yml", names, self.preflight_vars(), limit=",".join(names))
         if not result.ok:
             self.refuse_preflight(result)
 
@@ -174,16 +185,24 @@ class _Run:
                 plan = make_plan(request, cluster, run.id, net)
                 files = plan_files(plan)
                 scripts = launch_scripts(plan)
-                record_plan(run, plan, files, scripts)
+                project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
+                record_plan(run, plan, files, scripts, commands(cluster, plan, project) if project else None)
                 limit = ",".join(dict.fromkeys([cluster.head.name, *(h.name for h in plan.hosts)]))
-                extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=request.env, network=net,
-                                        preflight=request.preflight),
+                env = environment(request, cluster)
+                extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=env, network=net,
+                                        preflight=request.preflight,
+                                        workdir_pull=pull_command(cluster, plan, project) if project else None),
                              **self.preflight_vars()}
                 phases.mark("plan and bundle")
+                if project and attempt == 1:
+                    make_ready(cluster, plan, project, render_env_file(env), run, listener)
+                    phases.mark("workdir sync and prepare")
                 started = time.monotonic()
                 title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
                 result = self.playbook(title, "playbooks/run.yml", limit.split(","), extravars, limit=limit)
                 phases.mark("run.yml (preflight, stage, launch)")
+                if project:
+                    record_pulls(run, result)
                 step = "launch" if result.ok else failed_step(result)
                 launched = step == "launch"
                 if result.ok:
