@@ -26,9 +26,10 @@ from .inventory import Node
 
 IGNORE_FILES = (".gitignore", ".distrunignore")  # the later file of a folder wins over the earlier
 ENV_FILE = ".distrun_env"
-# Never sent, whatever the ignore files say: git's own folder (size, history) and the env file,
-# whose values may be secrets and reach the ranks only through the run's 0600 env.sh.
-NEVER_SENT = ("- .git", f"- /{ENV_FILE}")
+# Never sent, whatever the ignore files say: git's own folder (size, history), Python's bytecode
+# caches (each node's Python writes its own), and the env file, whose values may be secrets and
+# reach the ranks only through the run's 0600 env.sh.
+NEVER_SENT = ("- .git", "- __pycache__/", f"- /{ENV_FILE}")
 # Above either, the run warns with the size before the first sync sends it all.
 WARN_BYTES = 100 << 20
 WARN_FILES = 20_000
@@ -167,7 +168,8 @@ class Scan:
 
 
 def _never_sent(path: str, is_dir: bool) -> bool:
-    return path.rsplit("/", 1)[-1] == ".git" or path == ENV_FILE
+    name = path.rsplit("/", 1)[-1]
+    return name == ".git" or (is_dir and name == "__pycache__") or path == ENV_FILE
 
 
 def read_rules(root: Path, kept: list[str] | None = None) -> tuple[list[IgnoreRule], Scan]:
@@ -282,9 +284,11 @@ def push_argv(node: Node, user: str, local: Path, target: str, filters: list[str
 
 def pull_argv(head: str, target: str, filters: list[str]) -> list[str]:
     """A rank host's rsync of the head's copy (sync mode), run there as the training user over
-    the ssh mesh. Everything the head holds comes, what a prepare step wrote included; what the
-    ignore files match is never deleted on the node (its own outputs)."""
-    protect = [f"--filter={'R' if r.startswith('--filter=+') else 'P'} {r.split(' ', 1)[1]}"
+    the ssh mesh. Everything the head holds comes, what a prepare step wrote included (but never
+    what NEVER_SENT names); what the ignore files match is never deleted on the node (its own
+    outputs)."""
+    fixed = {f"--filter={r}" for r in NEVER_SENT}
+    protect = [r if r in fixed else f"--filter={'R' if r.startswith('--filter=+') else 'P'} {r.split(' ', 1)[1]}"
                for r in filters if r.startswith(("--filter=+", "--filter=-"))]
     return [
         "rsync", "--recursive", "--links", "--perms", "--times", "--omit-dir-times", "--delete", "--mkpath",
