@@ -22,7 +22,7 @@ from .runs import Run
 from .workdir import Scan, SyncStats, node_path, parse_stats, pull_argv, push, push_argv, read_rules, rsync_filters
 
 # The fact the stage step publishes on each rank host with its rsync's report (roles/job).
-PULL_FACT = "distrun_workdir_pull"
+PULL_FACT = "job_workdir_pull_report"
 
 
 @dataclass(frozen=True)

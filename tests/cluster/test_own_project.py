@@ -39,7 +39,7 @@ TRAIN = textwrap.dedent("""
         "cwd": os.getcwd(), "part": open(f"prepared/part-{rank}.txt").read().strip(), "sum": int(total.item()),
         "score": model.score("data/points.csv", config), "version": model.VERSION,
         "token": hashlib.sha256(token.encode()).hexdigest()[:12], "nccl_debug": os.environ.get("NCCL_DEBUG"),
-        "omp": os.environ.get("OMP_NUM_THREADS"), "scratch": os.path.exists("scratch"),
+        "omp": os.environ.get("OMP_NUM_THREADS"), "site": os.environ.get("SITE"), "scratch": os.path.exists("scratch"),
         "env_file": os.path.exists(".distrun_env"), "log": os.path.exists("notes.log")}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
@@ -135,8 +135,9 @@ def test_a_project_runs_on_three_nodes_with_its_prepare_step_env_and_launcher_ar
         assert r["part"] == f"part {rank} of 3"
         # The data file, the config file and MODEL_SCALE from the project's env file: (2 + 12 + 30) * 2.
         assert r["score"] == 88
-        # .distrun_env (secrets), then --env over the inventory's distrun_env.
-        assert (r["token"], r["omp"], r["nccl_debug"]) == (token_digest, "1", "INFO")
+        # The inventory's distrun_env (SITE), the project's .distrun_env (a secret, OMP_NUM_THREADS),
+        # and --env over the inventory's NCCL_DEBUG=WARN.
+        assert (r["site"], r["token"], r["omp"], r["nccl_debug"]) == ("test-cluster", token_digest, "1", "INFO")
         assert not r["scratch"] and not r["env_file"] and not r["log"], r  # ignored files never sent
     # rsync's report: every project file to the head, then each other node pulled the head's copy.
     assert sorted(record["push"]["changed"]) == sorted(SENT) and record["push"]["files_transferred"] == len(SENT)
