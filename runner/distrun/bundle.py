@@ -106,6 +106,11 @@ def render_rank_wrapper(plan: JobPlan) -> str:
             "fi\n"
         )
     source_env = ". ./env.sh\n" if plan.user_env_keys else ""
+    if plan.workdir:
+        # A project's command names its tools as on a workstation ("python", "torchrun"): the
+        # env's bin comes first on PATH, and the rank starts in the project folder.
+        source_env += (f"export PATH={shlex.quote(plan.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"\n"
+                       f"cd {shlex.quote(plan.workdir)}\n")
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
 set -euo pipefail
@@ -180,7 +185,8 @@ def common_vars(plan: JobPlan) -> dict[str, Any]:
 
 
 def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
-               script: Path | None, jittor_warm: bool, env: dict[str, str] | None = None) -> dict[str, Any]:
+               script: Path | None, jittor_warm: bool, env: dict[str, str] | None = None,
+               workdir_pull: list[str] | None = None) -> dict[str, Any]:
     """Extravars of run.yml and stage.yml (the launch play reads the same names).
 
     ``env`` (the user's --env) goes in its own 0600 file, never in the bundle, the plan or an
@@ -198,6 +204,8 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
         "distrun_jittor_warm": jittor_warm,
         "distrun_partition_argv": list(plan.partition or []),
         "distrun_partition_dir": plan.partition_dir or "",
+        # Sync mode: each rank host's rsync of the head's copy of the workdir (workdir.pull_argv).
+        "distrun_workdir_pull_argv": list(workdir_pull or []),
     }
 
 
@@ -210,10 +218,11 @@ def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, d
 
 
 def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str], *, script: Path | None,
-             env: dict[str, str], network: NetworkChoice | None, preflight: bool) -> dict[str, Any]:
+             env: dict[str, str], network: NetworkChoice | None, preflight: bool,
+             workdir_pull: list[str] | None = None) -> dict[str, Any]:
     """Extravars of run.yml: the stage step's, what this run needs and the network to verify."""
     return {
-        **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env),
+        **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env, workdir_pull),
         "distrun_planned_network": planned_network(plan, network),
         "distrun_skip_preflight": not preflight,
         "distrun_checkpoint_dir": plan.checkpoint_dir,
@@ -236,10 +245,15 @@ def preflight_needs(plan: JobPlan) -> dict[str, Any]:
     return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs}
 
 
-def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str]) -> None:
-    """plan.json and commands.txt: exactly what this run executes, readable before it starts."""
+def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str],
+                before: dict[str, str] | None = None) -> None:
+    """plan.json and commands.txt: exactly what this run executes, readable before it starts.
+    ``before``: title -> text of the steps that run before the launch (the workdir's sync)."""
     run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
     commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
     if plan.partition:
         commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
+    if plan.prepare:
+        commands.insert(0, "# prepare (on the head, in the workdir)\n" + shlex.join(plan.prepare) + "\n")
+    commands[:0] = [f"# {title}\n{text.rstrip()}\n" for title, text in (before or {}).items()]
     run.write("commands.txt", "\n".join(commands))

@@ -124,21 +124,38 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="With --max-restarts: restart without the node that failed, when the job still fits.")
 @click.option("--allow-concurrent", is_flag=True,
               help="Launch even on hosts another run is using (by default such a run is refused).")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Your project folder: synced to every rank host (rsync, honouring .gitignore and .distrunignore); "
+                   "ranks start in it and run the command after --.")
+@click.option("--prepare", "prepare_text", default=None, metavar="COMMAND",
+              help="With --workdir: run once on the head, in the workdir, before the launch ({np} and the other "
+                   "run variables filled in); a non-zero exit refuses the launch.")
+@click.option("--launcher-args", "launcher_args_text", default=None, metavar="ARGS",
+              help="Extra arguments appended to mpirun, torchrun or srun, split like a shell would (no shell runs).")
+@click.option("--hosts", "hosts", multiple=True, metavar="A,B", help="Run ranks only on these workers of the inventory.")
+@click.option("--exclude", "exclude", multiple=True, metavar="C", help="Run no ranks on these workers.")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
           env_pairs: tuple[str, ...], port: int, dry_run: bool,
           skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
-          exclude_failed: bool, allow_concurrent: bool, script_args: tuple[str, ...]) -> None:
+          exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
+          prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
+          script_args: tuple[str, ...]) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
+
+    Your own project: distrun train -i prod --workdir . -- python -m mypkg.train --lr 0.1
     """
     from . import planning
     from .plan import check_env_key
     from .planning import JobRequest
+    from .project import check_flags
+    from .selection import host_names
     from .train import run_job
     from .ui_run import TrainView, dry_run_text
+    from .variables import split_words
 
     extra_env: dict[str, str] = {}
     for pair in env_pairs:
@@ -154,6 +171,7 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
     if detach and max_restarts:
         raise UserError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
                         "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
+    check_flags(workdir, script, prepare_text, script_args)
     request = JobRequest(
         inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
         script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
@@ -161,11 +179,40 @@ def train(inventory: str, launcher: str, np: int | None, workload: str, script: 
         allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
         detach=detach, max_restarts=max_restarts,
         exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
+        workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
+        launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
+        exclude=host_names(exclude),
     )
     if dry_run:
         click.echo(dry_run_text(planning.dry_run(request)), nl=False)
         return
     sys.exit(run_job(request, TrainView()))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--head", required=True, metavar="HOST", help="The head node: NAME or NAME=ADDRESS.")
+@click.option("--workers", required=True, metavar="HOST,HOST",
+              help="The hosts that run ranks (the head may be one): NAME or NAME=ADDRESS each, comma-separated.")
+@click.option("--user", "admin_user", default=None, metavar="ADMIN",
+              help="The account Ansible logs in with (ansible_user); it needs sudo. Default: your ssh default.")
+@click.option("--dir", "base_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("inventory"),
+              show_default=True, help="Where the inventory folder is made.")
+def init(name: str, head: str, workers: str, admin_user: str | None, base_dir: Path) -> None:
+    """Write a new inventory, BASE_DIR/NAME/ (hosts.yml and commented group_vars/all.yml).
+
+    Example: distrun init prod --head w1=10.0.0.11 --workers w1,w2=10.0.0.12 --user admin
+    """
+    from .scaffold import write_inventory
+
+    written = write_inventory(base_dir, name, head, workers, admin_user)
+    for f in written.files:
+        console.print(f"wrote {f}", markup=False)
+    console.print(f"head {written.head}, workers {', '.join(written.workers)}; read {written.files[-1]} and change "
+                  "what your cluster needs (provider, shared folder, packages)", markup=False)
+    console.print("next:", markup=False)
+    for line in written.next_commands:
+        console.print(f"  {line}", markup=False)
 
 
 @main.command()

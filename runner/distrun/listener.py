@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .diagnosis import RunSummary
     from .liveness import ClusterState
     from .runs import Run
+    from .workdir import Scan, SyncStats
 
 EventHandler = Callable[["PlaybookEvent"], None]
 
@@ -35,6 +36,15 @@ class Listener:
 
     def line(self, text: str) -> None:
         """One line of the head launcher's output, as it comes."""
+
+    def workdir_synced(self, host: str, scan: Scan, stats: SyncStats) -> None:
+        """--workdir: the project folder reached the head; what rsync sent."""
+
+    def prepare_started(self, host: str, argv: tuple[str, ...]) -> None:
+        """--prepare starts on the head."""
+
+    def prepare_line(self, text: str) -> None:
+        """One line of --prepare's output, as it comes."""
 
     def node_failed(self, reason: str) -> None:
         """A node ended the run (its launcher failed, or the node was lost): every rank is being stopped."""

@@ -12,6 +12,7 @@ from .errors import PlanError
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .network import NetworkChoice
+from .variables import run_values, substitute, substitute_strict
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class JobPlan:
         """Per run, in the shared folder, outside the run directory: it survives restarts and
         is not collected with the logs."""
         return f"{self.shared_dir.rstrip('/')}/checkpoints/{self.run_id}"
+    # --workdir: the project folder on the nodes, where ranks start (else the run dir).
+    workdir: str | None = None
+    # --prepare: its argv, run once on the head in the workdir before the launch.
+    prepare: tuple[str, ...] = ()
+    # --launcher-args: appended as given to mpirun, torchrun or srun.
+    launcher_args: tuple[str, ...] = ()
 
     @property
     def run_dir(self) -> str:
@@ -87,6 +94,11 @@ class JobPlan:
     @property
     def wrapper(self) -> str:
         return f"{self.run_dir}/rank-env.sh"
+
+    @property
+    def start_dir(self) -> str:
+        """Where every rank starts: the workdir, else the run directory."""
+        return self.workdir or self.run_dir
 
     @property
     def has_gpus(self) -> bool:
@@ -183,6 +195,10 @@ def build_plan(
     gdc: tuple[float, int] | None = None,
     restart: int = 0,
     max_restarts: int = 0,
+    command: Sequence[str] = (),
+    workdir: str | None = None,
+    prepare: Sequence[str] = (),
+    launcher_args: Sequence[str] = (),
 ) -> JobPlan:
     mpi_world = launcher_named(launcher).mpi_world
     check_gpu_slots(cluster, allow=allow_gpu_mismatch)
@@ -200,16 +216,26 @@ def build_plan(
     hosts = tuple(
         RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name)) for name, n in placed
     )
-    head_node = cluster.head
-    master_addr = head_node.address
-    if network is not None and head_node.name in network.per_host:
-        master_addr = network.per_host[head_node.name].address
+    # Rank 0 hosts torch's store and torchrun's rendezvous: the first rank host (the head
+    # whenever it runs ranks, as rank order puts it first).
+    first = hosts[0]
+    master_addr = first.address
+    if network is not None and first.name in network.per_host:
+        master_addr = network.per_host[first.name].address
 
     partition: tuple[str, ...] | None = None
     part_dir: str | None = None
-    if script:
-        if gdc is not None:
-            raise PlanError("--use-gdc applies to the reference workloads; pass your own program's options after --")
+    values = run_values(np=world, hosts=[h.name for h in hosts], head=cluster.head.name, run_id=run_id,
+                        run_dir=run_dir, workdir=workdir, shared_dir=cluster.shared_dir)
+    if (command or script) and gdc is not None:
+        raise PlanError("--use-gdc applies to the reference workloads; pass your own program's options after --")
+    if command:
+        if not workdir:
+            raise PlanError("a command after -- needs --workdir DIR (or --script FILE for one file)")
+        # The exact command the user gave, on every rank: not rewritten, only {np} & co. filled in.
+        program = substitute(command, values)
+        workload_name = None
+    elif script:
         program = (python, f"{run_dir}/{PurePosixPath(script).name}", *script_args)
         workload_name = None
     else:
@@ -232,7 +258,7 @@ def build_plan(
         program = (python, f"{workloads_dir}/{wl.program}", *program_args, *script_args)
         workload_name = wl.name
 
-    if mpi_world:
+    if mpi_world and not command:
         # Under MPI, run Python through mpi4py's runner: a rank that raises or exits non-zero
         # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
         # at exit and Open MPI waits for every other rank before it reports the failure.
@@ -240,6 +266,8 @@ def build_plan(
     env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
            "DISTRUN_RESTART": str(restart),
            "DISTRUN_CHECKPOINT_DIR": f"{cluster.shared_dir.rstrip('/')}/checkpoints/{run_id}"}
+    if workdir:
+        env["DISTRUN_WORKDIR"] = workdir
     for key in extra_env or {}:
         check_env_key(key)
     return JobPlan(
@@ -264,6 +292,9 @@ def build_plan(
         user_env_keys=tuple(sorted(extra_env or {})),
         restart=restart,
         max_restarts=max_restarts,
+        workdir=workdir,
+        prepare=substitute_strict(prepare, values, "--prepare") if prepare else (),
+        launcher_args=tuple(launcher_args),
     )
 
 
@@ -271,13 +302,21 @@ _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIX = "DISTRUN_"
 
 
-def check_env_key(key: str) -> None:
-    """A --env name a rank may receive: a shell variable name, not one distrun sets itself
-    (DISTRUN_RUN_ID tags a run's processes for 'distrun stop')."""
+def env_name_problem(key: str) -> str | None:
+    """Why a name may not be given to a rank, or None: it must be a shell variable name, and not
+    one distrun sets itself (DISTRUN_RUN_ID tags a run's processes for 'distrun stop')."""
     if not _ENV_KEY_RE.fullmatch(key):
-        raise PlanError(f"--env {key}=...: not a valid environment variable name")
+        return "is not a valid environment variable name"
     if key.upper().startswith(RESERVED_ENV_PREFIX):
-        raise PlanError(f"--env {key}=...: DISTRUN_* variables are set by distrun itself; choose another name")
+        return "is refused: DISTRUN_* variables are set by distrun itself; choose another name"
+    return None
+
+
+def check_env_key(key: str) -> None:
+    """A --env name a rank may receive (env_name_problem)."""
+    problem = env_name_problem(key)
+    if problem:
+        raise PlanError(f"--env {key}=...: {problem.removeprefix('is ').removeprefix('refused: ')}")
 
 
 def render_hostfile(plan: JobPlan) -> str:

@@ -10,9 +10,13 @@ from pathlib import Path
 from . import paths, rules
 from .bundle import launch_scripts, plan_files
 from .inventory import Cluster, load_cluster, load_facts
+from .jobenv import run_env
 from .launchers import launcher_named
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .plan import JobPlan, build_plan
+from .project import Project, commands, load_project
+from .selection import select
+from .workdir import node_path
 
 
 @dataclass
@@ -36,10 +40,22 @@ class JobRequest:
     max_restarts: int = 0  # restart the whole job this many times when a rank fails or a node is lost
     exclude_failed: bool = False  # restart without the node that failed, when the job still fits
     allow_concurrent: bool = False  # launch on hosts another run is using
+    workdir: Path | None = None  # --workdir: script_args are then the command every rank runs
+    prepare: tuple[str, ...] = ()  # --prepare, split into words
+    launcher_args: tuple[str, ...] = ()  # --launcher-args, split into words
+    hosts: tuple[str, ...] = ()  # --hosts: only these workers
+    exclude: tuple[str, ...] = ()  # --exclude: not these workers
 
 
 def load(request: JobRequest) -> Cluster:
-    return load_cluster(request.inventory, paths.fact_cache_dir(request.inventory))
+    """The cluster this request runs on: the inventory's, with the workers --hosts/--exclude chose."""
+    return select(load_cluster(request.inventory, paths.fact_cache_dir(request.inventory)), request.hosts,
+                  request.exclude)
+
+
+def environment(request: JobRequest, cluster: Cluster) -> dict[str, str]:
+    """Every variable of the run's env.sh: the inventory's distrun_env, the workdir's file, --env."""
+    return run_env(cluster, request.workdir, request.env)
 
 
 def network(cluster: Cluster) -> NetworkChoice | None:
@@ -93,7 +109,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         dataset=request.dataset,
         data_dir=request.data_dir,
         epochs=request.epochs,
-        extra_env=request.env,
+        extra_env=environment(request, cluster),
         network=network,
         master_port=request.port,
         slurm=launcher_named(request.launcher).settings(cluster, request.slurm_mode),
@@ -101,6 +117,10 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         gdc=request.gdc,
         restart=restart,
         max_restarts=request.max_restarts,
+        command=request.script_args if request.workdir else (),
+        workdir=node_path(cluster.shared_dir, request.workdir) if request.workdir else None,
+        prepare=request.prepare,
+        launcher_args=request.launcher_args,
     )
 
 
@@ -113,9 +133,13 @@ class DryRun:
     files: dict[str, str]  # run-directory file -> its text
     scripts: dict[str, str]  # host -> its launch script
     note: str | None  # why a real run would be refused, if it would
+    project: Project | None = None  # --workdir: the folder and what a sync would send
+    before: dict[str, str] = field(default_factory=dict)  # title -> command run before the launch
 
 
 def dry_run(request: JobRequest) -> DryRun:
     cluster = load(request)
     plan = make_plan(request, cluster, "DRYRUN", network(cluster))
-    return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher_named(plan.launcher).unready(cluster))
+    project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
+    return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher_named(plan.launcher).unready(cluster),
+                  project, commands(cluster, plan, project) if project else {})

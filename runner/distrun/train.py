@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict
 
 from .ansible_bridge import PlaybookResult, run_playbook
-from .bundle import launch_scripts, plan_files, record_plan, run_vars, stage_vars
+from .bundle import launch_scripts, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import claim_request
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
 from .collect import collect_hosts
@@ -24,7 +24,8 @@ from .launchers import launcher_named
 from .listener import EventHandler, Listener
 from .liveness import CONTACT_LOST, read, wait_started
 from .plan import JobPlan
-from .planning import JobRequest, facts_unusable, load, make_plan, network, without
+from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
+from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
 
@@ -72,8 +73,8 @@ class _Run:
         return {"preflight_ports": [self.request.port], **preflight_vars(str(self.request.inventory), self.run.dir)}
 
     def preflight(self, cluster: Cluster) -> None:
-        result = self.playbook("preflight", "playbooks/preflight.yml", [n.name for n in cluster.nodes],
-                               self.preflight_vars())
+        names = [n.name for n in cluster.nodes]  # --hosts/--exclude: only the run's nodes
+        result = self.playbook("preflight", "playbooks/preflight.yml", names, self.preflight_vars(), limit=",".join(names))
         if not result.ok:
             self.refuse_preflight(result)
 
@@ -90,17 +91,25 @@ class _Run:
             net = network(cluster)
             plan = make_plan(request, cluster, run.id, net, restart=self.restart)
             files, scripts = plan_files(plan), launch_scripts(plan)
-            record_plan(run, plan, files, scripts)
+            project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
+            record_plan(run, plan, files, scripts, commands(cluster, plan, project) if project else None)
             self.plan, self.stopped = plan, False
             self.limit = list(dict.fromkeys([cluster.head.name, *(h.name for h in plan.hosts)]))
             self.used = list(dict.fromkeys([*self.used, *self.limit]))
-            extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=request.env, network=net,
-                                    preflight=request.preflight),
+            env = environment(request, cluster)
+            extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=env, network=net,
+                                    preflight=request.preflight,
+                                    workdir_pull=pull_command(cluster, plan, project) if project else None),
                          **self.preflight_vars()}
             phases.mark("plan and bundle")
+            if project and attempt == 1 and self.restart == 0:
+                make_ready(cluster, plan, project, render_env_file(env), run, self.listener)
+                phases.mark("workdir sync and prepare")
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit))
             phases.mark("run.yml (preflight, stage, launch)")
+            if project:
+                record_pulls(run, result)
             step = "launch" if result.ok else failed_step(result)
             self.launched = step == "launch"
             if result.ok:

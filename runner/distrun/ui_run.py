@@ -15,9 +15,11 @@ from .listener import EventHandler, Listener
 from .liveness import ClusterState
 from .planning import DryRun
 from .reconcile import RunView
+from .project import size_text
 from .runs import Run
 from .stop import StopReport
 from .ui import PlaybookProgress, console, err_console, print_summary, warn
+from .workdir import Scan, SyncStats
 
 
 class TrainView(Listener):
@@ -49,6 +51,17 @@ class TrainView(Listener):
             except (ValueError, TypeError):
                 pass
         console.print(text, markup=False)
+
+    def workdir_synced(self, host: str, scan: Scan, stats: SyncStats) -> None:
+        deleted = f", {stats.deleted} deleted" if stats.deleted else ""
+        console.print(f"workdir: {scan.files} files ({size_text(scan.bytes)}) in sync on {host}: "
+                      f"{stats.files_transferred} sent{deleted} in {stats.seconds:.1f}s", markup=False)
+
+    def prepare_started(self, host: str, argv: tuple[str, ...]) -> None:
+        console.print(f"prepare on {host}: {shlex.join(argv)}", markup=False)
+
+    def prepare_line(self, text: str) -> None:
+        console.print(f"  prepare| {text}", markup=False, soft_wrap=True)
 
     def node_failed(self, reason: str) -> None:
         err_console.print(f"[red]{escape(reason)}: stopping every rank on every node[/red]")
@@ -146,6 +159,14 @@ def dry_run_text(dry: DryRun) -> str:
     for h in plan.hosts:
         node = next(n for n in cluster.workers if n.name == h.name)
         out.append(f"  {h.name:<16} {h.address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
+    if dry.project is not None:
+        s = dry.project.scan
+        out.append(f"workdir:     {dry.project.local} -> {plan.workdir} ({s.files} files, {size_text(s.bytes)}; "
+                   f"ignore files: {', '.join(s.ignore_files) or 'none'})")
+    for title, command in dry.before.items():
+        out.append("")
+        out.append(f"# {title}")
+        out.append(command)
     if plan.partition:
         out.append("")
         out.append("# partition (on the head node, skipped when its manifest already matches)")

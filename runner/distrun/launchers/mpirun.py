@@ -37,7 +37,8 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         argv += ["-x", f"{key}={value}"]
     for key in _FORWARD:
         argv += ["-x", key]
-    argv += [plan.wrapper, *plan.program]
+    # --launcher-args last among the options: mpirun reads them after distrun's own.
+    argv += [*plan.launcher_args, plan.wrapper, *plan.program]
     return argv
 
 

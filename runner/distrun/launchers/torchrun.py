@@ -12,11 +12,13 @@ if TYPE_CHECKING:
 
 
 def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None,
-                  program: tuple[str, ...] | None = None) -> list[str]:
+                  program: tuple[str, ...] | None = None, launcher_args: tuple[str, ...] | None = None) -> list[str]:
     """The command run on ``host``; every node gets the same rendezvous, its own slot count.
 
     ``endpoint_host`` replaces the plan's master address (Slurm's multi-job mode learns it only
-    when the job runs); ``program`` replaces the plan's program.
+    when the job runs); ``program`` replaces the plan's program; ``launcher_args`` the plan's
+    --launcher-args (they come after distrun's options, so a repeated option such as
+    --max-restarts takes the user's value).
     """
     torchrun = f"{plan.env_prefix.rstrip('/')}/bin/torchrun"
     return [
@@ -32,6 +34,7 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         f"--log-dir={plan.run_dir}/torchrun/{host.name}",
         "--redirects=3",
         "--tee=3",
+        *(plan.launcher_args if launcher_args is None else launcher_args),
         # The rank wrapper is a shell script, so torchrun must not prepend the interpreter.
         "--no-python",
         plan.wrapper,

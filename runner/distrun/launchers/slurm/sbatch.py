@@ -103,7 +103,8 @@ def sbatch_script(plan: JobPlan) -> str:
     if _uneven(plan):
         lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
         srun.append("--distribution=arbitrary")
-    lines.append(shlex.join([*srun, plan.wrapper, *plan.program]))
+    # --launcher-args go to srun, after distrun's own options.
+    lines.append(shlex.join([*srun, *plan.launcher_args, plan.wrapper, *plan.program]))
     return "\n".join(lines) + "\n"
 
 
@@ -133,9 +134,12 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     lines.append(f"export MASTER_PORT={plan.master_port}")
     # The endpoint is known only when the job runs: the one word left to the shell.
     mark = "DISTRUN_MASTER_ADDR"
-    torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, program=_without_mpi4py_runner(plan.program)))
+    # A --workdir command is the user's exact command; distrun's own Python gets no MPI world here.
+    program = plan.program if plan.workdir else _without_mpi4py_runner(plan.program)
+    torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, program=program, launcher_args=()))
     torchrun = torchrun.replace(f"--rdzv-endpoint={mark}:", '--rdzv-endpoint="$MASTER_ADDR":', 1)
-    lines.append(f"srun --ntasks=1 --kill-on-bad-exit=1 {torchrun}")
+    # --launcher-args go to srun here too: Slurm starts the ranks' agent.
+    lines.append(shlex.join(["srun", "--ntasks=1", "--kill-on-bad-exit=1", *plan.launcher_args]) + f" {torchrun}")
     return "\n".join(lines) + "\n"
 
 
