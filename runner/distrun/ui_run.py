@@ -14,8 +14,8 @@ from .diagnosis import RunSummary, epoch
 from .listener import EventHandler, Listener
 from .liveness import ClusterState
 from .planning import DryRun
-from .reconcile import RunView
 from .project import size_text
+from .reconcile import RunView
 from .runs import Run
 from .stop import StopReport
 from .ui import PlaybookProgress, console, err_console, print_summary, warn
