@@ -26,7 +26,8 @@ class PlanError(UserError):
 # list them). A launcher's own codes are mapped to these (Slurm's final states: 124-255).
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),
-    (1, "the job failed (a rank exited non-zero, a node was lost), a check failed, or 'setup' failed"),
+    (1, "the job failed (a rank exited non-zero, a node was lost), a check failed, 'setup' or 'partition' failed, "
+        "'stop' could not reach a node"),
     (2, "bad usage: an option, inventory, run id or value was refused before anything ran"),
     (3, "the preflight refused the run; nothing was started"),
     (4, "staging failed: the run's files did not reach every node; nothing was started"),
