@@ -63,8 +63,10 @@ def print_table(columns: list[str], rows: list[list[str]], title: str | None = N
     out = _now(console)
     if out.is_terminal:
         table = Table(title=escape(title) if title else None, show_edge=False)
-        for col in columns:
-            table.add_column(escape(col))
+        for i, col in enumerate(columns):
+            # The first column names the row (a run id, a host): shown whole, the rest wraps.
+            whole = max(len(r[i]) for r in [columns, *rows]) if i == 0 else None
+            table.add_column(escape(col), no_wrap=i == 0, min_width=whole)
         for row in rows:
             table.add_row(*(escape(c) for c in row))
         out.print(table)
