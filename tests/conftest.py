@@ -122,7 +122,16 @@ LAYERS = ("unit", "docs/lint", "workloads", "molecule", "cluster")
 _layer_reports: dict[str, list] = {}
 
 
+# The suite's own Python is 3.11; a run on another (scripts/test runs the unit tests on a newer
+# one too) gets its own rows.
+PYTHON_TAG = "" if sys.version_info[:2] == (3, 11) else f" (py{sys.version_info[0]}.{sys.version_info[1]})"
+
+
 def layer_of(nodeid: str) -> str:
+    return _layer_of(nodeid) + PYTHON_TAG
+
+
+def _layer_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path in ("tests/test_ansible_lint.py", "tests/test_python_lint.py", "tests/unit/test_docs.py"):
         return "docs/lint"
@@ -143,7 +152,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if not _layer_reports:
         return
     rows = []
-    for layer in (*LAYERS, "other"):
+    for layer in (f"{name}{PYTHON_TAG}" for name in (*LAYERS, "other")):
         reports = _layer_reports.get(layer)
         if not reports:
             continue

@@ -5,6 +5,7 @@ stage.yml (the contract with the job and preflight roles)."""
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import io
 import json
@@ -21,6 +22,17 @@ from .launchers import launcher_named
 from .network import NetworkChoice
 from .plan import WORKLOADS, JobPlan, check_env_key, render_hostfile
 from .runs import Run
+
+# What distrun itself writes into a run directory on the nodes, under any launcher (exact names,
+# then shell patterns): a user's --script of such a name would replace distrun's file or be
+# replaced by it. tests/unit/test_cli_args.py renders every launcher's files against this list.
+RUN_DIR_NAMES = ("hostfile", "rank-env.sh", "env.sh", "result.json", "ranks", "torchrun", "job.sbatch")
+RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "job-*.sbatch", "slurm-*")
+
+
+def clashes_with_run_dir(name: str) -> bool:
+    """Whether a file of this name in a run directory would collide with one distrun writes."""
+    return name in RUN_DIR_NAMES or any(fnmatch.fnmatchcase(name, p) for p in RUN_DIR_PATTERNS)
 
 
 def _comment(text: str) -> str:
@@ -247,8 +259,9 @@ def preflight_needs(plan: JobPlan) -> dict[str, Any]:
 
 def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str],
                 before: dict[str, str] | None = None) -> None:
-    """plan.json and commands.txt: exactly what this run executes, readable before it starts.
-    ``before``: title -> text of the steps that run before the launch (the workdir's sync)."""
+    """plan.json, commands.txt and commands.json (the argv of the partition and of each host's
+    launch): exactly what this run executes, readable before it starts. ``before``: title -> text
+    of the steps that run before the launch (the workdir's sync)."""
     run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
     commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
     if plan.partition:
@@ -257,3 +270,7 @@ def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[st
         commands.insert(0, "# prepare (on the head, in the workdir)\n" + shlex.join(plan.prepare) + "\n")
     commands[:0] = [f"# {title}\n{text.rstrip()}\n" for title, text in (before or {}).items()]
     run.write("commands.txt", "\n".join(commands))
+    launcher = launcher_named(plan.launcher)
+    argv = {"partition": list(plan.partition) if plan.partition else None,
+            "launch": {h.name: launcher.command(plan, h) for h in launcher.launch_hosts(plan)}}
+    run.write("commands.json", json.dumps(argv, indent=2) + "\n")

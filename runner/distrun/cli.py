@@ -1,4 +1,5 @@
-"""The distrun command line. Owns output and exit codes; the logic lives in the modules."""
+"""The distrun command line: the verbs, their options and what each runs. How the command line
+is read and its mistakes told is cli_parse.py; what each value may be, cli_params.py."""
 
 from __future__ import annotations
 
@@ -8,34 +9,24 @@ import time
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
 from . import __version__, paths
+from . import cli_params as P
+from .cli_parse import Command, Group, ProgramCommand
 from .errors import UserError
-from .ui import console, fatal
-
-
-class _Group(click.Group):
-    """Turns UserError into one line and an exit code, never a traceback."""
-
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
-        try:
-            return super().invoke(ctx)
-        except UserError as exc:
-            fatal(str(exc))
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            fatal("interrupted")
-            sys.exit(130)
-
+from .ui import console
 
 inventory_option = click.option(
-    "--inventory", "-i", "inventory", required=True, metavar="NAME|PATH",
-    help="A name under inventory/ (e.g. local, test, prod) or a path to an inventory file or directory.",
+    "--inventory", "-i", "inventory", envvar=P.INVENTORY_ENV, show_envvar=True, metavar="NAME|PATH",
+    callback=P.inventory, shell_complete=P.complete_inventory,
+    help=f"A name under inventory/ (e.g. local, test, prod) or a path to an inventory file or directory "
+         f"(default: ${P.INVENTORY_ENV}).",
 )
+run_argument = click.argument("run_id", default="last", callback=P.run_ref, shell_complete=P.complete_run)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (docs/guide/cli.md).")
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="distrun")
 def main() -> None:
     """Provision a distributed-training cluster with Ansible and run jobs on it.
@@ -46,22 +37,25 @@ def main() -> None:
       distrun check --inventory prod        every node: env, versions, ports, ssh, names, shared folder
       distrun train --inventory prod        partition, launch on every rank, follow progress
       distrun logs last --rank 1            one rank's log of the last run
+      distrun show last --json              the last run's record, for scripts
+
+    Set DISTRUN_INVENTORY=prod to leave out --inventory. Shell completion: docs/guide/cli.md.
     """
 
 
-@main.command()
+@main.command(cls=Command)
 @inventory_option
 @click.option("--check", "check_mode", is_flag=True, help="Ansible check mode: report what would change, change nothing.")
 @click.option("--tags", default=None, help="Only run roles/steps with these Ansible tags (comma-separated).")
 @click.option("--limit", default=None, help="Only these hosts (Ansible --limit pattern).")
-def setup(inventory: str, check_mode: bool, tags: str | None, limit: str | None) -> None:
+def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str | None) -> None:
     """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
     from .ansible_bridge import run_playbook
     from .inventory import load_cluster
     from .runs import new_run
     from .ui import PlaybookProgress, print_summary
 
-    inv = paths.resolve_inventory(inventory)
+    inv = inventory.path
     cluster = load_cluster(inv)
     run = new_run("setup", inv)
     started = time.monotonic()
@@ -69,49 +63,54 @@ def setup(inventory: str, check_mode: bool, tags: str | None, limit: str | None)
         result = run_playbook("setup.yml", inv, run.dir, on_event=progress, tags=tags, limit=limit, check=check_mode)
     print_summary(result, time.monotonic() - started)
     run.finish(0 if result.ok else 1, f"changed={result.changed}")
-    console.print(f"run record: {run.dir}", markup=False)
+    console.print(f"run record: {run.dir}", markup=False, soft_wrap=True)
     if not result.ok:
         sys.exit(1)
 
 
-@main.command()
+@main.command(cls=Command)
 @inventory_option
-def hostfile(inventory: str) -> None:
+def hostfile(inventory: P.Inventory) -> None:
     """Print the MPI hostfile the inventory describes (head first, `host slots=N`)."""
     from .inventory import load_cluster, render_hostfile
 
-    path = paths.resolve_inventory(inventory)
-    cluster = load_cluster(path, paths.fact_cache_dir(path))
+    cluster = load_cluster(inventory.path, paths.fact_cache_dir(inventory.path))
     click.echo(render_hostfile(cluster), nl=False)
 
 
 def gdc_options(fn):  # noqa: ANN001,ANN201
     """--use-gdc and its two settings, shared by train and partition."""
-    fn = click.option("--gdc-topk", type=int, default=128, show_default=True, help="With --use-gdc: entries kept per node.")(fn)
-    fn = click.option("--gdc-alpha", type=float, default=0.05, show_default=True, help="With --use-gdc: PPR teleport probability.")(fn)
+    fn = click.option("--gdc-topk", type=click.IntRange(1), default=128, show_default=True,
+                      help="With --use-gdc: entries kept per node.")(fn)
+    fn = click.option("--gdc-alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
+                      show_default=True, help="With --use-gdc: PPR teleport probability.")(fn)
     return click.option("--use-gdc", is_flag=True,
                         help="Train on the graph diffusion (GDC, personalized PageRank) instead of the graph; "
                              "the partition follows the diffused graph.")(fn)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(cls=ProgramCommand)
 @inventory_option
-@click.option("--launcher", type=click.Choice(["mpirun", "torchrun", "slurm"]), default="mpirun", show_default=True)
-@click.option("--np", "np", type=int, default=None, help="Number of ranks (default: the sum of the workers' slots).")
-@click.option("--workload", type=click.Choice(["gcn", "gcn-torch", "gcn-tp", "ddp"]), default="gcn", show_default=True,
-              help="A reference workload; ignored with --script.")
-@click.option("--script", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--launcher", type=P.OneOf(["mpirun", "torchrun", "slurm"]), default="mpirun", show_default=True)
+@click.option("--np", "np", type=P.RANKS, default=None, help="Number of ranks (default: the sum of the workers' slots).")
+@click.option("--workload", type=P.OneOf(["gcn", "gcn-torch", "gcn-tp", "ddp"]), default="gcn", show_default=True,
+              help="A reference workload (not with --script).")
+@click.option("--script", type=click.Path(path_type=Path), default=None, callback=P.script_file,
               help="Your own program: copied to the run directory and started on every rank.")
-@click.option("--dataset", type=click.Choice(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
-@click.option("--data-dir", default=None, help="Directory holding the dataset files on the head node.")
+@click.option("--dataset", type=P.OneOf(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True,
+              help="The reference workloads' dataset (not with --script).")
+@click.option("--data-dir", default=None, callback=P.data_dir,
+              help="Absolute path of the dataset files on the head node (not with --script).")
 @gdc_options
-@click.option("--epochs", type=int, default=None, help="Training epochs for the reference workloads.")
-@click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Extra variable for every rank (repeatable).")
-@click.option("--port", type=int, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
+@click.option("--epochs", type=P.EPOCHS, default=None, help="Training epochs of the reference workloads (not with --script).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", callback=P.env_pairs,
+              help="Extra variable for every rank (repeatable); values never reach argv or logs.")
+@click.option("--port", type=P.PORT, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact commands; touch no node.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the preflight checks before launching.")
-@click.option("--slurm-mode", type=click.Choice(["single", "multi-job"]), default=None,
-              help="--launcher slurm: one multi-node job, or one job per node (default: the inventory's slurm_mode, else single).")
+@click.option("--slurm-mode", type=P.OneOf(["single", "multi-job"]), default=None,
+              help="With --launcher slurm: one multi-node job, or one job per node (default: the inventory's "
+                   "slurm_mode, else single).")
 @click.option("--allow-gpu-mismatch", is_flag=True,
               help="Launch even where a node's slots differ from its detected GPU count.")
 @click.option("--detach", is_flag=True,
@@ -134,62 +133,75 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="Extra arguments appended to mpirun, torchrun or srun, split like a shell would (no shell runs).")
 @click.option("--hosts", "hosts", multiple=True, metavar="A,B", help="Run ranks only on these workers of the inventory.")
 @click.option("--exclude", "exclude", multiple=True, metavar="C", help="Run no ranks on these workers.")
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def train(inventory: str, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
+@json_option
+def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
-          env_pairs: tuple[str, ...], port: int, dry_run: bool,
+          env: dict[str, str], port: int, dry_run: bool,
           skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
           exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
           prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
-          script_args: tuple[str, ...]) -> None:
+          as_json: bool, program_args: tuple[str, ...] = ()) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
-    Arguments after `--` go to the program: distrun train -i prod --script train.py -- --lr 0.1
+    \b
+    Arguments after `--` go to the program, and only those:
+      distrun train -i prod --script train.py -- --lr 0.1
+      distrun train -i prod --epochs 50 -- --hidden 64     (to the reference workload)
+      distrun train -i prod --workdir . -- python -m mypkg.train --lr 0.1   (your own project)
 
-    Your own project: distrun train -i prod --workdir . -- python -m mypkg.train --lr 0.1
+    With --json, stdout holds one JSON object when the run ends (run_id, status, exit_code,
+    result, ...; see docs/guide/cli.md) and the progress goes to stderr. Exit codes: 0 success,
+    1 the job failed, 2 bad usage, 3 preflight refused, 4 staging failed, 5 launch failed,
+    130 interrupted; Slurm's final states 124, 137, 143, 255 ('distrun --help').
     """
-    from . import planning
-    from .plan import check_env_key
+    from . import planning, records
     from .planning import JobRequest
     from .project import check_flags
     from .selection import host_names
     from .train import run_job
-    from .ui_run import TrainView, dry_run_text
+    from .ui import configure
+    from .ui_run import TrainView, dry_run_json, dry_run_text
     from .variables import split_words
 
-    extra_env: dict[str, str] = {}
-    for pair in env_pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UserError(f"--env {pair!r}: write it as KEY=VALUE")
-        check_env_key(key)
-        extra_env[key] = value
-    if script is not None and not script.is_file():
-        raise UserError(f"--script {script}: no such file; pass the path of your training program")
+    P.check_train(click.get_current_context())
     if exclude_failed and not max_restarts:
-        raise UserError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 --exclude-failed")
+        raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
+                               "--exclude-failed")
     if detach and max_restarts:
-        raise UserError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
-                        "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
-    check_flags(workdir, script, prepare_text, script_args)
+        raise click.UsageError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
+                               "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
+    check_flags(workdir, script, prepare_text, program_args)
     request = JobRequest(
-        inventory=paths.resolve_inventory(inventory), launcher=launcher, np=np, workload=workload,
-        script=script, script_args=tuple(script_args), dataset=dataset, data_dir=data_dir, epochs=epochs,
-        env=extra_env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
+        inventory=inventory.path, launcher=launcher, np=np, workload=workload,
+        script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
+        env=env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
         allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
-        detach=detach, max_restarts=max_restarts,
-        exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
+        detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
         workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
         launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
         exclude=host_names(exclude),
     )
     if dry_run:
-        click.echo(dry_run_text(planning.dry_run(request)), nl=False)
+        dry = planning.dry_run(request)
+        if as_json:
+            click.echo(json.dumps(dry_run_json(dry), indent=2))
+        else:
+            click.echo(dry_run_text(dry), nl=False)
         return
-    sys.exit(run_job(request, TrainView()))
+    if not as_json:
+        sys.exit(run_job(request, TrainView()))
+    configure(progress_to_stderr=True)
+    view = TrainView()
+    try:
+        code = run_job(request, view)
+    except UserError as exc:
+        click.echo(json.dumps(records.train_outcome(view.run, exc.exit_code, str(exc)), indent=2))
+        raise
+    click.echo(json.dumps(records.train_outcome(view.run, code), indent=2))
+    sys.exit(code)
 
 
-@main.command()
+@main.command(cls=Command)
 @click.argument("name")
 @click.option("--head", required=True, metavar="HOST", help="The head node: NAME or NAME=ADDRESS.")
 @click.option("--workers", required=True, metavar="HOST,HOST",
@@ -215,10 +227,10 @@ def init(name: str, head: str, workers: str, admin_user: str | None, base_dir: P
         console.print(f"  {line}", markup=False)
 
 
-@main.command()
+@main.command(cls=Command)
 @inventory_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON: ok, checks (check -> node -> ok, detail, fix), hosts.")
-def check(inventory: str, as_json: bool) -> None:
+def check(inventory: P.Inventory, as_json: bool) -> None:
     """Check every node can run a job; report each check per node, with a fix for each failure.
 
     \b
@@ -232,8 +244,7 @@ def check(inventory: str, as_json: bool) -> None:
       ssh            every node reaches every other node in batch mode
       names          every node resolves every node name to the same address
       shared folder  writable by the training user; a file written on the head is seen
-                     on every node (nfs, sshfs, external) or arrives by rsync (sync: "synced");
-                     external: the same filesystem on every node
+                     on every node (nfs, sshfs) or arrives by rsync (sync: "synced")
       gpus vs slots  a node with GPUs has slots equal to its GPU count
     'distrun train' runs the fast part first (env, mpi4py, versions, ports, head -> node
     ssh, shared folder writable, gpus vs slots). Exit 0 when every check passes, else 1.
@@ -241,54 +252,60 @@ def check(inventory: str, as_json: bool) -> None:
     from .check import run_check
     from .ui import print_check_report
 
-    inv = paths.resolve_inventory(inventory)
+    inv = inventory.path
     if as_json:
-        report, _ = run_check(inv, inventory)
+        report, _ = run_check(inv, inventory.label)
         click.echo(json.dumps(report, indent=2))
     else:
         from .ui import PlaybookProgress
 
-        report, _ = run_check(inv, inventory, progress=lambda names: PlaybookProgress(
+        report, _ = run_check(inv, inventory.label, progress=lambda names: PlaybookProgress(
             f"distrun check on {len(names)} node(s) from {inv}", names))
         print_check_report(report)
     sys.exit(0 if report["ok"] else 1)
 
 
-@main.command()
+@main.command(cls=Command)
 @inventory_option
-@click.option("--dataset", type=click.Choice(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
-@click.option("--data-dir", default=None, help="Directory holding the dataset files on the head node.")
-@click.option("--np", "np", type=int, default=None, help="Parts (default: the world size the inventory gives).")
+@click.option("--dataset", type=P.OneOf(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
+@click.option("--data-dir", default=None, callback=P.data_dir, help="Absolute path of the dataset files on the head node.")
+@click.option("--np", "np", type=P.RANKS, default=None, help="Parts (default: the world size the inventory gives).")
 @gdc_options
-def partition(inventory: str, dataset: str, data_dir: str | None, np: int | None, use_gdc: bool, gdc_alpha: float,
-              gdc_topk: int) -> None:
+def partition(inventory: P.Inventory, dataset: str, data_dir: str | None, np: int | None, use_gdc: bool,
+              gdc_alpha: float, gdc_topk: int) -> None:
     """Partition a graph with Metis on the head node into one part per rank."""
     from .planning import JobRequest
     from .train import run_partition_only
     from .ui_run import TrainView
 
-    request = JobRequest(inventory=paths.resolve_inventory(inventory), np=np, dataset=dataset, data_dir=data_dir,
+    request = JobRequest(inventory=inventory.path, np=np, dataset=dataset, data_dir=data_dir,
                          gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
     sys.exit(run_partition_only(request, TrainView()))
 
 
-@main.command()
+@main.command(cls=Command)
 @click.option("--prune", is_flag=True, help="Delete the records of finished runs (running ones stay).")
-@click.option("--older-than", default=None, metavar="DURATION",
+@click.option("--older-than", default=None, metavar="DURATION", callback=P.duration,
               help="With --prune: only runs started longer ago than this (30d, 12h, 90m, 2w; default 30d).")
-def runs(prune: bool, older_than: str | None) -> None:
-    """List run records, newest last; --prune deletes old ones."""
-    from rich.table import Table
+@json_option
+def runs(prune: bool, older_than: float | None, as_json: bool) -> None:
+    """List run records, oldest first (the newest is last); --prune deletes old ones.
 
-    from .runs import list_runs, parse_duration, prune_runs
+    --json prints {"schema": 1, "runs": [{run_id, verb, status, rc, inventory, started,
+    finished, duration_s, summary, dir}, ...]}."""
+    from . import records
+    from .runs import list_runs, prune_runs
+    from .ui_records import print_runs
 
     if older_than is not None and not prune:
-        raise UserError("--older-than only goes with --prune: distrun runs --prune --older-than 30d")
+        raise click.UsageError("--older-than only goes with --prune: distrun runs --prune --older-than 30d")
     if prune:
-        removed = prune_runs(parse_duration(older_than or "30d"))
+        if as_json:
+            raise click.UsageError("--json lists runs; it does not go with --prune")
+        removed = prune_runs(30 * 86400 if older_than is None else older_than)
         for r in removed:
             console.print(f"removed {r.id} ({r.meta.verb}, {r.meta.status})", markup=False)
-        console.print(f"pruned {len(removed)} run record(s) from {paths.runs_dir()}", markup=False)
+        console.print(f"pruned {len(removed)} run record(s) from {paths.runs_dir()}", markup=False, soft_wrap=True)
         return
     from .reconcile import views
     from .runs import RecordError
@@ -296,26 +313,43 @@ def runs(prune: bool, older_than: str | None) -> None:
     from .ui_run import state_text
 
     unreadable: dict[str, RecordError] = {}
-    records = list_runs(unreadable)
-    now = views(records)  # a running record whose distrun process is gone is checked on its nodes
-    table = Table(show_edge=False)
-    for col in ("run", "verb", "status", "rc", "duration", "inventory", "summary"):
-        table.add_column(col)
-    for r in records:
-        d = r.meta.duration
-        v = now[r.id]
-        table.add_row(*(escape(c) for c in (
-            r.id, r.meta.verb, state_text(v), "" if v.rc is None else str(v.rc),
-            "" if d is None else f"{d:.1f}s", r.meta.inventory, v.detail if v.state != r.meta.status or
-            v.state == "running" else r.meta.summary)))
-    console.print(table)
+    found = list_runs(unreadable)
+    listing = records.listing(found)
+    now = views(found)  # a running record whose distrun process is gone is checked on its nodes
+    for entry in listing["runs"]:
+        v = now[entry["run_id"]]
+        if v.state != entry["status"] or v.state == "running":
+            entry.update(status=v.state if as_json else state_text(v), rc=v.rc, summary=v.detail or entry["summary"])
     for exc in unreadable.values():
         warn(str(exc))
+    if as_json:
+        click.echo(json.dumps(listing, indent=2))
+    else:
+        print_runs(listing)
 
 
-@main.command()
-@click.argument("run_id", default="last")
-@click.option("--rank", type=int, default=None, help="Show this rank's log (default: the launcher's log).")
+@main.command(cls=Command)
+@run_argument
+@json_option
+def show(run_id: str, as_json: bool) -> None:
+    """Show one run's record: status, result, timings, the exact commands and where its logs are.
+
+    RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last' (the newest
+    run of any verb)."""
+    from . import records
+    from .runs import load_run
+    from .ui_records import print_show
+
+    detail = records.detail(load_run(run_id))
+    if as_json:
+        click.echo(json.dumps(detail, indent=2))
+    else:
+        print_show(detail)
+
+
+@main.command(cls=Command)
+@run_argument
+@click.option("--rank", type=P.RANK, default=None, help="Show this rank's log (default: the launcher's log).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the run ends.")
 def logs(run_id: str, rank: int | None, follow: bool) -> None:
     """Print a train run's logs: the launcher's, or one rank's with --rank. RUN_ID: an id
@@ -327,8 +361,8 @@ def logs(run_id: str, rank: int | None, follow: bool) -> None:
         sys.stdout.flush()
 
 
-@main.command()
-@click.argument("run_id", default="last")
+@main.command(cls=Command)
+@run_argument
 def stop(run_id: str) -> None:
     """Stop a train run: every process of it on every node, with a count per node.
 

@@ -8,10 +8,11 @@ import sys
 
 import click
 
+from .cli_parse import Command
 from .errors import UserError
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("run_id", default="last")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the state as JSON: state, rc, detail, record, controller, hosts (per host: launcher, rc, processes).")
@@ -34,7 +35,7 @@ def status(run_id: str, as_json: bool) -> None:
         print_status(now)
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("run_id", default="last")
 def attach(run_id: str) -> None:
     """Follow a train run again (detached, or whose distrun process ended) to its end: its output

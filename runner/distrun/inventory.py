@@ -149,13 +149,51 @@ def read_inventory_json(path: Path) -> dict[str, Any]:
         capture_output=True, text=True, env=env, check=False,
     )
     if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        detail = next((ln for ln in lines if "ERROR" in ln), lines[-1] if lines else "no output")
-        raise InventoryError(f"inventory {path}: Ansible cannot parse it: {detail.removeprefix('[ERROR]: ')}")
+        raise InventoryError(f"inventory {path}: Ansible cannot parse it: {parse_failure(proc.stderr, path)}")
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
         raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON ({exc})") from exc
+
+
+_PLUGIN_FAILED = re.compile(r"Failed to parse inventory with '([\w.]+)' plugin: (.*)")
+_ORIGIN = re.compile(r"^Origin: (.+?)\s*$")
+
+
+def parse_failure(stderr: str, path: Path) -> str:
+    """What ansible-inventory said about a source it could not parse, in one line: the plugin's
+    own message and where (``Origin: file:line:col``), from the plugin that fits the file best
+    (the one that names a line, else the one its extension picks), else Ansible's last error."""
+    lines = [ln.strip() for ln in stderr.splitlines()]
+    found: list[tuple[str, str, str]] = []  # (plugin, message, origin)
+    for i, text in enumerate(lines):
+        m = _PLUGIN_FAILED.search(text)
+        if not m:
+            continue
+        origin = ""
+        for later in lines[i + 1:]:
+            if _PLUGIN_FAILED.search(later):
+                break
+            o = _ORIGIN.match(later)
+            if o and not o.group(1).startswith("<"):
+                origin = o.group(1)
+                break
+        found.append((m.group(1), m.group(2).strip(), origin))
+    if not found:
+        errors = [ln for ln in lines if ln.startswith("[ERROR]")]
+        rest = [ln for ln in lines if ln]
+        return (errors[-1] if errors else rest[-1] if rest else "no output").removeprefix("[ERROR]: ")
+    suffix = Path(found[0][2].split(":")[0] or str(path)).suffix.lower()
+    preferred = ("yaml", "auto") if suffix in (".yml", ".yaml", ".json") else ("ini",)
+
+    def rank(item: tuple[str, str, str]) -> tuple[bool, bool]:
+        plugin, _, origin = item
+        return (re.search(r":\d+:\d+$", origin) is None, plugin not in preferred)
+
+    plugin, message, origin = min(found, key=rank)
+    message = message.removeprefix("Failed to parse inventory: ").rstrip(".")
+    where = f" at {origin}" if origin else ""
+    return f"{message}{where} ({plugin} plugin)"
 
 
 def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:

@@ -37,14 +37,27 @@ def state_dir() -> Path:
         os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "distrun"
     )
     path = Path(base)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.chmod(0o700)
+    where = "DISTRUN_HOME" if os.environ.get("DISTRUN_HOME") else "distrun's state folder"
+    _private_dir(path, f"{where} {path}", "point DISTRUN_HOME at a folder you own (default ~/.local/state/distrun)")
     return path
+
+
+def _private_dir(path: Path, what: str, fix: str) -> None:
+    """Create a 0700 folder, or say in one line why it cannot be one."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.chmod(0o700)
+    except FileExistsError:
+        raise UserError(f"{what} is a file, not a folder; {fix}") from None
+    except NotADirectoryError:
+        raise UserError(f"{what}: a part of that path is a file, not a folder; {fix}") from None
+    except OSError as exc:
+        raise UserError(f"{what}: {exc.strerror}; {fix}") from None
 
 
 def runs_dir() -> Path:
     path = state_dir() / "runs"
-    path.mkdir(exist_ok=True, mode=0o700)
+    _private_dir(path, f"the runs folder {path}", "remove or rename what is there")
     return path
 
 
@@ -78,6 +91,8 @@ def inventory_search_dirs() -> list[Path]:
 
 def resolve_inventory(name_or_path: str) -> Path:
     """``--inventory`` takes a name under inventory/ or a path to a file or directory."""
+    if not name_or_path.strip():
+        raise UserError("--inventory is empty: give a name under inventory/ (e.g. local) or a path")
     as_path = Path(name_or_path).expanduser()
     if as_path.exists():
         return as_path.resolve()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -11,8 +12,70 @@ from rich.table import Table
 
 from .ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+
+def _make(stderr: bool) -> Console:
+    """A terminal gets colour, live tables and wrapping; a pipe, a file or a CI log gets plain
+    lines that are never wrapped or cut, whatever COLUMNS says."""
+    console = Console(stderr=stderr, highlight=False)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+class _Console:
+    """The console the CLI prints on, made again by ``configure`` for each command from what its
+    stream is then (a terminal or not); anything else is Rich's Console's."""
+
+    def __init__(self, stderr: bool) -> None:
+        self.stderr = stderr
+        self._console: Console | None = None
+
+    def current(self) -> Console:
+        if self._console is None:
+            self._console = _make(self.stderr)
+        return self._console
+
+    def configure(self, stderr: bool) -> None:
+        self._console = _make(stderr)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.current(), name)
+
+
+console = _Console(stderr=False)
+err_console = _Console(stderr=True)
+
+
+def _now(c: Console | _Console) -> Console:
+    return c.current() if isinstance(c, _Console) else c
+
+
+def configure(progress_to_stderr: bool = False) -> None:
+    """Set both consoles up for this command; ``progress_to_stderr``: stdout is kept for one JSON
+    object (``train --json``), so everything said as a run goes is said on stderr."""
+    console.configure(stderr=progress_to_stderr)
+    err_console.configure(stderr=True)
+
+
+def print_table(columns: list[str], rows: list[list[str]], title: str | None = None) -> None:
+    """A table on a terminal; elsewhere one plain line per row, columns two spaces apart, no cell
+    ever cut. Cells are text, never markup."""
+    out = _now(console)
+    if out.is_terminal:
+        table = Table(title=escape(title) if title else None, show_edge=False)
+        for i, col in enumerate(columns):
+            # The first column names the row (a run id, a host): shown whole, the rest wraps.
+            whole = max(len(r[i]) for r in [columns, *rows]) if i == 0 else None
+            table.add_column(escape(col), no_wrap=i == 0, min_width=whole)
+        for row in rows:
+            table.add_row(*(escape(c) for c in row))
+        out.print(table)
+        return
+    if title:
+        out.print(title, markup=False)
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
+    for row in [columns, *rows]:
+        out.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), markup=False)
 
 
 class PlaybookProgress:
@@ -23,12 +86,12 @@ class PlaybookProgress:
         self.hosts = {h: HostProgress(h) for h in hosts}
         self.started = time.monotonic()
         self.live: Live | None = None
-        self.interactive = console.is_terminal
+        self.interactive = _now(console).is_terminal
 
     def __enter__(self) -> PlaybookProgress:
         console.print(f"[bold]{escape(self.title)}[/bold]")
         if self.interactive:
-            self.live = Live(self._table(), console=console, refresh_per_second=4, transient=False)
+            self.live = Live(self._table(), console=_now(console), refresh_per_second=4, transient=False)
             self.live.__enter__()
         return self
 
@@ -71,21 +134,19 @@ class PlaybookProgress:
 
 
 def print_summary(result: PlaybookResult, elapsed: float) -> None:
-    table = Table(title=escape(f"{result.playbook}: {result.status} in {elapsed:.1f}s"), show_edge=False)
-    for col in ("host", "ok", "changed", "failed", "unreachable", "skipped"):
-        table.add_column(col)
-    for h in sorted(result.hosts.values(), key=lambda x: x.name):
-        table.add_row(escape(h.name), str(h.ok), str(h.changed), str(h.failed), str(int(h.unreachable)), str(h.skipped))
-    console.print(table)
+    rows = [[h.name, str(h.ok), str(h.changed), str(h.failed), str(int(h.unreachable)), str(h.skipped)]
+            for h in sorted(result.hosts.values(), key=lambda x: x.name)]
+    print_table(["host", "ok", "changed", "failed", "unreachable", "skipped"], rows,
+                title=f"{result.playbook}: {result.status} in {elapsed:.1f}s")
     # Parseable line: scripts and tests read it instead of the table.
     console.print(
         f"PLAY RECAP {result.playbook}: hosts={len(result.hosts)} changed={result.changed} "
         f"failed={sum(h.failed for h in result.hosts.values())} "
         f"unreachable={sum(int(h.unreachable) for h in result.hosts.values())} rc={result.rc}",
-        markup=False,
+        markup=False, soft_wrap=True,
     )
     for h in result.failures():
-        err_console.print(f"[red]{escape(h.name)}: {escape(h.last_error)}[/red]")
+        err_console.print(f"[red]{escape(h.name)}: {escape(h.last_error)}[/red]", soft_wrap=True)
 
 
 def warn(message: str) -> None:
@@ -101,17 +162,20 @@ def print_check_report(report: dict) -> None:
     """'distrun check': one row per check, one column per node (✓/✗, '-' not checked), then
     what failed where and its fix."""
     hosts = list(report.get("hosts") or {})
-    table = Table(show_edge=False, pad_edge=False)
-    table.add_column("check")
-    for h in hosts:
-        table.add_column(escape(h), justify="center")
-    for check, items in report["checks"].items():
-        cells = []
+    marks = {None: "-", True: "✓", False: "✗"}
+    rows = [[check, *(marks[None if items.get(h) is None else bool(items[h]["ok"])] for h in hosts)]
+            for check, items in report["checks"].items()]
+    if not _now(console).is_terminal:
+        print_table(["check", *hosts], rows)
+    else:
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("check")
         for h in hosts:
-            item = items.get(h)
-            cells.append("-" if item is None else ("[green]✓[/green]" if item["ok"] else "[red]✗[/red]"))
-        table.add_row(escape(check), *cells)
-    console.print(table)
+            table.add_column(escape(h), justify="center")
+        colour = {"✓": "[green]✓[/green]", "✗": "[red]✗[/red]", "-": "-"}
+        for check, *cells in rows:
+            table.add_row(escape(check), *(colour[c] for c in cells))
+        console.print(table)
     failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
     for check, host, item in failures:
         console.print(f"[red]✗ {escape(check)} on {escape(host)}:[/red] {escape(str(item['detail']))}", soft_wrap=True)

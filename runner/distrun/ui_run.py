@@ -3,9 +3,12 @@ hints, stop counts per node, and the dry run's text."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from contextlib import AbstractContextManager
+from dataclasses import asdict
+from typing import Any
 
 from rich.markup import escape
 
@@ -25,8 +28,11 @@ from .workdir import Scan, SyncStats
 class TrainView(Listener):
     """Says what a run does as it goes (train.Listener, on the console)."""
 
+    run: Run | None = None  # the run's record, once it exists
+
     def started(self, run: Run) -> None:
-        console.print(f"run {run.id}: record in {run.dir}", markup=False)
+        self.run = run
+        console.print(f"run {run.id}: record in {run.dir}", markup=False, soft_wrap=True)
 
     def playbook(self, title: str, hosts: list[str]) -> AbstractContextManager[EventHandler | None]:
         return PlaybookProgress(title, hosts)
@@ -45,12 +51,13 @@ class TrainView(Listener):
                     f"epoch {e.get('epoch')}/{e.get('epochs')}  loss {e.get('loss', 0):.4f}  "
                     f"train_acc {e.get('train_acc', 0):.3f}  val_acc {e.get('val_acc', 0):.3f}  "
                     f"{e.get('epoch_time_s', 0) * 1000:.0f} ms/epoch",
-                    markup=False,
+                    markup=False, soft_wrap=True,
                 )
                 return
             except (ValueError, TypeError):
                 pass
-        console.print(text, markup=False)
+        # Never wrapped, on a terminal too: a DISTRUN_RESULT line is read back as one line.
+        console.print(text, markup=False, soft_wrap=True)
 
     def workdir_synced(self, host: str, scan: Scan, stats: SyncStats) -> None:
         deleted = f", {stats.deleted} deleted" if stats.deleted else ""
@@ -64,7 +71,7 @@ class TrainView(Listener):
         console.print(f"  prepare| {text}", markup=False, soft_wrap=True)
 
     def node_failed(self, reason: str) -> None:
-        err_console.print(f"[red]{escape(reason)}: stopping every rank on every node[/red]")
+        err_console.print(f"[red]{escape(reason)}: stopping every rank on every node[/red]", soft_wrap=True)
 
     def restarting(self, restart: int, max_restarts: int, hosts: list[str], reason: str) -> None:
         err_console.print(f"[yellow]{escape(reason)}: restart {restart} of {max_restarts} on {escape(', '.join(hosts))}[/yellow]",
@@ -100,14 +107,15 @@ class TrainView(Listener):
 
     def finished(self, summary: RunSummary) -> None:
         console.print(f"per-rank logs: {summary.logs_collected} of {summary.world_size} collected under "
-                      f"{summary.logs_dir}", markup=False)
+                      f"{summary.logs_dir}", markup=False, soft_wrap=True)
         if summary.ok:
-            console.print(f"[green]run {summary.run_id} succeeded[/green] in {summary.elapsed:.1f}s{escape(summary.accuracy)}")
+            console.print(f"[green]run {summary.run_id} succeeded[/green] in {summary.elapsed:.1f}s{escape(summary.accuracy)}",
+                          soft_wrap=True)
             return
         console.print(f"[red]run {summary.run_id} failed[/red] (launcher exit {summary.rc}) after "
-                      f"{summary.elapsed:.1f}s{escape(summary.failure)}")
+                      f"{summary.elapsed:.1f}s{escape(summary.failure)}", soft_wrap=True)
         for fix in summary.hints:
-            console.print(f"  hint: {fix}", markup=False)
+            console.print(f"  hint: {fix}", markup=False, soft_wrap=True)
 
 
 def state_text(view: RunView) -> str:
@@ -139,6 +147,13 @@ def print_stop_report(report: StopReport) -> None:
     if not report.missed:
         total = sum(report.stopped.values())
         console.print(f"run {report.run_id}: stopped {total} process(es) on {len(report.stopped)} node(s)", markup=False)
+
+
+def dry_run_json(dry: DryRun) -> dict[str, Any]:
+    """--dry-run --json: the plan, every file the run renders and every launch script."""
+    plan = json.loads(json.dumps(asdict(dry.plan), default=str))
+    return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
+            "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.user_env_keys), "note": dry.note}
 
 
 def dry_run_text(dry: DryRun) -> str:

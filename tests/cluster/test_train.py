@@ -19,6 +19,8 @@ MPI_SCRIPT = textwrap.dedent("""
     total = comm.allreduce(comm.Get_rank() + 1)
     print(f"SCRIPT rank={os.environ['RANK']} world={os.environ['WORLD_SIZE']} "
           f"mpi_rank={comm.Get_rank()} host={socket.gethostname()} sum={total} args={sys.argv[1:]}", flush=True)
+    if comm.Get_rank() == 0:
+        print("DISTRUN_RESULT " + '{"test_acc": %.4f, "ranks": %d}' % (total / 6, comm.Get_size()), flush=True)
     fail_rank = os.environ.get("FAIL_RANK")
     if fail_rank is not None and int(fail_rank) == comm.Get_rank():
         sys.exit(3)
@@ -62,7 +64,8 @@ def _rank_lines(run: Path) -> dict[int, tuple[int, str, int]]:
 def test_user_script_runs_on_every_rank_with_the_right_rank_and_world_size(provisioned, distrun_home, tmp_path):
     script = tmp_path / "allreduce.py"
     script.write_text(MPI_SCRIPT)
-    result = distrun("train", "--inventory", "test", "--script", str(script), "--", "--lr", "0.1")
+    # --json, as a script runs it: one JSON object on stdout when the run ends, progress on stderr.
+    result = distrun("train", "--inventory", "test", "--script", str(script), "--json", "--", "--lr", "0.1")
     assert result.rc == 0, result.stdout[-4000:] + result.stderr[-2000:]
     run = _latest_run(distrun_home)
     lines = _rank_lines(run)
@@ -70,7 +73,13 @@ def test_user_script_runs_on_every_rank_with_the_right_rank_and_world_size(provi
     assert {w for w, _, _ in lines.values()} == {3}
     assert {s for _, _, s in lines.values()} == {6}
     assert {h for _, h, _ in lines.values()} == {"node1", "node2", "node3"}
-    assert "--lr" in result.stdout and "0.1" in result.stdout
+    assert "--lr" in result.stderr and "0.1" in result.stderr
+    out = json.loads(result.stdout)  # the whole of stdout
+    assert out["run_id"] == run.name and out["status"] == "succeeded" and out["exit_code"] == 0 and out["error"] is None
+    assert out["result"] == {"test_acc": 1.0, "ranks": 3}
+    assert out["plan"]["world_size"] == 3 and sorted(out["logs"]["ranks"]) == ["0", "1", "2"]
+    assert out["commands"]["launch"]["node1"][0].endswith("/mpirun")
+    assert out == json.loads(distrun("show", run.name, "--json").stdout) | {"exit_code": 0, "error": None}
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "succeeded" and meta["rc"] == 0
     assert (run / "plan.json").is_file() and (run / "commands.txt").is_file()

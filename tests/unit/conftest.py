@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def private_state(tmp_path, monkeypatch):
     """Each test gets its own run directories and fact cache."""
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)  # a developer's default must not leak in
     return tmp_path / "state"
 
 

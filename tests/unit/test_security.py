@@ -26,7 +26,7 @@ from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.plan import build_plan, check_env_key
 
-from .conftest import distrun_bin
+from .conftest import REPO, distrun_bin
 
 HOSTS = {"n1": {"ansible_host": "10.0.0.1", "slots": 1}, "n2": {"ansible_host": "10.0.0.2", "slots": 1}}
 SECRET = "s3cr3t-'$(touch /tmp/pwned)'-value"
@@ -169,10 +169,10 @@ def test_reserved_env_keys_are_refused(key):
 
 
 def test_reserved_env_key_is_refused_at_parse_time(cli_env):
-    res = subprocess.run([distrun_bin(), "train", "-i", "/nonexistent", "--env", "DISTRUN_RUN_ID=20260101-000000-train-ffff"],
-                         capture_output=True, text=True, env=cli_env)
+    res = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", "--env",
+                          "DISTRUN_RUN_ID=20260101-000000-train-ffff"], capture_output=True, text=True, env=cli_env, cwd=REPO)
     assert res.returncode == 2
-    assert res.stderr.strip() == ("distrun: error: --env DISTRUN_RUN_ID=...: DISTRUN_* variables are set by distrun "
+    assert res.stderr.strip() == ("distrun: error: train: --env: DISTRUN_RUN_ID: DISTRUN_* variables are set by distrun "
                                   "itself; choose another name")
 
 
