@@ -265,7 +265,7 @@ def test_every_bad_invocation_is_one_line_with_the_fix(tmp_path, records, privat
 
 # Through the real executable: argv bytes that are not UTF-8, a real pipe, a real exit status.
 SUBPROCESS = [
-    ([*D[:3], "--ephocs", "3", "--dry-run"], {}, "no such option --ephocs; did you mean --epochs?"),
+    ([*D[:3], "--ephocs", "3", "--dry-run"], {}, "no such option --ephocs; did you mean --epochs"),
     ([*T, "train.py"], {}, "--script train.py"),
     ([*D, "--env", b"TOKEN=\xff"], {}, "--env: TOKEN: the value is not valid UTF-8"),
     (["runs"], {"DISTRUN_HOME": "FILE"}, "is a file, not a folder"),
