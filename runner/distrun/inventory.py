@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import contract, rules
+from . import contract, inventory_cache, rules
 from .errors import InventoryError
 
 
@@ -139,6 +139,12 @@ def ansible_bin(tool: str) -> str:
 
 
 def read_inventory_json(path: Path) -> dict[str, Any]:
+    """What ``ansible-inventory --list`` says about the inventory; kept while its files are
+    unchanged (inventory_cache), so a verb asks Ansible again only after an edit."""
+    return inventory_cache.read(path, _ask_ansible)
+
+
+def _ask_ansible(path: Path) -> dict[str, Any]:
     env = dict(os.environ)
     # Unparseable sources are warnings by default, which would turn a typo into an empty cluster.
     env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"
@@ -153,9 +159,12 @@ def read_inventory_json(path: Path) -> dict[str, Any]:
         detail = next((ln for ln in lines if "ERROR" in ln), lines[-1] if lines else "no output")
         raise InventoryError(f"inventory {path}: Ansible cannot parse it: {detail.removeprefix('[ERROR]: ')}")
     try:
-        return json.loads(proc.stdout)
+        data = json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
         raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InventoryError(f"inventory {path}: ansible-inventory printed no inventory")
+    return data
 
 
 def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
