@@ -81,7 +81,7 @@ def compare_versions(versions: Mapping[str, Mapping[str, str]], head: str, setup
 
 
 def compare_names(names: Mapping[str, Mapping[str, str]], head: str, setup: str) -> dict[str, Item]:
-    """Every node must resolve every cluster name to the same address (and resolve it at all)."""
+    """Every node must resolve every cluster name to the same addresses (and resolve it at all)."""
     problems: dict[str, list[str]] = {h: [] for h in names}
     all_names = sorted({n for v in names.values() for n in v})
     for name in all_names:

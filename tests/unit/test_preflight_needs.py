@@ -94,6 +94,15 @@ def test_a_node_resolving_the_head_wrongly_is_refused_with_checks_words():
     assert "correct /etc/hosts or DNS on node3" in line
 
 
+def test_a_stray_extra_address_for_the_head_is_refused_even_behind_the_right_one():
+    # The probe reports every address a name has (/etc/host.conf "multi on" keeps them all); the
+    # right address may be sorted first on that node while another program takes the stray one.
+    probes = {h: probe(h, names={"node1": "10.0.0.1"}) for h in NODES}
+    probes["node3"]["names"] = {"node1": "10.9.9.9,10.0.0.1"}
+    line = judge(probes, failed("node3"))
+    assert line.startswith("names: node3 resolves node1 to 10.9.9.9,10.0.0.1 but node1,node2 to 10.0.0.1 on node3: ")
+
+
 def run_probe(user: str, prefix: str) -> dict:
     cfg = {"host": "here", "user": user, "env_prefix": prefix, "mpi_prefix": "/usr", "shared_dir": "/tmp"}
     out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,

@@ -125,10 +125,14 @@ def probe_writable(path):
 
 
 def resolve(name):
+    """Every address the name has here, in the resolver's order ("a,b"; "" when none). Not only
+    the first: with /etc/host.conf's "multi on", a stray /etc/hosts line adds an address that
+    getaddrinfo may sort behind the right one on this node, while another program gets it first."""
     try:
-        return socket.gethostbyname(name)
+        addresses = socket.gethostbyname_ex(name)[2]
     except OSError:
         return ""
+    return ",".join(dict.fromkeys(addresses))
 
 
 def _in(port, spec):
