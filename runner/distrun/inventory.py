@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import contract, rules
+from . import contract, inventory_cache, rules
 from .errors import InventoryError
 
 
@@ -139,6 +139,12 @@ def ansible_bin(tool: str) -> str:
 
 
 def read_inventory_json(path: Path) -> dict[str, Any]:
+    """What ``ansible-inventory --list`` says about the inventory; kept while its files are
+    unchanged (inventory_cache), so a verb asks Ansible again only after an edit."""
+    return inventory_cache.read(path, _ask_ansible)
+
+
+def _ask_ansible(path: Path) -> dict[str, Any]:
     env = dict(os.environ)
     # Unparseable sources are warnings by default, which would turn a typo into an empty cluster.
     env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"
@@ -151,9 +157,12 @@ def read_inventory_json(path: Path) -> dict[str, Any]:
     if proc.returncode != 0:
         raise InventoryError(f"inventory {path}: Ansible cannot parse it: {parse_failure(proc.stderr, path)}")
     try:
-        return json.loads(proc.stdout)
+        data = json.loads(proc.stdout)
     except json.JSONDecodeError as exc:
         raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InventoryError(f"inventory {path}: ansible-inventory printed no inventory")
+    return data
 
 
 _PLUGIN_FAILED = re.compile(r"Failed to parse inventory with '([\w.]+)' plugin: (.*)")
