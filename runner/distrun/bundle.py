@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .envnames import check_env_key
 from .launchers import launcher_named
 from .network import NetworkChoice
-from .plan import WORKLOADS, JobPlan, check_env_key, render_hostfile
+from .plan import WORKLOADS, JobPlan, render_hostfile
 from .runs import Run
 
 # What distrun itself writes into a run directory on the nodes, under any launcher (exact names,

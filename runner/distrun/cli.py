@@ -22,8 +22,8 @@ inventory_option = click.option(
     help=f"A name under inventory/ (e.g. local, test, prod) or a path to an inventory file or directory "
          f"(default: ${P.INVENTORY_ENV}).",
 )
-run_argument = click.argument("run_id", default="last", callback=P.run_ref, shell_complete=P.complete_run)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (docs/guide/cli.md).")
+run_argument = P.run_argument
+json_option = P.json_option
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -202,32 +202,6 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
 
 
 @main.command(cls=Command)
-@click.argument("name")
-@click.option("--head", required=True, metavar="HOST", help="The head node: NAME or NAME=ADDRESS.")
-@click.option("--workers", required=True, metavar="HOST,HOST",
-              help="The hosts that run ranks (the head may be one): NAME or NAME=ADDRESS each, comma-separated.")
-@click.option("--user", "admin_user", default=None, metavar="ADMIN",
-              help="The account Ansible logs in with (ansible_user); it needs sudo. Default: your ssh default.")
-@click.option("--dir", "base_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("inventory"),
-              show_default=True, help="Where the inventory folder is made.")
-def init(name: str, head: str, workers: str, admin_user: str | None, base_dir: Path) -> None:
-    """Write a new inventory, BASE_DIR/NAME/ (hosts.yml and commented group_vars/all.yml).
-
-    Example: distrun init prod --head w1=10.0.0.11 --workers w1,w2=10.0.0.12 --user admin
-    """
-    from .scaffold import write_inventory
-
-    written = write_inventory(base_dir, name, head, workers, admin_user)
-    for f in written.files:
-        console.print(f"wrote {f}", markup=False)
-    console.print(f"head {written.head}, workers {', '.join(written.workers)}; read {written.files[-1]} and change "
-                  "what your cluster needs (provider, shared folder, packages)", markup=False)
-    console.print("next:", markup=False)
-    for line in written.next_commands:
-        console.print(f"  {line}", markup=False)
-
-
-@main.command(cls=Command)
 @inventory_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON: ok, checks (check -> node -> ok, detail, fix), hosts.")
 def check(inventory: P.Inventory, as_json: bool) -> None:
@@ -284,70 +258,6 @@ def partition(inventory: P.Inventory, dataset: str, data_dir: str | None, np: in
 
 
 @main.command(cls=Command)
-@click.option("--prune", is_flag=True, help="Delete the records of finished runs (running ones stay).")
-@click.option("--older-than", default=None, metavar="DURATION", callback=P.duration,
-              help="With --prune: only runs started longer ago than this (30d, 12h, 90m, 2w; default 30d).")
-@json_option
-def runs(prune: bool, older_than: float | None, as_json: bool) -> None:
-    """List run records, oldest first (the newest is last); --prune deletes old ones.
-
-    --json prints {"schema": 1, "runs": [{run_id, verb, status, rc, inventory, started,
-    finished, duration_s, summary, dir}, ...]}."""
-    from . import records
-    from .runs import list_runs, prune_runs
-    from .ui_records import print_runs
-
-    if older_than is not None and not prune:
-        raise click.UsageError("--older-than only goes with --prune: distrun runs --prune --older-than 30d")
-    if prune:
-        if as_json:
-            raise click.UsageError("--json lists runs; it does not go with --prune")
-        removed = prune_runs(30 * 86400 if older_than is None else older_than)
-        for r in removed:
-            console.print(f"removed {r.id} ({r.meta.verb}, {r.meta.status})", markup=False)
-        console.print(f"pruned {len(removed)} run record(s) from {paths.runs_dir()}", markup=False, soft_wrap=True)
-        return
-    from .reconcile import views
-    from .runs import RecordError
-    from .ui import warn
-    from .ui_run import state_text
-
-    unreadable: dict[str, RecordError] = {}
-    found = list_runs(unreadable)
-    listing = records.listing(found)
-    now = views(found)  # a running record whose distrun process is gone is checked on its nodes
-    for entry in listing["runs"]:
-        v = now[entry["run_id"]]
-        if v.state != entry["status"] or v.state == "running":
-            entry.update(status=v.state if as_json else state_text(v), rc=v.rc, summary=v.detail or entry["summary"])
-    for exc in unreadable.values():
-        warn(str(exc))
-    if as_json:
-        click.echo(json.dumps(listing, indent=2))
-    else:
-        print_runs(listing)
-
-
-@main.command(cls=Command)
-@run_argument
-@json_option
-def show(run_id: str, as_json: bool) -> None:
-    """Show one run's record: status, result, timings, the exact commands and where its logs are.
-
-    RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last' (the newest
-    run of any verb)."""
-    from . import records
-    from .runs import load_run
-    from .ui_records import print_show
-
-    detail = records.detail(load_run(run_id))
-    if as_json:
-        click.echo(json.dumps(detail, indent=2))
-    else:
-        print_show(detail)
-
-
-@main.command(cls=Command)
 @run_argument
 @click.option("--rank", type=P.RANK, default=None, help="Show this rank's log (default: the launcher's log).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing as the log grows, until the run ends.")
@@ -377,11 +287,13 @@ def stop(run_id: str) -> None:
         raise report.refusal()
 
 
-# The verbs of runs that outlive the terminal live beside this module.
+# Verbs that live beside this module: run records, runs that outlive the terminal, a new inventory.
+from .cli_init import init  # noqa: E402
 from .cli_long import attach, status  # noqa: E402
+from .cli_records import runs, show  # noqa: E402
 
-main.add_command(status)
-main.add_command(attach)
+for _verb in (init, runs, show, status, attach):
+    main.add_command(_verb)
 
 
 if __name__ == "__main__":  # pragma: no cover

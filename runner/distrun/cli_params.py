@@ -76,7 +76,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     """--env KEY=VALUE (repeatable) -> {KEY: VALUE}: a shell variable name not reserved by distrun,
     a UTF-8 value, each name once."""
-    from .plan import RESERVED_ENV_PREFIX
+    from .envnames import RESERVED_ENV_PREFIX
 
     env: dict[str, str] = {}
     for pair in values:
@@ -224,3 +224,9 @@ def complete_run(ctx: click.Context, param: click.Parameter, incomplete: str) ->
     except (OSError, UserError):
         ids = []
     return [CompletionItem(i) for i in ["last", *ids] if i.startswith(incomplete)]
+
+
+# --- shared options and arguments ------------------------------------------------------------
+
+run_argument = click.argument("run_id", default="last", callback=run_ref, shell_complete=complete_run)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (docs/guide/cli.md).")

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from . import contract
+from .envnames import env_name_problem
 from .errors import InventoryError, UserError
 from .inventory import Cluster
-from .plan import env_name_problem
 from .workdir import ENV_FILE
 
 

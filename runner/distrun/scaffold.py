@@ -20,7 +20,8 @@ import yaml
 
 from . import contract
 from .errors import InventoryError, UserError
-from .inventory import check_address, check_host_name, load_cluster
+from .inventory import load_cluster
+from .inventory_values import check_address, check_host_name
 
 _FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _USER = re.compile(r"[a-z_][a-z0-9_.-]*")

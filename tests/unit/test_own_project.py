@@ -299,16 +299,17 @@ def test_bad_project_flags_give_one_clear_line(cli_env, tmp_path, args, expected
 
 
 def test_dry_run_shows_the_sync_the_prepare_and_the_launcher_args(cli_env, tmp_path):
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "m.py").write_text("x = 1\n")
-    (tmp_path / ".gitignore").write_text("data/\n")
-    res = _cli(["train", "-i", TWO, "--workdir", str(tmp_path), "--exclude", "w2", "--launcher-args",
+    project = tmp_path / "project"  # beside the test's distrun home, not around it
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "m.py").write_text("x = 1\n")
+    (project / ".gitignore").write_text("data/\n")
+    res = _cli(["train", "-i", TWO, "--workdir", str(project), "--exclude", "w2", "--launcher-args",
                 "--mca btl_base_verbose 0", "--prepare", "python part.py --num_parts {np}", "--dry-run", "--",
                 "python", "-m", "pkg.train", "--num_parts", "{np}"], cli_env)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "world size:  2 rank(s) on 1 host(s)" in out  # w1 alone (slots=2)
-    assert f"workdir:     {tmp_path} -> /shared/workdirs/" in out and "(2 files, " in out
+    assert f"workdir:     {project} -> /shared/workdirs/" in out and "(2 files, " in out
     assert "# workdir sync: " in out and "'--filter=- data/'" in out
     assert "# prepare (on w1 as trainer, in /shared/workdirs/" in out and "python part.py --num_parts 2" in out
     assert "--mca btl_base_verbose 0 /shared/runs/DRYRUN/rank-env.sh python -m pkg.train --num_parts 2" in out

@@ -21,10 +21,11 @@ from rich.console import Console
 from distrun import ansible_bridge, bundle, cli, collect, runs, stop, train, ui
 from distrun.ansible_bridge import HostProgress, PlaybookResult
 from distrun.bundle import render_env_file, render_rank_wrapper
+from distrun.envnames import check_env_key
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
-from distrun.plan import build_plan, check_env_key
+from distrun.plan import build_plan
 
 from .conftest import REPO, distrun_bin
 
