@@ -100,7 +100,7 @@ def test_env_cannot_set_a_reserved_key(provisioned, distrun_home):
     lines = result.stderr.strip().splitlines()
     attack("--env DISTRUN_RUN_ID=<other run>", result.rc == 0, result.stdout[-1000:])
     assert result.rc == 2 and len(lines) == 1, result.stderr
-    assert lines[0] == ("distrun: error: --env DISTRUN_RUN_ID=...: DISTRUN_* variables are set by distrun itself; "
+    assert lines[0] == ("distrun: error: train: --env: DISTRUN_RUN_ID: DISTRUN_* variables are set by distrun itself; "
                         "choose another name")
 
 
