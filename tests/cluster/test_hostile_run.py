@@ -174,6 +174,11 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
     finally:
         for pid, _ in decoys:
             provisioned.exec(2, f"kill -9 {pid}", check=False)
+        # runuser forks: the decoy's own process carries the tag, not the pid '$!' named. Left
+        # alive, it would keep node2 busy for later runs.
+        provisioned.exec(2, "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null "
+                            "| grep -qx 'DISTRUN_RUN_ID=20260101-000000-train-ffff' && kill -9 ${p#/proc/}; done; true",
+                         check=False)
         worker.join(timeout=300)
 
 
