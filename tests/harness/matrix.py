@@ -2,9 +2,8 @@
 
 Each cell is one short 3-rank torch job (``CELL_SCRIPT``: an allreduce, a DistributedSampler DDP of
 a few epochs with a snapshot in its working directory, and a file written in the run directory and
-read back), started with the real CLI, then read back with 'distrun logs'. The test cluster (YAML
-inventory, names = hostnames, root admin: tests/cluster/test_matrix.py) runs the cells of its
-inventory in every shared folder mode, switching only the shared folder between modes. A combination that cannot run on this machine is listed with its reason (``NOT_RUNNABLE``).
+read back), started with the real CLI, then read back with 'distrun logs'. A cluster runs the
+cells of its inventory in every shared folder mode, switching only the shared folder between modes. A combination that cannot run on this machine is listed with its reason (``NOT_RUNNABLE``).
 
 Every cell writes one row into ``$DISTRUN_TEST_REPORT_DIR/matrix-<pid>.jsonl``; the suite's
 closing report prints them as one table (``table``).
