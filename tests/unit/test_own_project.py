@@ -275,7 +275,7 @@ def test_inventories_we_ship_or_write_have_what_the_default_workload_needs(tmp_p
 # ------------------------------------------------------------------ the CLI
 
 def _cli(args: list[str], env: dict, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([distrun_bin(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([distrun_bin(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 TWO = "tests/golden/inventories/two-nodes"
