@@ -18,8 +18,6 @@ any launcher variables the program trains in one process without a process group
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import numpy as np
@@ -154,14 +152,4 @@ def resume(args, model, opt, rank, world, distributed, torch, dist) -> int:  # n
 
 
 if __name__ == "__main__":
-    try:
-        common.run_main(PROG, main)
-    except SystemExit as done:
-        # The result is printed and saved and the process group is destroyed, yet torch's gloo
-        # threads can still race the interpreter's teardown ("terminate called without an active
-        # exception", SIGABRT: seen in CI under mpirun). Leave without running C++ destructors.
-        # This program never initialises MPI itself, so skipping MPI_Finalize loses nothing.
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    torch_dist.run_main(PROG, main)

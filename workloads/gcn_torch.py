@@ -29,8 +29,6 @@ bytes its halo exchanges and gradient allreduce sent.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import warnings
 
@@ -218,12 +216,4 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
 
 
 if __name__ == "__main__":
-    try:
-        common.run_main(PROG, main)
-    except SystemExit as done:
-        # As in gcn_ddp.py: gloo's threads can race the interpreter's teardown after the result
-        # is out and the group destroyed; leave without running C++ destructors.
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    torch_dist.run_main(PROG, main)
