@@ -202,6 +202,20 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
     return state
 
 
+def out_of_contact(plan: JobPlan, hosts: dict[str, HostState], lost: set[str] | frozenset[str]) -> str | None:
+    """After hosts were ``lost`` mid-run: why the run cannot be followed any more, or None when a
+    launch host that is not lost still answers (the nodes left can be stopped, collected and
+    restarted on). With torchrun every rank host is a launch host: one lost node must not make
+    the whole run look out of reach."""
+    launch = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan)]
+    left = [h for h in launch if h not in lost]
+    if any(hosts[h].reached for h in left if h in hosts):
+        return None
+    if not left:
+        return f"every launch host of the run was lost ({', '.join(launch)})"
+    return "; ".join(f"cannot reach {h} ({hosts[h].error})" for h in left if h in hosts)
+
+
 def read(cluster: Cluster, plan: JobPlan, lost: set[str] | frozenset[str] = frozenset()) -> ClusterState:
     return judge(plan, probe(cluster, plan, lost=lost))
 

@@ -22,7 +22,7 @@ from .inventory import Cluster
 from .judge import refusal
 from .launchers import launcher_named
 from .listener import EventHandler, Listener
-from .liveness import CONTACT_LOST, read, wait_started
+from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
 from .project import commands, load_project, make_ready, pull_command, record_pulls
@@ -142,8 +142,7 @@ class _Run:
         """After a node was lost: why no launch host answers any more (this machine's network, or
         the head, is gone), or None when the launch hosts still answer."""
         assert self.plan is not None
-        state = read(self.cluster, self.plan, self.lost)
-        return state.reason if state.state == "unreachable" else None
+        return out_of_contact(self.plan, probe(self.cluster, self.plan, lost=self.lost), self.lost)
 
     def stop(self) -> None:
         if self.plan is not None and not self.stopped:

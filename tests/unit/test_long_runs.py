@@ -227,6 +227,29 @@ def test_the_launchers_decide_the_runs_state(launcher, answers, state, rc):
     assert (judged.state, judged.rc) == (state, rc), judged
 
 
+@pytest.mark.parametrize(("launcher", "answers", "lost", "out"), [
+    # torchrun: every rank host launches. n3 lost, its peers' launchers ended: the run can be
+    # stopped, collected and restarted on n1 and n2, not given up as out of reach.
+    ("torchrun", {"n1": "launcher=exited rc=1", "n2": "launcher=exited rc=1", "n3": None}, {"n3"}, None),
+    ("torchrun", {"n1": "launcher=running", "n2": "launcher=running", "n3": None}, {"n3"}, None),
+    # Nothing but the lost node answers any more: this machine's network, or the nodes, are gone.
+    ("torchrun", {"n1": None, "n2": None, "n3": None}, {"n3"}, "cannot reach n1 (ssh: timeout); cannot reach n2"),
+    # mpirun launches from the head only: a lost worker leaves the head to ask, a lost head does not.
+    ("mpirun", {"n1": "launcher=exited rc=1", "n2": "launcher=none", "n3": None}, {"n3"}, None),
+    ("mpirun", {"n1": None, "n2": "launcher=none", "n3": "launcher=none"}, {"n1"}, "every launch host of the run was lost (n1)"),
+])
+def test_a_lost_node_leaves_the_run_in_reach_while_another_launch_host_answers(launcher, answers, lost, out):
+    cluster = local_cluster(("n1", "n2", "n3"))
+    plan = build_plan(cluster, run_id="R", launcher=launcher, workload="ddp")
+    hosts = {h: liveness.parse_probe(h, f"DISTRUN_PROBE dir=1 {a} procs=0 started=\n" if a else "ssh: timeout")
+             for h, a in answers.items()}
+    said = liveness.out_of_contact(plan, hosts, lost)
+    if out is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith(out), said
+
+
 # ------------------------------------------------------------------ logs -f ends with the run
 
 def test_logs_follow_of_a_run_nothing_follows_reads_the_head_and_ends_with_the_run(tmp_path, monkeypatch):
