@@ -45,7 +45,7 @@ def _popen(*args: str, env: dict) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_detached_run_outlives_its_follower_and_is_followed_again_to_its_end(provisioned, distrun_home, tmp_path):
+def test_a_detached_run_outlives_its_follower_and_is_followed_again_to_its_end(provisioned, distrun_home, tmp_path, capsys):
     script = tmp_path / "sleeper.py"
     script.write_text(SCRIPT)
     detach = distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=40", "--detach", timeout=600)
@@ -81,7 +81,9 @@ def test_a_detached_run_outlives_its_follower_and_is_followed_again_to_its_end(p
         started = time.monotonic()
         second = distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=0", timeout=120)
         refused_after = time.monotonic() - started
-        print(f"a second train on busy hosts was refused after {refused_after:.1f}s", flush=True)
+        with capsys.disabled():
+            print(f"\na second train on busy hosts was refused after {refused_after:.1f}s "
+                  f"(load average {os.getloadavg()[0]:.1f})", flush=True)
         assert second.rc == 2, second.stdout[-2000:] + second.stderr[-2000:]
         assert f"busy with run {run_id} (running there now)" in second.stderr.replace("\n", " ")
         assert refused_after < 60, "refusing a run on busy hosts hangs"
