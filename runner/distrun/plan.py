@@ -39,6 +39,10 @@ class RankHost:
     slots: int  # ranks placed on this host by this job
     gpus: int
     iface: str | None
+    # The address of the interface the ranks use (the cluster network), where known; torchrun's
+    # agents announce it to their peers instead of the machine's hostname, which the other
+    # nodes may not resolve.
+    net_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -213,15 +217,18 @@ def build_plan(
             return network.per_host[name].name
         return by_name[name].iface
 
+    def net_address_of(name: str) -> str:
+        if network is not None and name in network.per_host:
+            return network.per_host[name].address
+        return by_name[name].address
+
     hosts = tuple(
-        RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name)) for name, n in placed
+        RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name), net_address_of(name))
+        for name, n in placed
     )
     # Rank 0 hosts torch's store and torchrun's rendezvous: the first rank host (the head
     # whenever it runs ranks, as rank order puts it first).
-    first = hosts[0]
-    master_addr = first.address
-    if network is not None and first.name in network.per_host:
-        master_addr = network.per_host[first.name].address
+    master_addr = hosts[0].net_address
 
     partition: tuple[str, ...] | None = None
     part_dir: str | None = None

@@ -55,8 +55,22 @@ def test_sbatch_files_of_an_aliased_plan_name_nodes_as_the_inventory_does():
     # The master's address is the name Slurm runs it under, which every node resolves
     # (a machine's own hostname need not be in the others' /etc/hosts).
     assert 'export MASTER_ADDR="$SLURMD_NODENAME"' in multi["job-0.sbatch"]
+    # Each node's torchrun agent announces its cluster address, not the machine's hostname
+    # (torch's default, which the other nodes cannot resolve): the first one's becomes the
+    # ranks' MASTER_ADDR.
+    addresses = [next(word for word in text.split() if word.startswith("--local-addr="))
+                 for _, text in sorted(multi.items())]
+    assert addresses == ["--local-addr=10.0.0.11", "--local-addr=10.0.0.12", "--local-addr=10.0.0.13"]
     for text in (*single.values(), *multi.values()):
         assert "hostname -s" not in text and not any(m in text for m in MACHINES)
+
+
+def test_torchrun_agents_announce_their_cluster_address():
+    plan = build_plan(cluster(), run_id="r1", launcher="torchrun", workload="ddp")
+    launcher = LAUNCHERS["torchrun"]
+    said = {h.name: [w for w in launcher.command(plan, h) if w.startswith("--local-addr=")] for h in plan.hosts}
+    assert said == {"alpha": ["--local-addr=10.0.0.11"], "w2": ["--local-addr=10.0.0.12"], "w3": ["--local-addr=10.0.0.13"]}
+    assert plan.master_addr == "10.0.0.11"
 
 
 def test_the_driver_names_the_failing_node_as_srun_does(tmp_path):

@@ -28,6 +28,9 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint_host or plan.master_addr}:{plan.master_port}",
         f"--rdzv-id={plan.run_id}",
+        # How the other agents reach this one (the first one's address becomes the ranks'
+        # MASTER_ADDR): the node's cluster address, not a hostname the others may not resolve.
+        f"--local-addr={host.net_address or host.address}",
         # In-node restarts: torchrun's agents restart every worker at once up to this many
         # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost.
         f"--max-restarts={int(plan.max_restarts)}",
