@@ -14,6 +14,8 @@ import pytest
 from . import jittor_nodes
 
 REPO = Path(__file__).resolve().parents[2]
+# The header the rank wrapper prints first into every rank's log.
+RANK_HEADER = re.compile(r"DISTRUN_RANK rank=(\d+) \S+ world_size=(\d+) host=(\S+) machine=(\S+)")
 RECAP = re.compile(r"PLAY RECAP (\S+): hosts=(\d+) changed=(\d+) failed=(\d+) unreachable=(\d+) rc=(-?\d+)")
 
 
@@ -68,3 +70,15 @@ def run_processes(cluster, run_id: str, nodes: tuple[int, ...] = (1, 2, 3)) -> l
                               f"&& echo $f; done; true", check=False)
         alive += [f"node{k}:{line}" for line in out.stdout.split()]
     return alive
+
+
+def rank_headers(run: Path) -> dict[int, tuple[int, str, str]]:
+    """Rank -> (world size, inventory name, machine hostname), from the header of every rank log
+    collected into the run record."""
+    found: dict[int, tuple[int, str, str]] = {}
+    for f in (run / "nodes").rglob("*"):
+        if f.is_file() and f.name in ("stdout", "stdout.log"):
+            m = RANK_HEADER.search(f.read_text(errors="replace"))
+            if m:
+                found[int(m[1])] = (int(m[2]), m[3], m[4])
+    return found

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, CliResult, distrun, run_processes
+from .conftest import REPO, CliResult, distrun, rank_headers, run_processes
 
 FAIL_SCRIPT = textwrap.dedent("""
     import os, socket, sys, time
@@ -78,12 +78,7 @@ def test_train_ddp_under_slurm_completes_on_three_nodes(slurm_cluster, distrun_h
     # The job's state as Slurm reports it (PENDING, or already RUNNING when it starts at once).
     assert re.search(r"DISTRUN_SLURM job \d+ [A-Z_]+ reason=", result.stdout), "queue state not shown"
     assert "epoch 3/3" in result.stdout, "rank 0's progress was not streamed"
-    run = _runs(distrun_home)[-1]
-    ranks = {}
-    for f in (run / "nodes").rglob("stdout"):
-        m = re.search(r"DISTRUN_RANK rank=(\d+) \S+ world_size=(\d+) host=(\S+)", f.read_text(errors="replace"))
-        if m:
-            ranks[int(m[1])] = (int(m[2]), m[3])
+    ranks = {r: (world, host) for r, (world, host, _) in rank_headers(_runs(distrun_home)[-1]).items()}
     assert ranks == {0: (3, "node1"), 1: (3, "node2"), 2: (3, "node3")}, ranks
     # The munge key is in no run record.
     key = cluster.exec(1, "base64 -w0 /etc/munge/munge.key").stdout.strip()
@@ -104,12 +99,7 @@ def test_multi_job_mode_runs_one_job_per_node_with_the_first_as_master(slurm_clu
     run = _runs(distrun_home)[-1]
     sbatch = sorted({p.name for p in (run / "nodes").rglob("job-*.sbatch")})  # every node holds the run's files
     assert sbatch == ["job-0.sbatch", "job-1.sbatch", "job-2.sbatch"], sbatch
-    ranks = {}
-    for f in (run / "nodes").rglob("*"):
-        if f.is_file() and f.name in ("stdout", "stdout.log"):
-            m = re.search(r"DISTRUN_RANK rank=(\d+) \S+ world_size=(\d+) host=(\S+)", f.read_text(errors="replace"))
-            if m:
-                ranks[int(m[1])] = (int(m[2]), m[3])
+    ranks = {r: (world, host) for r, (world, host, _) in rank_headers(run).items()}
     assert ranks == {0: (3, "node1"), 1: (3, "node2"), 2: (3, "node3")}, ranks
     assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
 

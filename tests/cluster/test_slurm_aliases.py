@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, CliResult, distrun
+from .conftest import REPO, CliResult, distrun, rank_headers
 
 pytestmark = pytest.mark.phase(3)
 
@@ -30,7 +30,6 @@ FAIL_SCRIPT = textwrap.dedent("""
         sys.exit(3)
     comm.Barrier()
 """)
-RANK_HEADER = re.compile(r"DISTRUN_RANK rank=(\d+) \S+ world_size=(\d+) host=(\S+) machine=(\S+)")
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +58,6 @@ def _latest(home: Path) -> Path:
     return sorted((home / "runs").glob("*-train-*"), key=lambda p: p.stat().st_mtime)[-1]
 
 
-def _ranks(run: Path) -> dict[int, tuple[int, str, str]]:
-    """Rank -> (world size, inventory name, machine) from the header of every collected rank log."""
-    ranks = {}
-    for f in (run / "nodes").rglob("*"):
-        if f.is_file() and f.name in ("stdout", "stdout.log"):
-            m = RANK_HEADER.search(f.read_text(errors="replace"))
-            if m:
-                ranks[int(m[1])] = (int(m[2]), m[3], m[4])
-    return ranks
-
-
 def test_slurm_knows_the_nodes_by_their_inventory_names(aliased):
     cluster, _ = aliased
     sinfo = cluster.exec(1, "sinfo --noheader --Node --format='%N %t'").stdout.split("\n")
@@ -86,7 +74,7 @@ def test_train_ddp_under_slurm_completes_with_one_rank_per_node(aliased, distrun
     assert result.rc == 0, _show(result)
     assert "DISTRUN_SLURM_RESULT state=COMPLETED" in result.stdout, _show(result)
     expected = {r: (3, n, m) for r, (n, m) in enumerate(NAMES.items())}
-    assert _ranks(_latest(distrun_home)) == expected
+    assert rank_headers(_latest(distrun_home)) == expected
 
 
 def test_multi_job_mode_completes_with_the_first_node_as_master_by_its_inventory_name(aliased, distrun_home):
@@ -97,7 +85,7 @@ def test_multi_job_mode_completes_with_the_first_node_as_master_by_its_inventory
     assert "DISTRUN_SLURM_RESULT state=COMPLETED" in result.stdout, _show(result)
     run = _latest(distrun_home)
     expected = {r: (3, n, m) for r, (n, m) in enumerate(NAMES.items())}
-    assert _ranks(run) == expected
+    assert rank_headers(run) == expected
     assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import jittor_nodes
-from .conftest import distrun, run_processes
+from .conftest import distrun, rank_headers, run_processes
 
 MPI_SCRIPT = textwrap.dedent("""
     import os, socket, sys
@@ -194,14 +194,8 @@ def test_torch_partitioned_gcn_on_the_gdc_diffusion_over_all_three_nodes(provisi
 
 
 def _rank_headers(run: Path) -> dict[int, str]:
-    """Rank -> host, from the header line the rank wrapper prints into every rank's log."""
-    found: dict[int, str] = {}
-    for f in (run / "nodes").rglob("*"):
-        if f.is_file() and f.name in ("stdout", "stdout.log"):
-            m = re.search(r"DISTRUN_RANK rank=(\d+) \S+ \S+ host=(\S+)", f.read_text(errors="replace"))
-            if m:
-                found[int(m[1])] = m[2]
-    return found
+    """Rank -> host (its inventory name)."""
+    return {rank: host for rank, (_, host, _) in rank_headers(run).items()}
 
 
 def test_a_plan_made_from_stale_facts_is_made_again_before_anything_is_staged(provisioned, distrun_home, tmp_path):
