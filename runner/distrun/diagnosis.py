@@ -35,6 +35,11 @@ DIAGNOSES: tuple[tuple[str, str], ...] = (
     (r"RendezvousTimeoutError", "not every node joined the torchrun rendezvous: check 'distrun check' (ports, firewall, interface)"),
     (r"RendezvousConnectionError",
      "nodes cannot reach the rendezvous on the head: check the port and the network interface ('distrun check')"),
+    # slurmstepd enters a task's directory and opens its output as root with only the effective uid
+    # switched: a FUSE mount without allow_other refuses that, and the task never starts.
+    (r"slurmstepd-(?P<node>[^:\s]+): error: couldn't chdir to `[^']*': Permission denied",
+     "Slurm cannot start tasks in the shared folder on {node} (an sshfs mount without allow_other refuses "
+     "slurmstepd): set shared_fs_sshfs_allow_other: true (the default) and run 'distrun setup --tags shared_fs'"),
     (r"There are not enough slots available", "more ranks than slots: lower --np or raise 'slots' in the inventory"),
     (r"ModuleNotFoundError", "a Python package is missing in the env on a node: add it to mpi_env_packages and run 'distrun setup'"),
     # The trainers' own words (workloads/gcn_jittor.py, workloads/common.py).

@@ -58,6 +58,13 @@ def test_each_real_torchrun_failure_gets_its_own_hint(capture, hint):
     assert diagnose((DATA.parent / "torchrun" / capture).read_text()) == [hint]
 
 
+def test_a_slurm_task_that_cannot_start_in_an_sshfs_folder_names_the_node_and_allow_other():
+    text = (DATA.parent / "slurm" / "task-launch-failed.txt").read_text()
+    assert diagnose(text) == [
+        "Slurm cannot start tasks in the shared folder on node2 (an sshfs mount without allow_other refuses "
+        "slurmstepd): set shared_fs_sshfs_allow_other: true (the default) and run 'distrun setup --tags shared_fs'"]
+
+
 def test_a_daemon_that_did_not_start_for_another_reason_gets_the_general_hint():
     text = (DATA / "host-does-not-resolve.txt").read_text().replace("ssh: Could not resolve hostname nosuchhost-zz", "")
     assert diagnose(text) == ["Open MPI could not start its daemon on a node (ssh, the env or /tmp there): run 'distrun check'"]

@@ -173,3 +173,34 @@ def test_rank_logs_name_the_rank_that_aborted_when_srun_killed_every_task(tmp_pa
                      "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD"]
     streamed = ["DISTRUN_FAILED_HOST node[1-2] Slurm job 2 ended FAILED (exit 3:0, reason NonZeroExitCode)"]
     assert first_failure(streamed + extra, LAUNCHERS["slurm"]) == "; first failing rank 1 on node2"
+
+
+def test_a_task_that_never_starts_ends_the_job_and_names_its_node_and_cause(tmp_path):
+    """srun reports a task it could not start and waits for it for ever (so do the ranks that did
+    start): the driver cancels the job and says which node could not start it and why. Run with
+    stand-ins for sbatch, scontrol and scancel that answer as Slurm 22.05 did on an sshfs mount
+    without allow_other (capture: data/slurm/task-launch-failed.txt)."""
+    plan = plan_for(cluster(**ENABLED))
+    script = slurm.driver_script(plan).replace(f"cd {plan.run_dir}\n", f"cd {tmp_path}\n", 1)
+    capture = Path(__file__).parent / "data" / "slurm" / "task-launch-failed.txt"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fakes = {
+        "sbatch": f"cp {capture} slurm-42.out; echo 42",
+        "scontrol": 'if [ -e cancelled ]; then s=CANCELLED; else s=RUNNING; fi; '
+                    'echo "JobId=42 JobState=$s Reason=None NodeList=n[1-3] ExitCode=0:0"',
+        "scancel": "touch cancelled",
+        "sacct": "true",
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert (tmp_path / "cancelled").exists(), proc.stdout  # the job did not wait for ever
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "DISTRUN_SLURM_RESULT state=FAILED job=42" in proc.stdout
+    assert ("DISTRUN_FAILED_HOST node2 Slurm could not start task 1 launch failed: Slurmd could not connect IO "
+            "(couldn't chdir to `/srv/distrun/runs/20261124-053444-train-6902': Permission denied: going to /tmp "
+            "instead); the job was cancelled") in proc.stdout, proc.stdout

@@ -45,6 +45,10 @@ WAITING_STATES = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE
 RUNNING_STATES = ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING")
 
 POLL_S = 2
+# srun's words for a task that never started (its node's slurmstepd could not enter the working
+# directory, open the output, or run the program): the step would wait for it for ever, as would
+# the ranks that did start, so the driver cancels the job and says where and why.
+LAUNCH_FAILED_RE = r"^srun: error: task [0-9]+ launch failed"
 
 
 def base_state(state: str) -> str:
@@ -167,6 +171,7 @@ fi
 """ if multi else "") + f"""# Follow every job until all have ended; the first one that fails ends the others.
 final=COMPLETED
 failed_job=""
+launch_failed=""
 # tail -F waits for the files to appear: a job that ends between two polls is still shown.
 tail -q -n +1 -F -s 0.5 {stream + " " if stream else ""}slurm-"${{jobs[0]}}".out 2>/dev/null &
 tail_pid=$!
@@ -174,6 +179,11 @@ while :; do
   active=0
   for i in "${{!jobs[@]}}"; do
     poll "${{jobs[$i]}}" "$i"
+    if [ -z "$launch_failed" ] && grep -q -E '{LAUNCH_FAILED_RE}' "slurm-${{jobs[$i]}}.out" 2>/dev/null; then
+      launch_failed="${{jobs[$i]}}"
+      if [ "$final" = COMPLETED ]; then final=FAILED; failed_job="$launch_failed"; fi
+      scancel "${{jobs[@]}}" 2>/dev/null
+    fi
     case "$st" in
       {waiting}) active=1 ;;
       {running}) active=1 ;;
@@ -192,7 +202,14 @@ if [ -n "$tail_pid" ]; then sleep 1.5; kill "$tail_pid" 2>/dev/null; wait "$tail
 trap - INT TERM HUP
 rec="$(record "${{failed_job:-${{jobs[0]}}}}")"
 echo "DISTRUN_SLURM_RESULT state=$final job=${{failed_job:-${{jobs[0]}}}} exit=$(field "$rec" ExitCode) nodes=$(field "$rec" NodeList) reason=$(field "$rec" Reason)"
-if [ "$final" != COMPLETED ]; then
+if [ -n "$launch_failed" ] && [ "$launch_failed" = "$failed_job" ]; then
+  # A task that never started: its node's slurmstepd said why (the first error line it wrote).
+  out="slurm-$failed_job.out"
+  why="$(grep -m 1 -E '^slurmstepd-[^:]+: error: ' "$out" 2>/dev/null)"
+  node="$(sed -n 's/^slurmstepd-\\([^:]*\\):.*/\\1/p' <<< "$why")"
+  launch="$(grep -m 1 -E '{LAUNCH_FAILED_RE}' "$out")"
+  echo "DISTRUN_FAILED_HOST ${{node:-$(field "$rec" NodeList)}} Slurm could not start ${{launch#srun: error: }}${{why:+ (${{why#*: error: }})}}; the job was cancelled"
+elif [ "$final" != COMPLETED ]; then
   # The task that exited non-zero, rather than those srun killed because of it.
   # Only the failed job's output: in multi-job mode the others were cancelled because of it.
   errors="$(grep -E '^srun: error: [^: ]+: tasks? [0-9,-]+: ' "slurm-$failed_job.out" 2>/dev/null)"
