@@ -39,6 +39,7 @@ def make_repo_importable() -> Path:
 make_repo_importable()
 
 from tests.harness import podcluster  # noqa: E402  (needs the sys.path entry above)
+from tests.harness.matrix import SITE_MOUNT  # noqa: E402
 from tests.harness.suite_report import layer_table  # noqa: E402
 
 CLUSTER_FIXTURES = {"cluster3", "cluster_factory"}
@@ -108,8 +109,14 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
 
 
 @pytest.fixture(scope="session")
-def cluster3(cluster_factory: ClusterFactory) -> podcluster.Cluster:
-    return cluster_factory(3, name="", inventory=podcluster.DEFAULT_INVENTORY)
+def cluster3(cluster_factory: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> podcluster.Cluster:
+    # One host folder bound into every node stands for a site's shared filesystem
+    # (distrun_shared_fs_mode: external, tests/cluster/test_matrix.py). Traversable by every
+    # user, as a site's filesystem is: pytest makes its folders 0700.
+    site = tmp_path_factory.mktemp("site-shared")
+    site.chmod(0o755)
+    return cluster_factory(3, name="", inventory=podcluster.DEFAULT_INVENTORY,
+                           volumes=[(site, SITE_MOUNT, "rw")])
 
 
 # ---------------------------------------------------------------- the suite's layers, timed

@@ -3,7 +3,8 @@
 Each cell is one short 3-rank torch job (``CELL_SCRIPT``: an allreduce, a DistributedSampler DDP of
 a few epochs with a snapshot in its working directory, and a file written in the run directory and
 read back), started with the real CLI, then read back with 'distrun logs'. A cluster runs the
-cells of its inventory in every shared folder mode, switching only the shared folder between modes. A combination that cannot run on this machine is listed with its reason (``NOT_RUNNABLE``).
+cells of its inventory in every shared folder mode, switching only the shared folder between
+modes. A combination that cannot run on this machine is listed with its reason (``NOT_RUNNABLE``).
 
 Every cell writes one row into ``$DISTRUN_TEST_REPORT_DIR/matrix-<pid>.jsonl``; the suite's
 closing report prints them as one table (``table``).
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +28,7 @@ LAUNCHERS = ("mpirun", "torchrun", "slurm")
 MODES = ("sync", "sshfs", "external", "nfs")
 INVENTORIES = {
     "yaml-root": "YAML, names = hostnames, admin root",
+    "ini-alias-ops": "INI, names alpha/w2/w3 != hostnames node1..3, admin ops (not root) with become",
 }
 NOT_RUNNABLE = {
     "nfs": "this kernel has no NFS client or server: the nfs mode is converged rendered-only "
@@ -206,6 +209,11 @@ def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: s
         return cell
     except AssertionError as exc:
         cell.status = "failed: " + " ".join(str(exc).split())[:300]
+        raise
+    except subprocess.TimeoutExpired:
+        # The CLI was killed, its run was not: stop it, or it holds the hosts for every later test.
+        distrun("stop", "last", timeout=300)
+        cell.status = "failed: did not finish in 600 s (stopped with 'distrun stop last')"
         raise
     finally:
         cell.seconds = round(time.monotonic() - started, 1)
