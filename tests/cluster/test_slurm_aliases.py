@@ -1,7 +1,9 @@
-"""Slurm on the same 3 nodes described by an INI inventory whose names are not the machines'
-hostnames (alpha, w2, w3 for node1, node2, node3): Slurm knows each node by its inventory name
-(NodeName, with NodeHostname and NodeAddr from facts), and `distrun train --launcher slurm` runs
-to COMPLETED in both modes and names a failing rank's node as the inventory does.
+"""The same 3 nodes described by an INI inventory whose names are not the machines' hostnames
+(alpha, w2, w3 for node1, node2, node3), logged into as a non-root admin (``ops``, with become):
+Slurm knows each node by its inventory name (NodeName, with NodeHostname and NodeAddr from facts),
+`distrun train --launcher slurm` runs to COMPLETED in both modes and names a failing rank's node
+as the inventory does, and this inventory's row of the launcher x shared folder matrix
+(tests/harness/matrix.py) runs every launcher in every shared folder mode.
 
 Setup through this inventory renames the nodes in /etc/hosts and slurm.conf, which the other
 cluster tests' inventory no longer matches, so this module runs last (``phase(3)``).
@@ -17,11 +19,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.harness import matrix
+
 from .conftest import REPO, CliResult, distrun, rank_headers
 
 pytestmark = pytest.mark.phase(3)
 
 NAMES = {"alpha": "node1", "w2": "node2", "w3": "node3"}  # inventory name -> machine hostname
+ADMIN = "ops"  # the account Ansible and distrun log in with: not root, passwordless sudo
+INVENTORY_KIND = "ini-alias-ops"
+# The admin account a site gives: a home, the controller's key, sudo without a password.
+ADD_ADMIN = (f"id {ADMIN} >/dev/null 2>&1 || useradd -m -s /bin/bash {ADMIN}; "
+             f"install -d -m 0700 -o {ADMIN} -g {ADMIN} /home/{ADMIN}/.ssh && "
+             f"install -m 0600 -o {ADMIN} -g {ADMIN} /root/.ssh/authorized_keys /home/{ADMIN}/.ssh/authorized_keys && "
+             f"echo '{ADMIN} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{ADMIN} && chmod 0440 /etc/sudoers.d/{ADMIN}")
 FAIL_SCRIPT = textwrap.dedent("""
     import os, sys
     from mpi4py import MPI
@@ -34,20 +45,44 @@ FAIL_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def aliased(provisioned, tmp_path_factory):
+    for k in (1, 2, 3):
+        provisioned.exec(k, ADD_ADMIN)
     inv_dir = tmp_path_factory.mktemp("aliased-inventory")
     shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv_dir / "group_vars")
     harness = yaml.safe_load(provisioned.inventory.read_text())["all"]
     group_vars = inv_dir / "group_vars" / "all.yml"
     ours = yaml.safe_load(group_vars.read_text())
+    connection = {k: v for k, v in harness["vars"].items() if k not in ours and k != "ansible_user"}
     with group_vars.open("a") as f:
-        f.write("\n# This controller's ssh settings for these nodes.\n"
-                + yaml.safe_dump({k: v for k, v in harness["vars"].items() if k not in ours}))
+        f.write("\n# This controller's ssh settings for these nodes, as a non-root admin with sudo.\n"
+                + yaml.safe_dump({**connection, "ansible_become": True}))
     ips = {name: harness["hosts"][machine]["ansible_host"] for name, machine in NAMES.items()}
     (inv_dir / "hosts.ini").write_text(
-        "[head]\nalpha\n\n[workers]\n" + "".join(f"{n} ansible_host={ip} slots=1\n" for n, ip in ips.items()))
+        "[head]\nalpha\n\n[workers]\n"
+        + "".join(f"{n} ansible_host={ip} ansible_user={ADMIN} slots=1\n" for n, ip in ips.items()))
     setup = distrun("setup", "--inventory", str(inv_dir))
     assert setup.rc == 0, _show(setup)
     return provisioned, inv_dir
+
+
+@pytest.fixture(scope="module")
+def modes_b(aliased, tmp_path_factory):
+    """The aliased inventory's shared folder switched between modes, back to sync at the end."""
+    _, inv_dir = aliased
+    inventories = {"sync": str(inv_dir)}
+    for mode in ("sshfs", "external"):
+        dest = tmp_path_factory.mktemp(f"inventory-b-{mode}")
+        inventories[mode] = str(matrix.mode_inventory(inv_dir / "hosts.ini", inv_dir / "group_vars", dest, mode))
+    switch = matrix.ModeSwitch(distrun, inventories, "sync", "B")
+    yield switch
+    switch.to("sync")
+
+
+@pytest.fixture(scope="module")
+def cell_script_b(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cell-b") / "cell.py"
+    path.write_text(matrix.CELL_SCRIPT)
+    return path
 
 
 def _show(result: CliResult) -> str:
@@ -101,3 +136,12 @@ def test_a_failing_rank_is_named_by_its_nodes_inventory_name(aliased, tmp_path):
     assert re.search(r"failed \(launcher exit 1\).*\bw2\b", said), _show(result)
     assert "on node2" not in said, _show(result)  # the machine's hostname is not how the user knows it
     assert cluster.exec(1, "squeue --noheader").stdout.strip() == ""
+
+
+@pytest.mark.parametrize("launcher", matrix.LAUNCHERS)
+@pytest.mark.parametrize("mode", ["sync", "sshfs", "external"])
+def test_matrix_cell(modes_b, distrun_home, cell_script_b, launcher, mode):
+    """One cell of this inventory's row: a 3-rank torch DDP job with a DistributedSampler, a
+    snapshot in its working directory and a file in the run directory read back by 'distrun logs'."""
+    inventory = modes_b.to(mode)
+    matrix.run_cell(distrun, inventory, launcher, mode, INVENTORY_KIND, distrun_home, cell_script_b, NAMES)
