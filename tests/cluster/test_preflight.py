@@ -61,3 +61,29 @@ def test_a_node_resolving_the_heads_name_wrongly_is_refused_with_checks_words(pr
         assert run_dirs(provisioned) == before
     finally:
         provisioned.exec(3, "cat /tmp/hosts.bak > /etc/hosts")
+
+
+def test_a_node_distrun_never_set_up_is_named_with_distrun_setup_by_check_and_train(provisioned, tmp_path):
+    """A node without the training user (as on a machine 'distrun setup' never reached): one
+    line naming the node and 'distrun setup', from check and from train, and no Python text."""
+    script = tmp_path / "noop.py"
+    script.write_text("print('should not run')\n")
+    before = run_dirs(provisioned)
+    # The account disappears from the user database; its files and processes stay as they are.
+    provisioned.exec(3, "cp /etc/passwd /tmp/passwd.bak && sed -i 's/^distrun:/distrun-gone:/' /etc/passwd")
+    try:
+        check = distrun("check", "--inventory", "test", "--json", timeout=300)
+        assert check.rc != 0, check.stdout[-2000:]
+        item = json.loads(check.stdout)["checks"]["setup"]["node3"]
+        assert item == {"ok": False, "detail": "distrun never set up node3: no user distrun",
+                        "fix": "run 'distrun setup --inventory test'"}, item
+        train = distrun("train", "--inventory", "test", "--script", str(script), timeout=300)
+        err = refusal(train)
+        assert train.rc == 3, train.stdout[-2000:] + train.stderr
+        assert "preflight failed on node3: setup: distrun never set up node3: no user distrun on node3: " \
+               "run 'distrun setup --inventory " in err, err
+        assert train.stderr.strip().count("\n") == 0, train.stderr
+        assert "Traceback" not in train.stdout + train.stderr and "KeyError" not in train.stdout + train.stderr
+        assert run_dirs(provisioned) == before
+    finally:
+        provisioned.exec(3, "cat /tmp/passwd.bak > /etc/passwd")
