@@ -16,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import sharedfs
+from . import netjudge, sharedfs
 
 # Report order; also the rows of the human table.
-CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "versions", "ports", "ssh", "names", "shared folder", "gpus vs slots", "preflight")
+CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "versions", "ports", "network", "ssh", "names", "shared folder",
+          "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
 LOG_DIR = "the run record's ansible/ folder"
 
@@ -163,6 +164,7 @@ def verdict(
     if names:
         report["names"].update(compare_names(names, head, setup))
     report["shared folder"].update(_shared(probes, seen, head, shared_mode, shared_dir, setup))
+    report["network"].update({h: Item(*f) for h, f in netjudge.verdict(probes, head=head).items()})
     return {c: dict(sorted(items.items())) for c, items in report.items() if items}
 
 

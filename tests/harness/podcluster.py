@@ -473,6 +473,13 @@ class Cluster:
         return _run(["podman", "exec", *flags, self.node(k).container, *argv], check=check,
                     input=input, timeout=timeout, what=f"{shlex.join(argv)} on node{k}")
 
+    def netns(self, k: int, argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a host program (iptables) in node k's network namespace: a firewall rule on that
+        node, set from outside (the nodes have neither the tool nor the capability, as a job on
+        a real node would not)."""
+        pid = _podman("inspect", "-f", "{{.State.Pid}}", self.node(k).container).stdout.strip()
+        return _run(["nsenter", "-t", pid, "-n", *argv], check=check, what=f"{shlex.join(argv)} in node{k}'s network")
+
     def ssh(self, k: int, cmd: str, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` on node k over SSH with the cluster's checked known_hosts."""

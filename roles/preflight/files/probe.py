@@ -1,10 +1,11 @@
 """distrun preflight probe: everything one node can tell about itself, as one JSON line.
 
-Runs as root with the node's system Python (``python3 -c <this file> '<config json>'``) and drops
-to the training user for every check the job would do as that user, so one round trip per host
-gathers the env, versions, the shared folder, ssh to the other nodes, name resolution and (on the
-head, as root, to name the owning process) the launch ports. It changes nothing except the
-shared-folder probe file, which the role removes again. Standard library only.
+Runs as root with the node's system Python (``python3 -c <netprobe.py + this file> '<config
+json>'``) and drops to the training user for every check the job would do as that user, so one
+round trip per host gathers the env, versions, the shared folder, ssh to the other nodes, name
+resolution, (on the head, as root, to name the owning process) the launch ports, and TCP
+connections between the nodes (netprobe.py). It changes nothing except the shared-folder probe
+file, which the role removes again. Standard library only.
 """
 
 import hashlib
@@ -233,20 +234,42 @@ def mounts_above(path):
 
 
 def main():
+    global STEP
     report = {"host": CFG["host"]}
+    net = dict(CFG.get("net") or {})
+    if CFG.get("ports"):
+        STEP = "ports"
+        # Before this probe's own listeners (netprobe.py) take the rendezvous port for a moment.
+        report["ports"] = probe_ports(CFG["ports"])
+        if not all(v.get("ok") for v in report["ports"].values()):
+            net["rendezvous"] = 0  # taken: the ports check says by whom
+    network = None
+    if net.get("rendezvous") or net.get("mpi_range"):
+        STEP = "network"
+        # First, in threads: every node listens while the others call, whatever else it checks.
+        network = NetworkProbe(CFG["host"], net)  # noqa: F821 - defined by netprobe.py, shipped in front
+    try:
+        body(report)
+    finally:
+        if network is not None:
+            step, STEP = STEP, "network"
+            report["net"] = network.result()
+            STEP = step  # a step that raised in body() is the one the error names
+    print(json.dumps(report, sort_keys=True))
+
+
+def body(report):
+    global STEP
     try:
         pwd.getpwnam(USER)
     except KeyError:
         # Nothing below means anything without the training user: the node was never set up.
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no user {USER}"}
-        print(json.dumps(report, sort_keys=True))
         return
     if not os.path.exists(f"{PREFIX}/bin/python"):
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no env {PREFIX}"}
-        print(json.dumps(report, sort_keys=True))
         return
     report["setup"] = {"ok": True, "detail": f"user {USER} and env {PREFIX}"}
-    global STEP
     STEP = "env, versions, shared folder, ssh, names"
     with ThreadPoolExecutor(max_workers=16) as pool:
         env_f = pool.submit(probe_env)
@@ -278,15 +301,11 @@ def main():
     if CFG.get("shared_fs_mounts"):
         STEP = "shared folder filesystem"
         report["shared_fs_mounts"] = mounts_above(CFG["shared_dir"])
-    if CFG.get("ports"):
-        STEP = "ports"
-        report["ports"] = probe_ports(CFG["ports"])
     if CFG.get("shared_probe"):
         STEP = "shared folder probe file"
         # A unique name: two checks at once, or a file left by a killed check, never match.
         path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{uuid.uuid4().hex[:12]}")
         report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
-    print(json.dumps(report, sort_keys=True))
 
 
 STEP = "start"

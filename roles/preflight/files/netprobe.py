@@ -1,0 +1,157 @@
+"""distrun preflight, network part: the TCP connections ranks will open, tried for real.
+
+Shipped in front of probe.py in one ``python3 -c`` (standard library only); probe.py starts it
+first, in a thread, so every node listens while the others call. The head listens on the
+rendezvous port (torchrun's, and MASTER_PORT of every torch program) and every other node calls
+it; in the full set ('distrun check') every node also listens on a port of Open MPI's TCP range
+and every node calls every other one there, as Open MPI's TCP transport does between ranks. A
+listener greets each caller with the run's nonce, so another program on the port is never taken
+for it, and learns the caller's name.
+"""
+
+import hashlib
+import socket
+import threading
+import time
+
+
+def range_ports(nonce, host, low, high, count=4):
+    """Ports of a range that ``host`` tries to listen on, in order; every node computes the same."""
+    out = []
+    for i in range(64):
+        digest = hashlib.sha256(f"{nonce}/{host}/{i}".encode()).digest()
+        port = low + int.from_bytes(digest[:4], "big") % (high - low + 1)
+        if port not in out:
+            out.append(port)
+        if len(out) == count:
+            break
+    return out
+
+
+def greeting(nonce, host, port):
+    return f"DISTRUN-NETPROBE {nonce} {host} {port}\n".encode()
+
+
+class Listener:
+    """Listens on the first port of ``ports`` it can bind, greets each caller and notes its name,
+    until every expected caller came or the deadline passed."""
+
+    def __init__(self, nonce, me, ports, expect, deadline, address="0.0.0.0"):
+        self.nonce, self.me, self.expect, self.deadline = nonce, me, set(expect), deadline
+        self.seen, self.port, self.error, self.sock = set(), None, "", None
+        for port in ports:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((address, port))
+                s.listen(64)
+            except OSError as exc:
+                s.close()
+                self.error = f"port {port}: {exc.strerror or exc}"
+                continue
+            self.sock, self.port = s, port
+            break
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        if self.sock is not None:
+            self.thread.start()
+
+    def _serve(self):
+        self.sock.settimeout(0.1)
+        while time.monotonic() < self.deadline and not self.expect <= self.seen:
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            with conn:
+                try:
+                    conn.settimeout(1.0)
+                    conn.sendall(greeting(self.nonce, self.me, self.port))
+                    name = conn.recv(256).decode(errors="replace").strip()
+                    if name:
+                        self.seen.add(name)
+                    conn.recv(16)  # the caller closes first: no TIME_WAIT is left on this port
+                except OSError:
+                    pass
+        self.sock.close()
+
+    def result(self):
+        if self.sock is None:
+            return {"ok": False, "detail": f"could not listen ({self.error})"}
+        self.thread.join(max(0.0, self.deadline - time.monotonic()) + 1)
+        return {"ok": True, "port": self.port, "seen": sorted(self.seen)}
+
+
+def call(me, nonce, peer, address, ports, deadline):
+    """Connect to ``peer``'s listener, retrying until the deadline (it may not listen yet); on
+    failure, what went wrong in words the judge turns into a cause."""
+    last, foreign = "timeout", False
+    for port in ports:
+        while time.monotonic() < deadline:
+            left = deadline - time.monotonic()
+            try:
+                s = socket.create_connection((address, port), timeout=max(0.05, min(1.0, left)))
+            except ConnectionRefusedError:
+                last = "refused"
+                time.sleep(0.05)
+                continue
+            except socket.timeout:
+                last = "timeout"
+                continue
+            except OSError as exc:
+                last = "unreachable: " + (exc.strerror or str(exc))
+                time.sleep(0.2)
+                continue
+            with s:
+                try:
+                    s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
+                    if s.recv(256) == greeting(nonce, peer, port):
+                        s.sendall(f"{me}\n".encode())
+                        return {"ok": True, "address": address, "port": port}
+                except OSError:
+                    pass
+            foreign, last = True, "foreign"
+            break  # another program answers on this port: the peer listens on its next one
+    return {"ok": False, "address": address, "port": ports[0] if ports else 0, "error": last, "foreign": foreign}
+
+
+class NetworkProbe:
+    """Listen as ``cfg`` says and call every peer, in threads; ``result()`` waits for both.
+
+    cfg: nonce, timeout (s), head, peers (name -> address: every node of the run, this one too),
+    rendezvous (the head's port, 0: none), mpi_range ("low-high", "": not probed), listen_address.
+    """
+
+    def __init__(self, me, cfg):
+        self.me = me
+        self.said = {"timeout": cfg.get("timeout", 8), "mpi_range": cfg.get("mpi_range", "")}
+        nonce = str(cfg["nonce"])
+        deadline = time.monotonic() + float(cfg.get("timeout", 8))
+        peers = {p: a for p, a in (cfg.get("peers") or {}).items() if p != me}
+        head, rendezvous = cfg.get("head", ""), int(cfg.get("rendezvous") or 0)
+        address = cfg.get("listen_address") or "0.0.0.0"
+        self.listeners, jobs = {}, {}
+        if rendezvous and me == head:
+            self.listeners["rendezvous"] = Listener(nonce, me, [rendezvous], peers, deadline, address)
+        elif rendezvous and head in peers:
+            jobs[f"rendezvous {head}"] = (head, peers[head], [rendezvous])
+        if cfg.get("mpi_range"):
+            low, high = (int(x) for x in str(cfg["mpi_range"]).split("-"))
+            self.listeners["mpi"] = Listener(nonce, me, range_ports(nonce, me, low, high), peers, deadline, address)
+            for peer, peer_address in sorted(peers.items()):
+                jobs[f"mpi {peer}"] = (peer, peer_address, range_ports(nonce, peer, low, high))
+        self.calls = {}
+
+        def run(key, job):
+            self.calls[key] = call(me, nonce, job[0], job[1], job[2], deadline)
+
+        self.threads = [threading.Thread(target=run, args=(k, j), daemon=True) for k, j in jobs.items()]
+        for t in self.threads:
+            t.start()
+
+    def result(self):
+        for t in self.threads:
+            t.join()
+        return {**self.said, "listen": {k: v.result() for k, v in self.listeners.items()},
+                "calls": dict(sorted(self.calls.items()))}

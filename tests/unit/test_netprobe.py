@@ -1,0 +1,115 @@
+"""The preflight's network probe, run for real on loopback addresses: three "nodes" (127.0.0.11-13)
+listen and call each other as the role ships it (netprobe.py in front of probe.py), and the
+judge names a pair that cannot connect with the likely cause, in the words check and train print."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from distrun.netjudge import cause
+from distrun.netjudge import verdict as net_verdict
+
+from .test_preflight_needs import failed, judge, probe
+
+FILES = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files"
+SHIPPED = (FILES / "netprobe.py").read_text() + "\n" + (FILES / "probe.py").read_text()
+NODES = ["node1", "node2", "node3"]
+ADDRESS = {"node1": "127.0.0.11", "node2": "127.0.0.12", "node3": "127.0.0.13"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_nodes(peers: dict[str, str], *, rendezvous: int, mpi_range: str = "", timeout: float = 3,
+              nodes=NODES) -> dict[str, dict]:
+    """Every node's probe at once, each listening on its own loopback address."""
+    def one(host):
+        cfg = {"host": host, "user": "no-such-user-distrun", "env_prefix": "/nonexistent", "mpi_prefix": "/usr",
+               "shared_dir": "/tmp",
+               "net": {"nonce": "n1", "timeout": timeout, "head": "node1", "peers": peers, "rendezvous": rendezvous,
+                       "mpi_range": mpi_range, "listen_address": ADDRESS[host]}}
+        out = subprocess.run([sys.executable, "-c", SHIPPED, json.dumps(cfg)], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        return dict(zip(nodes, pool.map(one, nodes), strict=True))
+
+
+def test_every_node_reaches_the_heads_rendezvous_port_and_every_other_in_the_mpi_range():
+    port = free_port()
+    found = run_nodes(ADDRESS, rendezvous=port, mpi_range="20000-60000")
+    assert found["node1"]["net"]["listen"]["rendezvous"] == {"ok": True, "port": port, "seen": ["node2", "node3"]}
+    for h in NODES:
+        calls = found[h]["net"]["calls"]
+        expected = {f"mpi {p}" for p in NODES if p != h} | ({"rendezvous node1"} if h != "node1" else set())
+        assert set(calls) == expected and all(c["ok"] for c in calls.values()), calls
+        assert sorted(found[h]["net"]["listen"]["mpi"]["seen"]) == [p for p in NODES if p != h]
+    # The probe runs apart from the node's other checks: this "node" was never set up.
+    assert found["node2"]["setup"]["ok"] is False
+    assert all(item[0] for item in net_verdict(found, head="node1").values())
+
+
+def test_a_node_nobody_can_reach_is_named_as_the_pair_with_the_cause():
+    port = free_port()
+    # node3's listener is where the others do not look: every call to it is refused.
+    peers = {**ADDRESS, "node3": "127.0.0.99"}
+    found = run_nodes(peers, rendezvous=port, mpi_range="20000-60000", timeout=2)
+    judged = net_verdict(found, head="node1")
+    ok, detail, fix = judged["node2"]
+    assert not ok
+    assert detail.startswith("node2 cannot open a TCP connection to node3 in Open MPI's TCP port range (127.0.0.99:")
+    assert detail.endswith("refused: a firewall rejects it, or nothing could listen there")
+    assert "TCP ports 20000-60000" in fix and fix.endswith("then 'distrun check'")
+    assert judged["node3"][0]  # node3 itself reached node1 and node2
+
+
+def test_the_judge_names_each_cause_of_a_failed_connection():
+    assert cause("timeout", 8) == ("no answer within 8s: a firewall drops it, or that address is not on the "
+                                   "nodes' network")
+    assert cause("unreachable: No route to host", 8) == ("No route to host: no route between them (a wrong "
+                                                          "interface or address)")
+    assert cause("foreign", 8) == "another program answers on that port"
+
+
+def net(calls=None, listen=None, mpi_range=""):
+    return {"timeout": 8, "mpi_range": mpi_range, "listen": listen or {"mpi": {"ok": True, "port": 1}},
+            "calls": calls or {}}
+
+
+def test_a_dropped_connection_refuses_the_run_in_one_line_naming_the_pair():
+    drop = {"ok": False, "address": "10.0.0.3", "port": 40000, "error": "timeout", "foreign": False}
+    probes = {h: probe(h) for h in NODES}
+    probes["node1"]["net"] = net({"mpi node2": {"ok": True}, "mpi node3": {"ok": True}})
+    probes["node2"]["net"] = net({"mpi node1": {"ok": True}, "mpi node3": drop}, mpi_range="1024-65535")
+    probes["node3"]["net"] = net({"mpi node1": {"ok": True}, "mpi node2": {"ok": True}})
+    line = judge(probes, failed("node2"))
+    assert line == ("network: node2 cannot open a TCP connection to node3 in Open MPI's TCP port range "
+                    "(10.0.0.3:40000): no answer within 8s: a firewall drops it, or that address is not on the "
+                    "nodes' network on node2: let TCP connections between the nodes through the firewall (TCP ports "
+                    "1024-65535; e.g. allow the cluster's subnet), and check that every node's address is on one "
+                    "network (ansible_host); then 'distrun check'")
+
+
+@pytest.mark.parametrize("why", ["the head's port is taken", "the peer's probe did not run"])
+def test_calls_that_say_nothing_about_the_network_are_left_to_the_check_that_explains_them(why):
+    refused = {"ok": False, "address": "10.0.0.1", "port": 29500, "error": "refused", "foreign": False}
+    probes = {
+        "node1": {"net": net(listen={"rendezvous": {"ok": True, "port": 29500}}),
+                  "ports": {"29500": {"ok": why != "the head's port is taken", "detail": "in use"}}},
+        "node2": {"net": net({"rendezvous node1": refused}, listen={})},
+    }
+    if why == "the peer's probe did not run":
+        del probes["node1"]["net"]
+    assert net_verdict(probes, head="node1")["node2"][0]
