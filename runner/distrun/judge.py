@@ -122,6 +122,7 @@ def verdict(
     seen = seen or {}
     report: Report = {c: {} for c in CHECKS}
     probes = dict(probes)
+    never_set_up = set()
     for h, p in list(probes.items()):
         if "probe_error" in p:
             step = (p.get("probe_error") or {}).get("step", "unknown")
@@ -129,6 +130,7 @@ def verdict(
             del probes[h]
         elif not (p.get("setup") or {"ok": True}).get("ok"):
             report["setup"][h] = Item(False, str(p["setup"].get("detail", f"distrun never set up {h}")), f"run '{setup}'")
+            never_set_up.add(h)
             del probes[h]
     for h, p in probes.items():
         env = p.get("env") or {}
@@ -151,7 +153,8 @@ def verdict(
                                                          "or pass another --port to 'distrun train'")
             else:
                 report["ports"][h] = Item(True, "free: " + ", ".join(p["ports"]))
-        ssh_fail = {t: r for t, r in (p.get("ssh") or {}).items() if not r.get("ok")}
+        # ssh as the training user to a node without that user says nothing more than "never set up".
+        ssh_fail = {t: r for t, r in (p.get("ssh") or {}).items() if not r.get("ok") and t not in never_set_up}
         if ssh_fail:
             report["ssh"][h] = Item(False, "; ".join(f"{h} -> {t}: {r['detail']}" for t, r in sorted(ssh_fail.items())),
                                     f"run '{setup} --tags ssh_mesh' (add base if names do not resolve)")

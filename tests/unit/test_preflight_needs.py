@@ -68,6 +68,9 @@ def test_a_missing_program_on_every_node_is_one_line_naming_them_all_with_the_fi
 def test_a_node_never_set_up_is_named_with_distrun_setup_and_nothing_else():
     probes = {h: probe(h) for h in NODES}
     probes["node2"] = {"host": "node2", "setup": {"ok": False, "detail": "distrun never set up node2: no user distrun"}}
+    # The others cannot ssh to it as the training user either: that is the same cause, not news.
+    for h in ("node1", "node3"):
+        probes[h]["ssh"]["node2"] = {"ok": False, "detail": "distrun@node2: Permission denied (publickey,password)."}
     line = judge(probes, failed("node2"))
     assert line == f"setup: distrun never set up node2: no user distrun on node2: run '{SETUP}'"
 
