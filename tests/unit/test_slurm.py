@@ -201,6 +201,6 @@ def test_a_task_that_never_starts_ends_the_job_and_names_its_node_and_cause(tmp_
     assert (tmp_path / "cancelled").exists(), proc.stdout  # the job did not wait for ever
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "DISTRUN_SLURM_RESULT state=FAILED job=42" in proc.stdout
-    assert ("DISTRUN_FAILED_HOST node2 Slurm could not start task 1 launch failed: Slurmd could not connect IO "
-            "(couldn't chdir to `/srv/distrun/runs/20261124-053444-train-6902': Permission denied: going to /tmp "
-            "instead); the job was cancelled") in proc.stdout, proc.stdout
+    assert ("DISTRUN_FAILED_HOST node2 Slurm could not start a task on node2 (srun: task 1 launch failed: Slurmd "
+            "could not connect IO; slurmstepd: couldn't chdir to `/srv/distrun/runs/20261124-053444-train-6902': "
+            "Permission denied: going to /tmp instead); the job was cancelled") in proc.stdout, proc.stdout

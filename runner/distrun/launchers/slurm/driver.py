@@ -208,7 +208,8 @@ if [ -n "$launch_failed" ] && [ "$launch_failed" = "$failed_job" ]; then
   why="$(grep -m 1 -E '^slurmstepd-[^:]+: error: ' "$out" 2>/dev/null)"
   node="$(sed -n 's/^slurmstepd-\\([^:]*\\):.*/\\1/p' <<< "$why")"
   launch="$(grep -m 1 -E '{LAUNCH_FAILED_RE}' "$out")"
-  echo "DISTRUN_FAILED_HOST ${{node:-$(field "$rec" NodeList)}} Slurm could not start ${{launch#srun: error: }}${{why:+ (${{why#*: error: }})}}; the job was cancelled"
+  where="${{node:-$(field "$rec" NodeList)}}"
+  echo "DISTRUN_FAILED_HOST $where Slurm could not start a task on $where (srun: ${{launch#srun: error: }}${{why:+; slurmstepd: ${{why#*: error: }}}}); the job was cancelled"
 elif [ "$final" != COMPLETED ]; then
   # The task that exited non-zero, rather than those srun killed because of it.
   # Only the failed job's output: in multi-job mode the others were cancelled because of it.
