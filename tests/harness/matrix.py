@@ -41,7 +41,7 @@ SITE_MOUNT = "/mnt/site"
 SITE_SHARED_DIR = f"{SITE_MOUNT}/distrun"
 
 CELL_SCRIPT = textwrap.dedent(f"""
-    import os, socket
+    import gc, os, socket
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -83,6 +83,11 @@ CELL_SCRIPT = textwrap.dedent(f"""
         back = fh.read()
     print(f"CELL rank={{rank}} world={{world}} host={{socket.gethostname()}} sum={{int(total.item())}} "
           f"cwd={{os.getcwd()}} file={{back!r}}", flush=True)
+    # Release DDP's reducer (it holds gloo's pending work) while the interpreter is whole, then
+    # the process group: gloo threads torn down at interpreter exit can abort a finished rank
+    # ("terminate called without an active exception").
+    del model, opt, loader
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 """)
