@@ -108,7 +108,7 @@ class Claim:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _end(proc)
 
 
 def refusal(answers: list[Answer]) -> UserError:
@@ -154,13 +154,24 @@ def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
     if any(a.busy_with for a in got):
         held.release()
         for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+            _end(proc)
         raise refusal(sorted(got, key=lambda a: hosts.index(a.host)))
     for h, proc in procs.items():
-        if h not in held.procs and proc.poll() is None:
-            proc.kill()
+        if h not in held.procs:
+            _end(proc)
     return held
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """End a claim's shell and wait until it is gone: a refused claim may have taken a host's lock
+    before it found another run's processes there, and a shell still exiting would hold the lock
+    against the next claim (seen as "starting there now")."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def claim_request(request: JobRequest, cluster: Cluster, run_id: str) -> Claim | None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -38,3 +39,13 @@ def cli_env(private_state):
     env["DISTRUN_HOME"] = str(private_state)
     env["COLUMNS"] = "200"
     return env
+
+
+@pytest.fixture
+def alone_with_run_tags():
+    """A claim counts every process of the user on the host that carries another run's tag, and
+    here every "host" is this machine: two test processes side by side (the suite runs the unit
+    tests on two Pythons at once) take turns for the tests that claim or tag."""
+    with open(Path(os.environ.get("TMPDIR", "/tmp")) / "distrun-unit-run-tags.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield

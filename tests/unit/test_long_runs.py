@@ -273,6 +273,7 @@ def test_logs_follow_of_a_lost_run_ends_at_once_with_one_line(tmp_path, monkeypa
 
 # ------------------------------------------------------------------ one run at a time
 
+@pytest.mark.usefixtures("alone_with_run_tags")
 def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets_go(tmp_path):
     host = f"unit-{os.getpid()}"
     cluster = local_cluster((host,))
@@ -298,6 +299,7 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
         f.unlink()
 
 
+@pytest.mark.usefixtures("alone_with_run_tags")
 def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
     host = f"unit-{os.getpid()}-b"
     cluster = local_cluster((host,))

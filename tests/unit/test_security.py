@@ -279,6 +279,7 @@ def test_stop_step_runs_as_the_training_user_and_rechecks_pids_before_kill():
     assert 'same "$p" && kill -KILL' in text
 
 
+@pytest.mark.usefixtures("alone_with_run_tags")
 def test_stop_step_stops_only_its_run_and_leaves_reused_pids(tmp_path):
     """The stop script, run here as this user: the run's tagged process and a process of its
     recorded process group stop; a process of another run survives."""
