@@ -5,9 +5,11 @@ judge names a pair that cannot connect with the likely cause, in the words check
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,11 +34,15 @@ def free_port() -> int:
 
 def run_nodes(peers: dict[str, str], *, rendezvous: int, mpi_range: str = "", timeout: float = 3,
               nodes=NODES) -> dict[str, dict]:
-    """Every node's probe at once, each listening on its own loopback address."""
+    """Every node's probe at once, each listening on its own loopback address. The nonce is this
+    call's own, so another test process probing beside it (the suite runs two Pythons at once)
+    listens on other ports and never answers these nodes."""
+    nonce = f"unit-{os.getpid()}-{time.time_ns()}"
+
     def one(host):
         cfg = {"host": host, "user": "no-such-user-distrun", "env_prefix": "/nonexistent", "mpi_prefix": "/usr",
                "shared_dir": "/tmp",
-               "net": {"nonce": "n1", "timeout": timeout, "head": "node1", "peers": peers, "rendezvous": rendezvous,
+               "net": {"nonce": nonce, "timeout": timeout, "head": "node1", "peers": peers, "rendezvous": rendezvous,
                        "mpi_range": mpi_range, "listen_address": ADDRESS[host]}}
         out = subprocess.run([sys.executable, "-c", SHIPPED, json.dumps(cfg)], capture_output=True, text=True,
                              timeout=60)
