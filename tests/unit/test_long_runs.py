@@ -25,6 +25,11 @@ from distrun.plan import build_plan
 
 from .conftest import distrun_bin
 
+# These tests start processes tagged with a run id on this machine, or claim it as a host (a claim
+# counts every tagged process of the user there): a test process beside this one (the suite runs
+# the unit tests on two Pythons at once) takes turns with them.
+pytestmark = pytest.mark.usefixtures("alone_with_run_tags")
+
 ME = getpass.getuser()
 
 
@@ -273,7 +278,6 @@ def test_logs_follow_of_a_lost_run_ends_at_once_with_one_line(tmp_path, monkeypa
 
 # ------------------------------------------------------------------ one run at a time
 
-@pytest.mark.usefixtures("alone_with_run_tags")
 def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets_go(tmp_path):
     host = f"unit-{os.getpid()}"
     cluster = local_cluster((host,))
@@ -299,7 +303,6 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
         f.unlink()
 
 
-@pytest.mark.usefixtures("alone_with_run_tags")
 def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
     host = f"unit-{os.getpid()}-b"
     cluster = local_cluster((host,))
