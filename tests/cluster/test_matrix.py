@@ -30,21 +30,16 @@ SHARED_DIR = "/srv/distrun"
 
 @pytest.fixture(scope="session")
 def mode_inventories(provisioned, tmp_path_factory) -> dict[str, str]:
-    group_vars = REPO / "inventory" / "test" / "group_vars"
-    inventories = {"sync": "test"}
-    for mode in ("sshfs", "external"):
-        dest = tmp_path_factory.mktemp(f"inventory-a-{mode}")
-        inventories[mode] = str(matrix.mode_inventory(provisioned.inventory, group_vars, dest, mode))
-    return inventories
+    return matrix.inventories_by_mode("test", provisioned.inventory, REPO / "inventory" / "test" / "group_vars",
+                                      tmp_path_factory.mktemp, "A")
 
 
 @pytest.fixture(scope="module")
 def modes_a(mode_inventories):
     """The cluster's shared folder switched between modes; back to sync when the module's block of
     tests ends (the phases split this module in two blocks)."""
-    switch = matrix.ModeSwitch(distrun, mode_inventories, "sync", "A")
-    yield switch
-    switch.to("sync")
+    with matrix.ModeSwitch(distrun, mode_inventories, "sync", "A") as switch:
+        yield switch
 
 
 @pytest.fixture(scope="session")

@@ -69,13 +69,10 @@ def aliased(provisioned, tmp_path_factory):
 def modes_b(aliased, tmp_path_factory):
     """The aliased inventory's shared folder switched between modes, back to sync at the end."""
     _, inv_dir = aliased
-    inventories = {"sync": str(inv_dir)}
-    for mode in ("sshfs", "external"):
-        dest = tmp_path_factory.mktemp(f"inventory-b-{mode}")
-        inventories[mode] = str(matrix.mode_inventory(inv_dir / "hosts.ini", inv_dir / "group_vars", dest, mode))
-    switch = matrix.ModeSwitch(distrun, inventories, "sync", "B")
-    yield switch
-    switch.to("sync")
+    inventories = matrix.inventories_by_mode(str(inv_dir), inv_dir / "hosts.ini", inv_dir / "group_vars",
+                                             tmp_path_factory.mktemp, "B")
+    with matrix.ModeSwitch(distrun, inventories, "sync", "B") as switch:
+        yield switch
 
 
 @pytest.fixture(scope="module")

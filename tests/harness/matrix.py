@@ -145,16 +145,32 @@ def record_step(what: str, seconds: float) -> None:
             fh.write(json.dumps({"step": what, "seconds": round(seconds, 1)}) + "\n")
 
 
+def inventories_by_mode(base: str, hosts_file: Path, group_vars: Path, mktemp: Callable[[str], Path],
+                        cluster: str) -> dict[str, str]:
+    """Mode -> inventory: ``base`` (sync mode) and a copy of it for every other mode this kernel can run."""
+    out = {"sync": base}
+    for mode in ("sshfs", "external"):
+        out[mode] = str(mode_inventory(hosts_file, group_vars, mktemp(f"inventory-{cluster.lower()}-{mode}"), mode))
+    return out
+
+
 class ModeSwitch:
     """One provisioned cluster taken through the shared folder modes: 'distrun setup --tags
     shared_fs,hostfile' with the inventory of the next mode (the hostfile lives in the shared
-    folder); every other role stays as it is."""
+    folder); every other role stays as it is. As a context manager it ends in the mode it began in."""
 
     def __init__(self, distrun: Callable[..., Any], inventories: Mapping[str, str], current: str, cluster: str) -> None:
         self.distrun = distrun
         self.inventories = dict(inventories)
         self.current = current
         self.cluster = cluster
+        self.start = current
+
+    def __enter__(self) -> ModeSwitch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.to(self.start)
 
     def to(self, mode: str) -> str:
         """Switch to mode (if not there yet); returns that mode's inventory."""
