@@ -146,9 +146,10 @@ cd {shlex.quote(plan.run_dir)}
 
 
 def plan_files(plan: JobPlan) -> dict[str, str]:
-    """Run-directory file name -> content: the hostfile, the rank wrapper and the launcher's own."""
-    return {"hostfile": render_hostfile(plan), "rank-env.sh": render_rank_wrapper(plan),
-            **launcher_named(plan.launcher).files(plan)}
+    """Run-directory file name -> content: the hostfile, the rank wrapper and the launcher's own.
+    A site's Slurm (plan.login) places the ranks itself: no hostfile there."""
+    hostfile = {} if plan.login else {"hostfile": render_hostfile(plan)}
+    return {**hostfile, "rank-env.sh": render_rank_wrapper(plan), **launcher_named(plan.launcher).files(plan)}
 
 
 def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_workloads: bool = True) -> tuple[str, str]:
@@ -193,7 +194,7 @@ def common_vars(plan: JobPlan) -> dict[str, Any]:
     return {
         "distrun_run_id": plan.run_id,
         "distrun_run_dir": plan.run_dir,
-        "distrun_rank_hosts": [h.name for h in plan.hosts],
+        "distrun_rank_hosts": list(plan.reached_hosts),
     }
 
 
@@ -226,7 +227,7 @@ def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, d
     """What run.yml verifies before staging: each rank host's interface still has its address."""
     if network is None:
         return {}
-    rank_hosts = {x.name for x in plan.hosts}
+    rank_hosts = set(plan.reached_hosts)
     return {h: {"iface": c.name, "address": c.address} for h, c in network.per_host.items() if h in rank_hosts}
 
 

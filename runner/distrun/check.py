@@ -79,11 +79,13 @@ def run_check(inventory: Path, label: str,
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
         result: PlaybookResult = run_playbook(
             "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
-            extravars={"preflight_full": True, **preflight_vars(label, run.dir)},
+            extravars={"preflight_full": True, **preflight_vars(label, run.dir),
+                       # A site's Slurm: the login node holds no rendezvous port.
+                       **({"preflight_ports": []} if cluster.slurm_existing else {})},
         )
     hosts = host_states(result, names)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
-    reached = [n for n in cluster.workers if hosts[n.name]["state"] != "unreachable"]
+    reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]
     report = report_of(result, names, gpu_items(reached, label))
     out = report_json(report, hosts, time.monotonic() - started)
     if not result.ok:

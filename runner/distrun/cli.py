@@ -53,10 +53,12 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     from .ansible_bridge import run_playbook
     from .inventory import load_cluster
     from .runs import new_run
+    from .slurm_site import refuse_setup
     from .ui import PlaybookProgress, print_summary
 
     inv = inventory.path
     cluster = load_cluster(inv)
+    refuse_setup(inv, cluster.slurm_existing)
     run = new_run("setup", inv)
     started = time.monotonic()
     with PlaybookProgress(f"setup.yml on {len(cluster.nodes)} node(s) from {inv}", [n.name for n in cluster.nodes]) as progress:

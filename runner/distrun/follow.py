@@ -161,7 +161,7 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                 events.put((host, "line", text))
         events.put((host, "closed", proc.wait()))
 
-    for h in dict.fromkeys([head, *(x.name for x in plan.hosts)]):
+    for h in dict.fromkeys([head, *plan.reached_hosts]):
         if h == head:
             command = tail_command(plan, h)
         elif h in launch_hosts:

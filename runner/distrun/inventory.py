@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import contract, inventory_cache, rules
+from . import contract, inventory_cache, rules, slurm_site
 from .errors import InventoryError
 from .inventory_values import check_address, check_host_name, check_values
 
@@ -54,11 +54,13 @@ class Cluster:
     env_prefix: str
     mpi_prefix: str  # Open MPI's installation: mpirun's --prefix
     group_vars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    # A Slurm distrun does not administer (slurm_site): workers are its compute nodes, never reached.
+    slurm_existing: bool = False
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        """Every host once: head first, then the workers."""
-        rest = tuple(n for n in self.workers if n.name != self.head.name)
+        """Every host distrun reaches, once: head first, then the workers."""
+        rest = tuple(n for n in self.workers if n.name != self.head.name and not self.slurm_existing)
         return (self.head, *rest)
 
     @property
@@ -216,7 +218,12 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
             "keep exactly one head node"
         )
     workers = _group_hosts(data, contract.WORKER_GROUP) if contract.WORKER_GROUP in groups else []
-    if not workers:
+    hv_head = hostvars.get(heads[0], {})
+    existing = slurm_site.existing(hv_head)
+    if existing:
+        slurm_site.check_inventory(path, heads[0], workers, hv_head, check_host_name)
+        workers = []
+    elif not workers:
         raise InventoryError(
             f"inventory {path}: no host in group '{contract.WORKER_GROUP}'; "
             f"list the hosts that run ranks under [{contract.WORKER_GROUP}] (the head may be one of them)"
@@ -244,7 +251,10 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         )
 
     nodes = {name: make(name) for name in dict.fromkeys([head_name, *ordered])}
-    hv_head = hostvars.get(head_name, {})
+    if existing:
+        compute = slurm_site.compute_nodes(path, hv_head)
+        nodes.update({c.name: Node(c.name, c.address, c.slots, c.slots_source, c.gpus, False, True) for c in compute})
+        ordered = [c.name for c in compute]
     provider = str(hv_head.get("distrun_mpi_provider") or contract.default("distrun_mpi_provider"))
     providers = contract.choices("distrun_mpi_provider")
     if provider not in providers:
@@ -263,6 +273,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         env_prefix=env_prefix,
         mpi_prefix=_mpi_prefix(provider, env_prefix, load_facts(fact_cache, head_name)),
         group_vars=hv_head,
+        slurm_existing=existing,
     )
 
 

@@ -16,10 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import netjudge, sharedfs
+from . import judge_site, netjudge, sharedfs
 
 # Report order; also the rows of the human table.
-CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "versions", "ports", "network", "ssh", "names", "shared folder",
+CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "slurm", "versions", "ports", "network", "ssh", "names",
+          "shared folder",
           "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
 LOG_DIR = "the run record's ansible/ folder"
@@ -116,9 +117,12 @@ def verdict(
     setup: str,
     seen: Mapping[str, str] | None = None,
     log_dir: str = LOG_DIR,
+    site: bool = False,
+    env_prefix: str = "",
 ) -> Report:
     """What the probes (host -> the probe's JSON) say, check -> node -> Item; ``seen`` (host ->
-    what the search for the head's probe file printed) only in the full set."""
+    what the search for the head's probe file printed) only in the full set. ``site``: the head
+    is the login node of a Slurm the user does not administer, and the fixes are the user's."""
     seen = seen or {}
     report: Report = {c: {} for c in CHECKS}
     probes = dict(probes)
@@ -145,6 +149,8 @@ def verdict(
         mpi = p.get("mpi4py") or {}
         report["mpi4py"][h] = Item(bool(mpi.get("ok")), str(mpi.get("detail", "")),
                                    "" if mpi.get("ok") else f"run '{setup} --tags mpi_env'")
+        if "slurm" in p:
+            report["slurm"][h] = Item(bool(p["slurm"].get("ok")), str(p["slurm"].get("detail", "")))
         if "ports" in p:
             busy = {k: v for k, v in p["ports"].items() if not v.get("ok")}
             if busy:
@@ -168,6 +174,8 @@ def verdict(
         report["names"].update(compare_names(names, head, setup))
     report["shared folder"].update(_shared(probes, seen, head, shared_mode, shared_dir, setup))
     report["network"].update({h: Item(*f) for h, f in netjudge.verdict(probes, head=head).items()})
+    if site:
+        report = judge_site.site_fixes(report, probes, env_prefix=env_prefix, shared_dir=shared_dir)
     return {c: dict(sorted(items.items())) for c, items in report.items() if items}
 
 

@@ -85,6 +85,8 @@ def recorded_plan(run: Run) -> JobPlan:
     try:
         data = json.loads(path.read_text())
         data["hosts"] = tuple(RankHost(**h) for h in data["hosts"])
+        if data.get("login"):
+            data["login"] = RankHost(**data["login"])
         for key in ("program", "env", "partition"):
             if data.get(key) is not None:
                 data[key] = tuple(tuple(x) if isinstance(x, list) else x for x in data[key])

@@ -192,6 +192,8 @@ def _remote_rank(run: Run, rank: int, watch: _Watch) -> Iterator[str]:
     if command is None:
         raise UserError(f"run {run.id}: rank {rank} does not exist (world size {plan.get('world_size')})")
     host, _ = rank_host(plan, rank) or ("", 0)
+    # A site's Slurm: the rank's node is not reached; its log is in the shared folder, read on the login node.
+    host = (plan.get("login") or {}).get("name") or host
     cluster = _cluster(run)
     node = next((n for n in cluster.nodes if n.name == host), None)
     if node is None:

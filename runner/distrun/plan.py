@@ -82,6 +82,14 @@ class JobPlan:
     prepare: tuple[str, ...] = ()
     # --launcher-args: appended as given to mpirun, torchrun or srun.
     launcher_args: tuple[str, ...] = ()
+    # The login node of a Slurm cluster distrun does not administer (slurm_site): it launches
+    # (submits) and is the only host distrun reaches; the rank hosts are Slurm's. None elsewhere.
+    login: RankHost | None = None
+
+    @property
+    def reached_hosts(self) -> tuple[str, ...]:
+        """The rank hosts distrun itself contacts (stage, follow, stop, collect), besides the head."""
+        return () if self.login else tuple(h.name for h in self.hosts)
 
     @property
     def run_dir(self) -> str:
@@ -110,7 +118,8 @@ class JobPlan:
 
     @property
     def head(self) -> RankHost:
-        return self.hosts[0]
+        """The host that launches: the first rank host, or the login node of a site's Slurm."""
+        return self.login or self.hosts[0]
 
 
 @dataclass(frozen=True)
@@ -302,6 +311,7 @@ def build_plan(
         workdir=workdir,
         prepare=substitute_strict(prepare, values, "--prepare") if prepare else (),
         launcher_args=tuple(launcher_args),
+        login=RankHost(cluster.head.name, cluster.head.address, 0, 0, None) if cluster.slurm_existing else None,
     )
 
 

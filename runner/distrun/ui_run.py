@@ -166,14 +166,16 @@ def dry_run_text(dry: DryRun) -> str:
     out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
     out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")
     out.append(f"run dir:     {plan.run_dir}")
-    net = plan.cidr or "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)"
+    net = plan.cidr or ("the site's: distrun contacts only the login node" if plan.login
+                        else "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)")
     out.append(f"network:     {net}")
     if dry.note:
         out.append(f"note:        {dry.note}")
     out.append("hosts:")
     for h in plan.hosts:
         node = next(n for n in cluster.workers if n.name == h.name)
-        out.append(f"  {h.name:<16} {h.address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
+        address = h.address or "(Slurm picks)"
+        out.append(f"  {h.name:<16} {address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
     if dry.project is not None:
         s = dry.project.scan
         out.append(f"workdir:     {dry.project.local} -> {plan.workdir} ({s.files} files, {size_text(s.bytes)}; "

@@ -187,20 +187,59 @@ def probe_shared_file(path, targets):
     return {"ok": True, "file": path, "detail": f"wrote {path}"}, synced
 
 
+def _search_path():
+    """Where a program named without a folder is looked for: the env, the usual folders and,
+    when the probe already runs as the training user, that user's own PATH (a site's modules)."""
+    dirs = [f"{PREFIX}/bin", "/usr/local/bin", "/usr/bin", "/bin"]
+    if os.geteuid() != 0 or USER == "root":
+        dirs += [d for d in os.environ.get("PATH", "").split(os.pathsep) if d.startswith("/")]
+    return list(dict.fromkeys(dirs))
+
+
 def probe_programs(programs):
     """Each program this run needs -> found (the first candidate the training user may run)."""
     out = {}
     for label, candidates in programs.items():
         found = ""
         for c in candidates:
-            path = c if "/" in c else next((f"{d}/{c}" for d in (f"{PREFIX}/bin", "/usr/local/bin", "/usr/bin", "/bin")
-                                            if os.path.exists(f"{d}/{c}")), "")
+            path = c if "/" in c else next((f"{d}/{c}" for d in _search_path() if os.path.exists(f"{d}/{c}")), "")
             if path and as_user(["test", "-x", path]).returncode == 0:
                 found = path
                 break
         where = os.path.dirname(candidates[0]) if "/" in candidates[0] else "PATH"
         out[label] = {"ok": bool(found), "detail": found or f"not in {where}"}
     return out
+
+
+SLURM_PROGRAMS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
+
+
+def probe_slurm(partition):
+    """A Slurm the user does not administer, seen from its login node as the training user: the
+    client commands distrun runs are there, sinfo answers, and the partition (if one is set) is up."""
+    found = probe_programs({p: [p] for p in SLURM_PROGRAMS})
+    missing = [p for p, r in found.items() if not r["ok"]]
+    if missing:
+        return {"ok": False, "kind": "programs", "detail": f"{', '.join(missing)} not found on PATH for {USER}"}
+    sinfo = as_user([found["sinfo"]["detail"], "--noheader", "--format=%P %a %D %t"], timeout=30)
+    if sinfo.returncode != 0:
+        return {"ok": False, "kind": "sinfo",
+                "detail": f"sinfo failed as {USER}: {_last_line(sinfo.stderr or sinfo.stdout) or f'exit {sinfo.returncode}'}"}
+    parts = {}
+    for line in sinfo.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 4:
+            name = fields[0].rstrip("*")
+            avail, nodes, states = parts.get(name, (fields[1], 0, []))
+            parts[name] = (avail, nodes + int(fields[2]) if fields[2].isdigit() else nodes, states + [fields[3]])
+    if partition and partition not in parts:
+        return {"ok": False, "kind": "partition",
+                "detail": f"partition {partition} is not in sinfo (partitions: {', '.join(sorted(parts)) or 'none'})"}
+    shown = [partition] if partition else sorted(parts)
+    if partition and parts[partition][0] != "up":
+        return {"ok": False, "kind": "partition", "detail": f"partition {partition} is {parts[partition][0]}"}
+    return {"ok": True, "detail": "sinfo answers: " + "; ".join(
+        f"partition {p} {parts[p][0]}, {parts[p][1]} node(s) {'/'.join(sorted(set(parts[p][2])))}" for p in shown)}
 
 
 def probe_mount(path, fstypes):
@@ -301,6 +340,9 @@ def body(report):
     if CFG.get("shared_fs_mounts"):
         STEP = "shared folder filesystem"
         report["shared_fs_mounts"] = mounts_above(CFG["shared_dir"])
+    if CFG.get("slurm"):
+        STEP = "slurm"
+        report["slurm"] = probe_slurm(CFG.get("slurm_partition") or "")
     if CFG.get("shared_probe"):
         STEP = "shared folder probe file"
         # A unique name: two checks at once, or a file left by a killed check, never match.

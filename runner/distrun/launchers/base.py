@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import UserError
+
 if TYPE_CHECKING:
     from ..inventory import Cluster
     from ..plan import JobPlan, RankHost
@@ -41,12 +43,18 @@ class Launcher(ABC):
         return {}
 
     def unready(self, cluster: Cluster) -> str | None:
-        """Why the cluster cannot run this launcher yet (said by --dry-run), or None."""
+        """Why the cluster cannot run this launcher (said by --dry-run), or None. On a Slurm
+        distrun does not administer only the login node is reached: only Slurm starts ranks."""
+        if cluster.slurm_existing:
+            return (f"{cluster.source} describes a Slurm cluster distrun does not administer "
+                    "(distrun_slurm_existing: true): run jobs there with --launcher slurm")
         return None
 
     def require_ready(self, cluster: Cluster) -> None:
         """Refuse a real run on a cluster that cannot run this launcher (UserError)."""
-        return None
+        why = self.unready(cluster)
+        if why:
+            raise UserError(f"inventory {why}")
 
     # --- what is rendered and started ------------------------------------------------------
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ... import slurm_site
 from ...errors import UserError
 from ..base import MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE, Launcher
 from .driver import STATE_EXIT, driver_files, driver_script, exit_code, rank_failure_lines
@@ -34,6 +35,13 @@ def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, st
         where = "--slurm-mode" if mode_override else f"inventory {cluster.source}: slurm_mode"
         raise UserError(f"{where} {chosen!r}: choose one of {', '.join(MODES)}")
     out = {"mode": chosen, "mpi": str(gv.get("slurm_srun_mpi") or DEFAULT_MPI)}
+    if cluster.slurm_existing:
+        # The site's own Slurm: Slurm picks the nodes unless the inventory names them.
+        out["site"] = "existing"
+        names = [n.name for n in cluster.workers]
+        if slurm_site.named(names):
+            out["nodelist"] = ",".join(names)
+        out.update(slurm_site.job_options(cluster.source, gv))
     if gv.get("slurm_partition"):
         out["partition"] = str(gv["slurm_partition"])
     if gv.get("slurm_time_limit"):
@@ -56,12 +64,12 @@ class Slurm(Launcher):
         return settings(cluster, mode)
 
     def unready(self, cluster: Cluster) -> str | None:
-        if enabled(cluster):
+        if enabled(cluster) or cluster.slurm_existing:
             return None
         return f"slurm_enabled is not true in {cluster.source}: a real run is refused until it is (and 'distrun setup' ran)"
 
     def require_ready(self, cluster: Cluster) -> None:
-        if not enabled(cluster):
+        if not (enabled(cluster) or cluster.slurm_existing):
             raise UserError(
                 f"inventory {cluster.source}: --launcher slurm needs Slurm on the nodes; set slurm_enabled: true "
                 "in its group_vars and run 'distrun setup' (see docs/guide/slurm.md)"

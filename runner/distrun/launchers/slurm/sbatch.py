@@ -40,6 +40,11 @@ def _uneven(plan: JobPlan) -> bool:
     return len({h.slots for h in plan.hosts}) != 1
 
 
+def placed_by_hostfile(plan: JobPlan) -> bool:
+    """Single mode with uneven slots on named hosts: srun places ranks from slurm-hostfile."""
+    return mode(plan) == "single" and _uneven(plan) and not _site(plan)
+
+
 def slurm_hostfile(plan: JobPlan) -> str:
     """One line per rank, for ``--distribution=arbitrary``: uneven slots land where the plan says."""
     return "".join(f"{slurm_node_name(h.name)}\n" for h in plan.hosts for _ in range(h.slots))
@@ -76,17 +81,50 @@ def _exports(plan: JobPlan) -> list[str]:
     return [f"export {key}={shlex.quote(value)}" for key, value in plan.env]
 
 
+def _site(plan: JobPlan) -> bool:
+    """A Slurm distrun does not administer (slurm_site): Slurm places the ranks, on the nodes
+    the inventory names (nodelist) or on any it picks."""
+    return plan.slurm.get("site") == "existing"
+
+
+def _site_allocation(plan: JobPlan, nodes: int) -> list[str]:
+    lines = [f"#SBATCH --nodes={nodes}"]
+    if plan.slurm.get("nodelist"):
+        lines.append(sbatch_line("nodelist", ",".join(h.name for h in plan.hosts)))
+    lines += [f"#SBATCH --ntasks={plan.world_size}", f"#SBATCH --ntasks-per-node={max(h.slots for h in plan.hosts)}"]
+    if plan.slurm.get("cpus_per_task"):
+        lines.append(sbatch_line("cpus-per-task", plan.slurm["cpus_per_task"]))
+    return lines
+
+
+def _site_node_check(plan: JobPlan) -> str:
+    """A first step on every node of the allocation: the run directory and the env must be there
+    (distrun reached only the login node), else the node is named and the job ends."""
+    check = (
+        'h=${SLURMD_NODENAME:-$(hostname -s)}; '
+        '[ -r "$1" ] || { echo "DISTRUN_FAILED_HOST $h $2 is not on $h: put distrun_shared_dir on a filesystem '
+        'the compute nodes mount"; exit 1; }; '
+        '[ -x "$3" ] || { echo "DISTRUN_FAILED_HOST $h $3 is not on $h: put distrun_env_prefix on a filesystem '
+        'the compute nodes mount, or create the env there"; exit 1; }'
+    )
+    return shlex.join(["srun", "--ntasks-per-node=1", f"--ntasks={len(plan.hosts)}", "bash", "-c", check,
+                       "distrun-node-check", plan.wrapper, plan.run_dir, plan.program[0]])
+
+
 def sbatch_script(plan: JobPlan) -> str:
     """The one multi-node job of single mode."""
     nodes = len(plan.hosts)
     lines = _header(plan, job_name(plan))
-    lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(slurm_node_name(h.name) for h in plan.hosts))]
-    if _uneven(plan):
-        # --ntasks-per-node is one number; uneven slots need the task count and an explicit
-        # placement (SLURM_HOSTFILE, exported by the driver at submission and read by srun).
-        lines += [f"#SBATCH --ntasks={plan.world_size}", "#SBATCH --distribution=arbitrary"]
+    if _site(plan):
+        lines += _site_allocation(plan, nodes)
     else:
-        lines.append(f"#SBATCH --ntasks-per-node={plan.hosts[0].slots}")
+        lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(slurm_node_name(h.name) for h in plan.hosts))]
+        if _uneven(plan):
+            # --ntasks-per-node is one number; uneven slots need the task count and an explicit
+            # placement (SLURM_HOSTFILE, exported by the driver at submission and read by srun).
+            lines += [f"#SBATCH --ntasks={plan.world_size}", "#SBATCH --distribution=arbitrary"]
+        else:
+            lines.append(f"#SBATCH --ntasks-per-node={plan.hosts[0].slots}")
     gpus = {h.gpus for h in plan.hosts}
     if max(gpus) > 0:
         lines.append(f"#SBATCH --gres=gpu:{min(gpus)}")
@@ -94,13 +132,15 @@ def sbatch_script(plan: JobPlan) -> str:
     lines += _exports(plan)
     lines.append('export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
     lines.append(f"export MASTER_PORT={plan.master_port}")
+    if _site(plan):
+        lines.append(_site_node_check(plan))
     rank_dirs = " ".join(f"ranks/{r}" for r in range(plan.world_size))
     # srun opens each rank's output file on that rank's node: the folders must exist there
     # (in sync mode every node has its own copy of the run directory).
     lines.append(f"srun --ntasks-per-node=1 --ntasks={nodes} mkdir -p {rank_dirs}")
     srun = ["srun", f"--mpi={plan.slurm.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
             f"--output={plan.run_dir}/ranks/%t/stdout"]
-    if _uneven(plan):
+    if placed_by_hostfile(plan):
         lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
         srun.append("--distribution=arbitrary")
     # --launcher-args go to srun, after distrun's own options.
@@ -118,8 +158,10 @@ def _without_mpi4py_runner(program: tuple[str, ...]) -> tuple[str, ...]:
 def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     """Job ``index`` of multi-job mode: one node, one torchrun agent with that node's slots."""
     lines = _header(plan, job_name(plan, index))
-    lines += ["#SBATCH --nodes=1", sbatch_line("nodelist", slurm_node_name(host.name)), "#SBATCH --ntasks=1",
-              f"#SBATCH --cpus-per-task={host.slots}"]
+    lines.append("#SBATCH --nodes=1")
+    if not _site(plan) or plan.slurm.get("nodelist"):
+        lines.append(sbatch_line("nodelist", slurm_node_name(host.name)))
+    lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={host.slots}"]
     if host.gpus > 0:
         lines.append(f"#SBATCH --gres=gpu:{host.gpus}")
     lines.append("set -euo pipefail")
@@ -148,6 +190,6 @@ def sbatch_files(plan: JobPlan) -> dict[str, str]:
     if mode(plan) == "multi-job":
         return {f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.hosts)}
     files = {"job.sbatch": sbatch_script(plan)}
-    if _uneven(plan):
+    if placed_by_hostfile(plan):
         files["slurm-hostfile"] = slurm_hostfile(plan)
     return files
