@@ -41,7 +41,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     run.follow_here()
     listener.attached(run)
     end = RunEnd(run, inventory, listener)
-    hosts = [h.name for h in plan.hosts]
+    hosts = list(plan.watched_hosts)
     started = time.monotonic()
     lost: set[str] = set()
     if state.state == "lost":

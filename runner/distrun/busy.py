@@ -180,4 +180,4 @@ def claim_request(request: JobRequest, cluster: Cluster, run_id: str) -> Claim |
     if request.allow_concurrent:
         return None
     plan = make_plan(request, cluster, run_id, None)
-    return claim(cluster, [cluster.head.name, *(h.name for h in plan.hosts)], run_id)
+    return claim(cluster, [cluster.head.name, *plan.reached_hosts], run_id)

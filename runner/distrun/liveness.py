@@ -157,7 +157,7 @@ def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
           lost: set[str] | frozenset[str] = frozenset()) -> dict[str, HostState]:
     """Every rank host of the plan, all at once; hosts known ``lost`` are not asked again."""
     nodes = {n.name: n for n in cluster.nodes}
-    hosts = [h.name for h in plan.hosts]
+    hosts = list(plan.watched_hosts)
     ask = [h for h in hosts if h in nodes and h not in lost]
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(ask)))) as pool:
         futures = {h: pool.submit(_probe_one, nodes[h], plan, timeout_s) for h in ask}

@@ -92,6 +92,12 @@ class JobPlan:
         return () if self.login else tuple(h.name for h in self.hosts)
 
     @property
+    def watched_hosts(self) -> tuple[str, ...]:
+        """The hosts whose answers tell the run's state: its rank hosts, or the login node of a
+        site's Slurm (its driver follows the job there)."""
+        return (self.login.name,) if self.login else tuple(h.name for h in self.hosts)
+
+    @property
     def run_dir(self) -> str:
         return f"{self.shared_dir.rstrip('/')}/runs/{self.run_id}"
 

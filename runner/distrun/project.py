@@ -44,7 +44,7 @@ def pull_hosts(cluster: Cluster, plan: JobPlan) -> list[str]:
     """Rank hosts that keep their own copy and pull it from the head: sync mode only."""
     if str(cluster.group_vars.get("distrun_shared_fs_mode", "sync")) != "sync":
         return []
-    return [h.name for h in plan.hosts if h.name != cluster.head.name]
+    return [h for h in plan.reached_hosts if h != cluster.head.name]
 
 
 def pull_command(cluster: Cluster, plan: JobPlan, project: Project) -> list[str]:
