@@ -63,6 +63,10 @@ def site_fixes(report: dict[str, dict[str, Any]], probes: Mapping[str, Mapping[s
             elif check == "slurm":
                 kind = str(((probes.get(host) or {}).get("slurm") or {}).get("kind", ""))
                 out[check][host] = dataclasses.replace(item, fix=_slurm_fix(kind))
+            elif check == "shared folder" and item.detail.endswith("does not exist"):
+                out[check][host] = dataclasses.replace(item, fix=(
+                    f"create it as you on {host} (mkdir -p {shared_dir}) if the compute nodes mount its filesystem "
+                    "too; else set distrun_shared_dir to a folder you can write that they mount (your home or scratch)"))
             elif check == "setup":
                 # The probe says "distrun never set up <host>: no env <prefix>"; here nothing ever will.
                 out[check][host] = dataclasses.replace(item, detail=item.detail.split(": ", 1)[-1] + f" on {host}",

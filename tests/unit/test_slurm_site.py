@@ -180,3 +180,15 @@ def test_the_probe_names_the_slurm_commands_missing_from_path(tmp_path):
               if not any(os.path.exists(f"{d}/{p}") for d in (f"{sys.prefix}/bin", "/usr/local/bin", "/usr/bin", "/bin"))]
     assert absent, "this machine has every Slurm command: the test cannot hide them"
     assert found == {"ok": False, "kind": "programs", "detail": f"{', '.join(absent)} not found on PATH for root"}
+
+
+def test_a_missing_folder_on_a_site_slurm_is_created_by_the_user_as_the_fix_says():
+    probes = {"login1": {"host": "login1", "setup": {"ok": True}, "env": {"ok": True, "detail": "/home/a/v/bin/python"},
+                         "mpi4py": {"ok": True, "detail": "ok"},
+                         "shared_writable": {"ok": False, "detail": "/home/a/d does not exist"}}}
+    report = judge.verdict(probes, head="login1", shared_mode="sync", shared_dir="/home/a/d", setup="distrun setup -i x",
+                           site=True, env_prefix="/home/a/v")
+    item = report["shared folder"]["login1"]
+    assert item.detail == "/home/a/d does not exist"
+    assert item.fix.startswith("create it as you on login1 (mkdir -p /home/a/d)")
+    assert "distrun setup" not in judge.refusal(report)

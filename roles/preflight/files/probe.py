@@ -91,7 +91,8 @@ def probe_env():
 
 def probe_openmpi():
     if not CFG.get("mpi_prefix"):
-        return "unknown (no distrun fact: run distrun setup)"
+        # A site's Slurm: its MPI is the site's, behind srun; nothing of distrun's to compare.
+        return "the site's (srun)" if CFG.get("slurm") else "unknown (no distrun fact: run distrun setup)"
     mpirun = f"{CFG['mpi_prefix'].rstrip('/')}/bin/mpirun"
     proc = as_user([mpirun, "--version"])
     m = re.search(r"\(Open MPI\)\s+(\S+)", proc.stdout)
