@@ -23,7 +23,7 @@ import yaml
 
 from tests.harness import matrix
 
-from .conftest import CliResult, distrun, rank_headers
+from .conftest import CliResult, distrun, rank_headers, run_processes
 
 USER, UID = "alice", 2345
 FOLDER = f"{matrix.SITE_MOUNT}/{USER}"
@@ -31,9 +31,10 @@ VENV = f"{FOLDER}/venv"
 SHARED = f"{FOLDER}/distrun"
 SITE_STACK = "/opt/distrun/venv"
 FAIL_SCRIPT = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     from mpi4py import MPI
-    if MPI.COMM_WORLD.Get_rank() == int(os.environ["FAIL_RANK"]):
+    time.sleep(float(os.environ.get("SLEEP", "0")))
+    if MPI.COMM_WORLD.Get_rank() == int(os.environ.get("FAIL_RANK", "-1")):
         sys.exit(3)
     MPI.COMM_WORLD.Barrier()
 """)
@@ -139,3 +140,21 @@ def test_mpirun_is_refused_on_the_users_inventory_before_anything_runs(site, dis
     assert refused.rc == 2, _show(refused)
     assert "run jobs there with --launcher slurm" in refused.stderr, _show(refused)
     assert sorted((distrun_home / "runs").glob("*-train-*")) == before
+
+
+def test_a_detached_job_is_stopped_by_the_user_and_nothing_of_it_is_left(site, distrun_home, tmp_path):
+    cluster, inv = site
+    _make_folder(cluster)
+    script = tmp_path / "sleepy.py"
+    script.write_text(FAIL_SCRIPT)
+    started = distrun("train", "--inventory", str(inv), "--launcher", "slurm", "--skip-preflight", "--detach",
+                      "--script", str(script), "--env", "SLEEP=300")
+    assert started.rc == 0, _show(started)
+    run_id = matrix.latest_run(distrun_home).name
+    jobs = cluster.exec(1, f"squeue --noheader --user {USER} --format=%i").stdout.split()
+    assert len(jobs) == 1, jobs
+    stopped = distrun("stop", run_id)
+    assert stopped.rc == 0, _show(stopped)
+    assert "JobState=CANCELLED" in cluster.exec(1, f"scontrol show job -o {jobs[0]}").stdout
+    assert cluster.exec(1, f"squeue --noheader --user {USER}").stdout.strip() == ""
+    assert run_processes(cluster, run_id) == []
