@@ -12,7 +12,10 @@ or in more than that one component gets nothing and compiles for itself.
 
 The build is also kept on the host, keyed by a digest of the node image, the node's C++
 compiler, its Python and the installed Jittor version, so a later session starts warm; a change
-to any of them starts a new cache instead of loading a stale build.
+to any of them starts a new cache instead of loading a stale build. What warm() compiles is the
+core alone; a node that then ran the GCN under mpirun has also compiled Jittor's MPI extension
+and the job's kernels (minutes on every node that lacks them), and ``keep_richer`` keeps that
+build instead, so the next session's nodes start with all of it.
 
 distrun's own stage step still imports Jittor on every node before a run (its warm-up); with
 the build in place that costs seconds instead of minutes.
@@ -92,9 +95,51 @@ def _moved(tar_bytes: bytes, old: str, new: str, home: str) -> bytes:
     return out.getvalue()
 
 
+# distrun's stage step marks a node's warm-up done in ~/.cache/jittor, by host name; a node that
+# receives a build runs its own warm-up all the same, so no marker travels with a build.
+WARM_MARKER = ".distrun-warm-jittor-*"
+
+
 def _tar_of(cluster: podcluster.Cluster, k: int, home: str) -> bytes:
-    return subprocess.run(["podman", "exec", cluster.node(k).container, "tar", "-c", "-C", f"{home}/.cache", "jittor"],
+    return subprocess.run(["podman", "exec", cluster.node(k).container, "tar", "-c", "-C", f"{home}/.cache",
+                           f"--exclude=jittor/{WARM_MARKER}", "jittor"],
                           capture_output=True, check=True, timeout=600).stdout
+
+
+def _kept(key: str) -> tuple[Path, Path]:
+    """The kept build's tar and the file naming the path it was compiled at."""
+    tar = CACHE_ROOT / f"jittor-node-{key}.tar"
+    return tar, tar.with_suffix(".path")
+
+
+def _keep(key: str, data: bytes, built_at: str) -> None:
+    """Keep a build on the host as the one for ``key``; builds for other keys only take space."""
+    tar, path = _kept(key)
+    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
+    for target, body in ((path, (built_at + "\n").encode()), (tar, data)):
+        tmp = target.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(body)
+        os.replace(tmp, target)  # written whole, then renamed: a killed run leaves no half file
+    for old in CACHE_ROOT.glob("jittor-node-*"):
+        if old.stem != tar.stem and not old.name.startswith(f"{tar.stem}."):
+            old.unlink()
+
+
+def _names(data: bytes) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return set(tar.getnames())
+
+
+def keep_richer(cluster: podcluster.Cluster, k: int = 1) -> bool:
+    """Keep node k's build when it holds more than the kept one (the MPI extension and the job's
+    kernels besides the core): True when it was kept."""
+    key = cache_key(cluster, k)
+    tar, _ = _kept(key)
+    data = _tar_of(cluster, k, _home(cluster, k))
+    if tar.is_file() and not _names(tar.read_bytes()) < _names(data):
+        return False
+    _keep(key, data, cache_path(cluster, k))
+    return True
 
 
 def _untar_into(cluster: podcluster.Cluster, k: int, home: str, data: bytes) -> None:
@@ -108,8 +153,7 @@ def warm(cluster: podcluster.Cluster) -> str:
     """Give every node a compiled Jittor: from the host's cache, else compiled on node 1 (and kept).
     Returns how ('cached', 'compiled on node1'), plus the nodes that had to compile for themselves."""
     key = cache_key(cluster)
-    kept = CACHE_ROOT / f"jittor-node-{key}.tar"
-    kept_path = kept.with_suffix(".path")
+    kept, kept_path = _kept(key)
     home = _home(cluster, 1)
     how = "cached"
     if kept.is_file() and kept_path.is_file():
@@ -117,14 +161,7 @@ def warm(cluster: podcluster.Cluster) -> str:
     else:
         cluster.exec(1, _as_user(f"{ENV_PYTHON} -c 'import jittor'"), timeout=2400)
         data, built_at = _tar_of(cluster, 1, home), cache_path(cluster, 1)
-        CACHE_ROOT.mkdir(parents=True, exist_ok=True)
-        for path, body in ((kept, data), (kept_path, (built_at + "\n").encode())):
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(body)
-            os.replace(tmp, path)  # written whole, then renamed: a killed run leaves no half file
-        for old in CACHE_ROOT.glob("jittor-node-*"):
-            if old.stem != kept.stem and not old.name.startswith(f"{kept.stem}."):
-                old.unlink()  # builds for an older image or Jittor only take space
+        _keep(key, data, built_at)
         how = "compiled on node1"
     own_build = []
     for k in range(1, len(cluster.nodes) + 1):

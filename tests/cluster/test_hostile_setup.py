@@ -119,7 +119,8 @@ def test_links_planted_by_a_job_are_refused_and_no_root_path_changes(provisioned
         print(f"hostile setup: attacks tried {tried}, succeeded {succeeded}", flush=True)
     assert tried == len(ROUND_1) + len(ROUND_2)
     assert succeeded == 0
-    # Links gone: setup passes again and has nothing to change, for the rest of the suite.
+    # Links gone: setup passes again and has nothing to change, for the rest of the suite. This is
+    # the suite's second converge of the shared cluster: setup.yml is idempotent (changed=0).
     again = distrun("setup", "--inventory", "test", timeout=900)
     assert again.rc == 0, again.stdout[-4000:]
     assert again.recap()["changed"] == 0, again.stdout[-6000:]

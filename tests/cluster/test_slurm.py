@@ -1,7 +1,7 @@
 """Slurm on the provisioned 3-node cluster: the role, then `distrun train --launcher slurm` to its ends.
 
 The test inventory sets ``slurm_enabled: true``, so the shared cluster's first setup installs
-Slurm, and test_setup_cli.py's second setup (changed=0) and check mode cover the role's
+Slurm, and the second converge (changed=0, test_hostile_setup.py) and check mode cover the role's
 idempotence with the rest of setup.yml. These tests read the role's result through a copy of that
 inventory (the same hosts and ``inventory/test/group_vars``) and run in file order: Slurm's state,
 a completed training, a failing rank, a cancelled job.

@@ -121,6 +121,8 @@ def test_ddp_runs_to_completed_as_the_user_and_a_failing_rank_names_its_node(sit
     assert sorted(world for world, _, _ in ranks.values()) == [3, 3, 3], ranks
     assert sorted(machine for _, _, machine in ranks.values()) == ["node1", "node2", "node3"], ranks
     assert json.loads((run / "plan.json").read_text())["login"]["name"] == "node1"
+    logs = distrun("logs", run.name, "--rank", "2")
+    assert logs.rc == 0 and "DISTRUN_RANK rank=2 " in logs.stdout, _show(logs)
 
     script = tmp_path / "fail.py"
     script.write_text(FAIL_SCRIPT)

@@ -165,6 +165,8 @@ def test_jittor_gcn_trains_over_all_three_nodes(provisioned, distrun_home):
     plan = json.loads((run / "plan.json").read_text())
     assert plan["partition"] and "--num-parts" in plan["partition"] and plan["partition"][-3] == "3"
     assert not run_processes(provisioned, run.name)
+    kept = jittor_nodes.keep_richer(provisioned)
+    print(f"Jittor: node1's build after the run {'is now kept' if kept else 'adds nothing to the kept one'}", flush=True)
 
 
 def test_torchrun_ddp_workload_trains_over_all_three_nodes(provisioned, distrun_home):

@@ -124,10 +124,10 @@ class NetworkProbe:
     """
 
     def __init__(self, me, cfg):
-        self.me = me
-        self.said = {"timeout": cfg.get("timeout", 8), "mpi_range": cfg.get("mpi_range", "")}
+        timeout = cfg.get("timeout", 8)  # as given: the judge's words quote it
+        self.said = {"timeout": timeout, "mpi_range": cfg.get("mpi_range", "")}
         nonce = str(cfg["nonce"])
-        deadline = time.monotonic() + float(cfg.get("timeout", 8))
+        deadline = time.monotonic() + float(timeout)
         peers = {p: a for p, a in (cfg.get("peers") or {}).items() if p != me}
         head, rendezvous = cfg.get("head", ""), int(cfg.get("rendezvous") or 0)
         address = cfg.get("listen_address") or "0.0.0.0"
