@@ -46,7 +46,7 @@ TARGET_S, TARGET_GIB, REUSE_TARGET_S = 10.0, 4.0, 0.2
 def one(size: str, parts: int, method: str) -> None:
     import loaders
     import partition
-    from datasets import SyntheticSpec
+    from datasets import METIS_MAX_EDGES, SyntheticSpec
 
     nodes, edges = SIZES[size]
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def one(size: str, parts: int, method: str) -> None:
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-part-") as tmp:
         man = partition.write_partition(Path(tmp) / "out", g, parts, {"bench": size},
-                                        metis=partition.metis_settings(method, 32_000_000))
+                                        metis=partition.metis_settings(method, METIS_MAX_EDGES))
     t2 = time.perf_counter()
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     cell = {"size": size, "parts": parts, "method": method, "ok": True, "nodes": g.num_nodes, "edges": g.num_edges,
@@ -160,8 +160,8 @@ def render(data: dict | None, plot_rel: str | None = None) -> list[str]:
             f"{m['date_utc']}; 1-min load average {m['load_1min_at_start']} at the start (each row gives the load when "
             "its cell started: other work on the machine slows a cell down, it never speeds one up). Partition time "
             "covers Metis, building and writing the parts one at a time and the manifest; peak RSS is the whole "
-            "process, graph generation included (8 features per node). Above 32M directed edges Metis sees a "
-            "uniform sample of 32M of them (`--metis-max-edges`: its memory grows with the edges it sees, about 50 "
+            "process, graph generation included (8 features per node). Above 24M directed edges Metis sees a "
+            "uniform sample of 24M of them (`--metis-max-edges`: its memory grows with the edges it sees, about 50 "
             "bytes per entry); the edge cut is always counted on the whole graph.", "",
             "| edges | nodes | parts | Metis | generate s | partition s | of which Metis s | write s | peak RSS GiB | "
             "edges Metis saw | edge cut | cut % | balance | load |",

@@ -128,7 +128,7 @@ def write_partition(out: Path, graph, num_parts: int, params: dict, gdc: GdcSpec
     import parts
 
     say = progress or (lambda _msg: None)
-    metis = metis or metis_settings("kway", parts.METIS_MAX_EDGES)
+    metis = metis or metis_settings("kway", datasets.METIS_MAX_EDGES)
     memo = memo or DigestMemo()
     key = input_key(graph.name, graph.digest, num_parts, gdc, metis)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +251,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=None, help="output folder (default partitions/<dataset>-<n>)")
     ap.add_argument("--metis-method", choices=METIS_METHODS, default="kway",
                     help="Metis k-way partitioning or recursive bisection")
-    ap.add_argument("--metis-max-edges", type=int, default=32_000_000,
+    ap.add_argument("--metis-max-edges", type=int, default=datasets.METIS_MAX_EDGES,
                     help="above this many directed edges Metis sees a uniform sample of them (its memory "
                          "grows with the edges it sees); parts and halos always keep every edge")
     return ap

@@ -19,13 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datasets import DatasetError
+from datasets import METIS_MAX_EDGES, DatasetError
 
 METHODS = ("kway", "recursive")
-# Metis' memory grows with the edges it sees (about 50 bytes per directed entry with pymetis'
-# 64-bit indices: 5.7 GiB for 114M). Above this many entries it sees a uniform sample of the
-# undirected edges; the parts and halos are still built from every edge.
-METIS_MAX_EDGES = 32_000_000
 
 
 @dataclass
