@@ -79,9 +79,7 @@ def run_check(inventory: Path, label: str,
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
         result: PlaybookResult = run_playbook(
             "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
-            extravars={"preflight_full": True, **preflight_vars(label, run.dir),
-                       # A site's Slurm: the login node holds no rendezvous port.
-                       **({"preflight_ports": []} if cluster.slurm_existing else {})},
+            extravars={"preflight_full": True, **preflight_vars(label, run.dir)},
         )
     hosts = host_states(result, names)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus

@@ -75,8 +75,10 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
 def hostfile(inventory: P.Inventory) -> None:
     """Print the MPI hostfile the inventory describes (head first, `host slots=N`)."""
     from .inventory import load_cluster, render_hostfile
+    from .slurm_site import refuse_hostfile
 
     cluster = load_cluster(inventory.path, paths.fact_cache_dir(inventory.path))
+    refuse_hostfile(inventory.path, cluster.slurm_existing)
     click.echo(render_hostfile(cluster), nl=False)
 
 

@@ -126,3 +126,12 @@ def refuse_setup(source: Path, is_existing: bool) -> None:
             f"administer; run 'distrun check --inventory {source}' to verify your env, then "
             f"'distrun train --inventory {source} --launcher slurm'"
         )
+
+
+def refuse_hostfile(source: Path, is_existing: bool) -> None:
+    """'distrun hostfile' on an existing Slurm: Slurm places the ranks, so there is no MPI hostfile."""
+    if is_existing:
+        raise UserError(
+            f"inventory {source}: {FLAG} is true: Slurm places the ranks there and there is no MPI hostfile; "
+            f"'distrun train --inventory {source} --launcher slurm --dry-run' shows the job it would submit"
+        )

@@ -69,15 +69,12 @@ class _Run:
             self.listener.playbook_failed(result, time.monotonic() - started)
         return result
 
-    def preflight_vars(self, cluster: Cluster) -> dict:
-        # On a site's Slurm the rendezvous is on a compute node, not on the login node.
-        ports = [] if cluster.slurm_existing else [self.request.port]
-        return {"preflight_ports": ports, **preflight_vars(str(self.request.inventory), self.run.dir)}
+    def preflight_vars(self) -> dict:
+        return {"preflight_ports": [self.request.port], **preflight_vars(str(self.request.inventory), self.run.dir)}
 
     def preflight(self, cluster: Cluster) -> None:
         names = [n.name for n in cluster.nodes]  # --hosts/--exclude: only the run's nodes
-        result = self.playbook("preflight", "playbooks/preflight.yml", names, self.preflight_vars(cluster),
-                               limit=",".join(names))
+        result = self.playbook("preflight", "playbooks/preflight.yml", names, self.preflight_vars(), limit=",".join(names))
         if not result.ok:
             self.refuse_preflight(result)
 
@@ -103,7 +100,7 @@ class _Run:
             extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=env, network=net,
                                     preflight=request.preflight,
                                     workdir_pull=pull_command(cluster, plan, project) if project else None),
-                         **self.preflight_vars(cluster)}
+                         **self.preflight_vars()}
             phases.mark("plan and bundle")
             if project and attempt == 1 and self.restart == 0:
                 make_ready(cluster, plan, project, render_env_file(env), run, self.listener)

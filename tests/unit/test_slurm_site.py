@@ -121,6 +121,16 @@ def test_setup_refuses_a_site_slurm_in_one_line_and_touches_nothing(write_invent
     assert not (Path(cli_env["DISTRUN_HOME"]) / "runs").exists() or not any((Path(cli_env["DISTRUN_HOME"]) / "runs").iterdir())
 
 
+def test_hostfile_refuses_a_site_slurm_in_one_line(write_inventory, cli_env):
+    inv = site(write_inventory)
+    out = subprocess.run([distrun_bin(), "hostfile", "--inventory", str(inv)], capture_output=True, text=True,
+                         env=cli_env, timeout=120)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"distrun: error: inventory {inv}: distrun_slurm_existing is true: Slurm places the ranks there and there is "
+        f"no MPI hostfile; 'distrun train --inventory {inv} --launcher slurm --dry-run' shows the job it would submit"]
+
+
 def test_site_fixes_name_the_users_env_never_distrun_setup():
     probes = {"login1": {"host": "login1", "setup": {"ok": False, "detail": "distrun never set up login1: no env /home/a/v"}}}
     report = judge.verdict(probes, head="login1", shared_mode="sync", shared_dir="/home/a/d", setup="distrun setup -i x",
