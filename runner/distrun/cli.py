@@ -277,6 +277,28 @@ def logs(run_id: str, rank: int | None, follow: bool) -> None:
 
 @main.command(cls=Command)
 @run_argument
+@click.argument("run_paths", nargs=-1, required=True, metavar="PATH...")
+@click.option("--host", default=None, metavar="HOST", help="Only from this node (default: the nodes the record lists the path on).")
+def fetch(run_id: str, run_paths: tuple[str, ...], host: str | None) -> None:
+    """Bring files a train run left on its nodes into its record.
+
+    A run brings home its logs and every file up to 1 MiB when it ends; bigger files its job
+    wrote into the run directory stay on the nodes, listed in the record's left-on-nodes.json.
+    PATH: a file, a folder or a quoted glob, relative to the run directory (out/model.pt, out,
+    'out/*.pt'; as in find's -path, a * matches across folders too). The files land in the
+    record's nodes/<host>/, beside its logs. Exits 1 naming a node whose files did not all
+    arrive, 2 for a path no node holds."""
+    from .fetch import fetch as fetch_paths
+
+    got = fetch_paths(run_id, run_paths, host)
+    for h, (files, size) in sorted(got.brought.items()):
+        console.print(f"{h}: {files} file(s), {size / (1 << 20):.1f} MiB into {got.dest / h}", markup=False, soft_wrap=True)
+    if got.errors:
+        raise UserError("; ".join(f"{h}: {why}" for h, why in sorted(got.errors.items())), exit_code=1)
+
+
+@main.command(cls=Command)
+@run_argument
 def stop(run_id: str) -> None:
     """Stop a train run: every process of it on every node, with a count per node.
 

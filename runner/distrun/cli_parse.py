@@ -39,6 +39,8 @@ def usage_line(exc: click.ClickException) -> str:
                 "arguments for your program go after '--'")
     if isinstance(exc, click.BadOptionUsage) and "requires" in exc.message:
         return f"{where}{exc.option_name} needs a value ('{path} --help' says which)"
+    if isinstance(exc, click.MissingParameter) and isinstance(exc.param, click.Argument):
+        return f"{where}missing argument {exc.param.human_readable_name!r} ('{path} --help' shows what it takes)"
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         param = exc.param
         given = exc.param_hint

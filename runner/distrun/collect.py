@@ -1,24 +1,37 @@
-"""Bring a run's files home: one tar stream per node, all nodes at once.
+"""Bring a run's files home: what says how it went, one tar stream per node, all nodes at once.
 
-The collect playbook fetched file by file (a round trip each, about 2 s for a small run); a tar
-over the same ssh the runner already uses to follow the run costs one connection per node. A
-node that cannot be reached this way falls back to the playbook, so nothing is lost silently.
+Only what tells how the run went travels when it ends: every file distrun writes for an attempt
+(launcher logs, exit codes, the ranks' logs, also those of attempts put aside), log files, and
+any other file of at most SMALL_BYTES (results, metrics, the files distrun staged). Anything
+bigger the job wrote into its run directory (checkpoints, outputs) stays on the node and is
+listed with its size in the record (LEFT_FILE); 'distrun fetch RUN PATH' brings it on request.
+So a run with gigabytes of checkpoints ends as fast as one without, and the controller's disk
+does not fill with them.
+
+Each node sends its listing and a tar of the kept files in one stream, over one ssh connection.
+A node that cannot be reached this way falls back to the playbook (file by file, the same
+rule), so nothing is lost silently.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import getpass
+import json
 import shlex
 import subprocess
 import tarfile
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from .errors import UserError
 from .inventory import Cluster, Node
 from .remote import shell_argv
+from .restarts import ATTEMPT_FILES
 
 COLLECT_TIMEOUT_S = 600
 COLLECT_MAX_BYTES = 2 << 30
@@ -30,6 +43,89 @@ REFUSED = "refused: "
 CAPPED = "capped: "
 FINAL = (UNREACHABLE, REFUSED, CAPPED)
 _REFUSED_EXIT = 3
+# Files of the job's own up to this size come home with its logs; bigger ones stay, listed.
+SMALL_BYTES = 1 << 20
+# Logs by their name, wherever the job writes them and whatever their size.
+LOG_NAMES = ("*.log", "*.out", "*.err")
+# How many files left on a node the record lists (a run dir of a million shards lists the first).
+LIST_MAX = 10000
+# The record's file listing what stayed on each node.
+LEFT_FILE = "left-on-nodes.json"
+
+
+@dataclass
+class Left:
+    """Files a node keeps in its run dir: (size, path relative to the run dir); ``more`` when
+    the listing stopped at LIST_MAX."""
+
+    files: list[tuple[int, str]] = field(default_factory=list)
+    more: bool = False
+
+    @property
+    def size(self) -> int:
+        return sum(s for s, _ in self.files)
+
+
+@dataclass
+class Pulled:
+    """What pull_run did: host -> why its files did not all arrive, host -> what stays there,
+    host -> (files, bytes) it brought."""
+
+    errors: dict[str, str] = field(default_factory=dict)
+    left: dict[str, Left] = field(default_factory=dict)
+    brought: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class _NodePull:
+    error: str | None = None
+    left: Left = field(default_factory=Left)
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which files of a run dir travel: those ``patterns`` match (find's -path, relative to the
+    run dir, '*' crossing '/'), and with ``small`` every file of at most SMALL_BYTES; ``listed``:
+    the others are listed; ``gzip``: the stream is compressed (logs shrink tenfold; a model or a
+    checkpoint does not, and compressing a gigabyte would cost a core half a minute)."""
+
+    patterns: tuple[str, ...]
+    small: bool = False
+    listed: bool = False
+    gzip: bool = True
+
+    def find_test(self) -> str:
+        """The selection as a find(1) expression."""
+        paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.patterns)
+        if self.small:
+            paths += f" -o -size -{SMALL_BYTES + 1}c"
+        return f"\\( {paths} \\)"
+
+    def regex(self) -> str:
+        """The patterns as one regular expression over './'-prefixed relative paths (the
+        collect playbook's file-by-file fallback applies the size rule itself)."""
+        return "|".join(f"(?:{fnmatch.translate('./' + p)})" for p in self.patterns)
+
+
+def run_end_selection() -> Selection:
+    """What a run brings home when it ends: an attempt's own files (ATTEMPT_FILES, also under
+    attempts/<n>/ once a restart put them aside), log files, every small file; the rest listed."""
+    patterns: list[str] = []
+    for base in ("", "attempts/*/"):
+        for name in ATTEMPT_FILES:
+            patterns += [f"{base}{name}", f"{base}{name}/*"]
+    patterns += [f"*{name}" for name in LOG_NAMES]
+    return Selection(tuple(patterns), small=True, listed=True)
+
+
+def path_selection(paths: Sequence[str]) -> Selection:
+    """What 'distrun fetch' brings: each path (a file, a folder, a glob) and what lies under it."""
+    patterns: list[str] = []
+    for p in paths:
+        patterns += [p, f"{p}/*"]
+    return Selection(tuple(patterns), gzip=False)
 
 
 def collect_hosts(cluster: Cluster, rank_hosts: list[str]) -> list[str]:
@@ -54,19 +150,27 @@ def _safe(member: tarfile.TarInfo) -> bool:
     return member.isfile() or member.isdir()
 
 
-def tar_command(run_dir: str, user: str, as_user: bool) -> str:
+def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection) -> str:
     """The node-side command: refuse a run dir that is a link, whose runs folder is a link, or
     that is not where it should be once every link above it is resolved (a job may replace its
-    run dir or the runs folder), then stream it. It runs as the training user (``as_user``:
-    through sudo), so it reads nothing that user could not read anyway."""
+    run dir or the runs folder); then print the files the selection leaves (``size<TAB>path<NUL>``
+    each, when it lists them), one more NUL, and a tar of the plain files it selects (never a
+    link: find does not follow one). It runs as the training user (``as_user``: through sudo),
+    so it reads nothing that user could not read anyway."""
     runs_dir = run_dir.rstrip("/").rsplit("/", 1)[0]
+    test = selection.find_test()
+    listing = (f"find . -xdev -type f ! {test} -printf '%s\\t%P\\0' 2>/dev/null | head -z -n {LIST_MAX + 1}; "
+               if selection.listed else "")
     script = (
         f"d={shlex.quote(run_dir)}; r={shlex.quote(runs_dir)}; "
         'name="${d##*/}"; '
         'if [ -L "$d" ] || [ -L "$r" ] || [ ! -d "$d" ] || '
         '[ "$(cd -P -- "$d" 2>/dev/null && pwd)" != "$(cd -P -- "$r/.." 2>/dev/null && pwd)/${r##*/}/$name" ]; '
         f'then echo "$d is a link or not a folder inside $r" >&2; exit {_REFUSED_EXIT}; fi; '
-        'cd -P -- "$d" && exec tar --one-file-system -czf - .'
+        'cd -P -- "$d" || exit 1; '
+        + listing
+        + "printf '\\0'; "
+        f"find . -xdev -type f {test} -print0 2>/dev/null | exec tar --null --no-recursion -T - -c{'z' if selection.gzip else ''}f -"
     )
     if not as_user:
         return script
@@ -81,10 +185,61 @@ def _runs_as(node: Node, user: str) -> bool:
     return str(hv.get("ansible_user") or hv.get("ansible_ssh_user") or getpass.getuser()) == user
 
 
-def _pull(node: Node, run_dir: str, dest: Path, *, user: str, max_bytes: int, timeout_s: float) -> str | None:
-    """Unpack node's run_dir into dest; None on success, else why it failed."""
+class _Rest:
+    """A stream some of whose bytes were already read: those first, then the rest."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self.head, self.stream = head, stream
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            return out
+        return self.stream.read(n)
+
+
+def read_listing(stream: IO[bytes]) -> tuple[Left, bytes]:
+    """The listing at the head of a node's stream, and the bytes read past it (the tar's start).
+    A node's listing is not trusted: records that are not ``digits<TAB>path`` are dropped."""
+    buf = b""
+    while True:
+        if buf[:1] == b"\0":
+            end = 0
+            break
+        end = buf.find(b"\0\0")
+        if end >= 0:
+            end += 1
+            break
+        chunk = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
+        if not chunk:
+            raise EOFError("the node's stream ended before its file listing did")
+        buf += chunk
+    left = Left()
+    for record in buf[:end].split(b"\0"):
+        size, _, path = record.decode(errors="replace").partition("\t")
+        if not path or not size.isdigit() or "\n" in path:
+            continue
+        if len(left.files) == LIST_MAX:
+            left.more = True
+            break
+        left.files.append((int(size), path))
+    return left, buf[end + 1:]
+
+
+def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
+          timeout_s: float) -> _NodePull:
+    """Unpack node's selected files of run_dir into dest: why it failed (or None), what stays there, what came."""
+    out = _NodePull()
+    out.error = _stream(node, run_dir, dest, user=user, selection=selection, max_bytes=max_bytes,
+                        timeout_s=timeout_s, out=out)
+    return out
+
+
+def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
+            timeout_s: float, out: _NodePull) -> str | None:
+    """_pull's stream, counting into ``out``; why it failed, or None."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    command = tar_command(run_dir, user, as_user=not _runs_as(node, user))
+    command = tar_command(run_dir, user, not _runs_as(node, user), selection)
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, UserError) as exc:
@@ -98,20 +253,20 @@ def _pull(node: Node, run_dir: str, dest: Path, *, user: str, max_bytes: int, ti
 
     timer = threading.Timer(timeout_s, expire)
     timer.start()
-    total = files = 0
     capped = False
     try:
-        with tarfile.open(fileobj=proc.stdout, mode="r|gz") as tar:
+        out.left, rest = read_listing(proc.stdout)
+        with tarfile.open(fileobj=_Rest(rest, proc.stdout), mode="r|*") as tar:  # type: ignore[call-overload]
             for member in tar:
                 if not _safe(member):
                     continue
-                if member.isfile():
-                    if total + member.size > max_bytes:
-                        capped = True
-                        break
-                    total += member.size
-                    files += 1
+                if member.isfile() and out.bytes + member.size > max_bytes:
+                    capped = True
+                    break
                 tar.extract(member, dest, set_attrs=False, **_DATA_FILTER)
+                if member.isfile():
+                    out.files += 1
+                    out.bytes += member.size
     except (tarfile.TarError, OSError, EOFError) as exc:
         if not timed_out.is_set():
             try:
@@ -121,24 +276,26 @@ def _pull(node: Node, run_dir: str, dest: Path, *, user: str, max_bytes: int, ti
                 proc.wait()
             if proc.returncode == _REFUSED_EXIT:
                 return REFUSED + _last_line(proc)
+            if proc.returncode == 255 and node.connection != "local":
+                return f"{UNREACHABLE}{_last_line(proc) or 'ssh failed'}"
             return f"unpacking failed: {exc}"
     finally:
         timer.cancel()
     if capped:
         proc.kill()
         proc.wait()
-        return (f"{CAPPED}stopped at the cap of {_size(max_bytes)} after {files} file(s) ({_size(total)}); "
+        return (f"{CAPPED}stopped at the cap of {_size(max_bytes)} after {out.files} file(s) ({_size(out.bytes)}); "
                 f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_MAX_MB to bring more)")
     if timed_out.is_set():
         proc.wait()
-        return (f"{CAPPED}stopped after {timeout_s:.0f}s with {files} file(s) ({_size(total)}); "
+        return (f"{CAPPED}stopped after {timeout_s:.0f}s with {out.files} file(s) ({_size(out.bytes)}); "
                 f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_TIMEOUT_S to wait longer)")
     rc = proc.wait()
     if rc == _REFUSED_EXIT:
         return REFUSED + _last_line(proc)
     if rc != 0:
         why = _last_line(proc) or f"exit {rc}"
-        return f"{UNREACHABLE}{why}" if rc == 255 and node.connection != "local" else why
+        return (f"{UNREACHABLE}{why}" if rc == 255 and node.connection != "local" else why)
     return None
 
 
@@ -151,12 +308,28 @@ def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def pull_run(cluster: Cluster, run_dir: str, hosts: list[str], dest: Path, *,
-             max_bytes: int = COLLECT_MAX_BYTES, timeout_s: float = COLLECT_TIMEOUT_S) -> dict[str, str]:
-    """Pull every host's copy of run_dir into dest/<host>; host -> error for those that failed.
-    Each host brings at most ``max_bytes`` of file data within ``timeout_s``."""
+def pull_run(cluster: Cluster, run_dir: str, hosts: list[str], dest: Path, selection: Selection, *,
+             max_bytes: int = COLLECT_MAX_BYTES, timeout_s: float = COLLECT_TIMEOUT_S) -> Pulled:
+    """Pull the selected files of every host's run_dir into dest/<host>, all hosts at once, with
+    the listing of the others. Each host brings at most ``max_bytes`` of file data within ``timeout_s``."""
     nodes = {n.name: n for n in cluster.nodes}
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        futures = {h: pool.submit(_pull, nodes[h], run_dir, dest / h, user=cluster.user, max_bytes=max_bytes,
-                                  timeout_s=timeout_s) for h in hosts}
-    return {h: err for h, f in futures.items() if (err := f.result()) is not None}
+        futures = {h: pool.submit(_pull, nodes[h], run_dir, dest / h, user=cluster.user, selection=selection,
+                                  max_bytes=max_bytes, timeout_s=timeout_s) for h in hosts}
+    out = Pulled()
+    for h, f in futures.items():
+        node = f.result()
+        if node.error is not None:
+            out.errors[h] = node.error
+        if node.left.files:
+            out.left[h] = node.left
+        out.brought[h] = (node.files, node.bytes)
+    return out
+
+
+def left_record(run_dir: str, left: dict[str, Left]) -> str:
+    """The record's LEFT_FILE: per host, the files that stayed in run_dir (path, size), biggest first."""
+    hosts = {h: {"files": [{"path": p, "size": s} for s, p in sorted(entry.files, key=lambda f: (-f[0], f[1]))],
+                 "more": entry.more, "bytes": entry.size}
+             for h, entry in sorted(left.items())}
+    return json.dumps({"run_dir": run_dir, "hosts": hosts}, indent=2) + "\n"

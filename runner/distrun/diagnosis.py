@@ -143,6 +143,9 @@ class RunSummary:
     result: dict[str, Any] | None = None
     failure: str = ""  # "; first failing rank N on HOST" or the node's account
     hints: list[str] = field(default_factory=list)
+    # What the run's job wrote that stayed on the nodes (over the small-file size): files, bytes.
+    left_files: int = 0
+    left_bytes: int = 0
 
     @property
     def ok(self) -> bool:

@@ -10,7 +10,19 @@ from pathlib import Path
 
 from .ansible_bridge import run_playbook
 from .bundle import common_vars
-from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
+from .collect import (
+    CAPPED,
+    FINAL,
+    LEFT_FILE,
+    REFUSED,
+    SMALL_BYTES,
+    UNREACHABLE,
+    Left,
+    collect_hosts,
+    left_record,
+    pull_run,
+    run_end_selection,
+)
 from .diagnosis import RunSummary, summarise
 from .errors import UserError
 from .follow import Outcome, follow
@@ -46,6 +58,7 @@ class RunEnd:
         self.listener = listener
         self.lines: list[str] = []
         self.followed = 0  # follows so far: the first starts launcher.log afresh, later ones append
+        self.left: dict[str, Left] = {}  # host -> the files collect left there
 
     def follow(self, cluster: Cluster, plan: JobPlan) -> Outcome:
         """Follow the launchers until the head's exits or a node fails; launcher.log gets every line."""
@@ -74,12 +87,15 @@ class RunEnd:
         return {h.name for h in result.hosts.values() if h.unreachable}
 
     def collect(self, cluster: Cluster, plan: JobPlan, hosts: list[str], lost: set[str]) -> None:
-        """Bring the run directory home from hosts (every rank host in sync mode, else the head),
-        leaving out the lost ones; say what could not be brought."""
+        """Bring the run's logs, exit codes and small files home from hosts (every rank host in
+        sync mode, else the head), leaving out the lost ones; list what stays on the nodes in the
+        record; say what could not be brought."""
         dest = self.run.dir / "nodes"
         dest.mkdir(exist_ok=True, mode=0o700)
         hosts = [h for h in collect_hosts(cluster, hosts) if h not in lost]
-        failed = pull_run(cluster, plan.run_dir, hosts, dest, **collect_limits())
+        selection = run_end_selection()
+        pulled = pull_run(cluster, plan.run_dir, hosts, dest, selection, **collect_limits())
+        failed = pulled.errors
         for h, e in failed.items():
             if e.startswith((REFUSED, CAPPED)):
                 what = "refused" if e.startswith(REFUSED) else "incomplete"
@@ -91,16 +107,24 @@ class RunEnd:
         if retry:
             # Whatever a tar over ssh could not bring from a reachable node, the playbook tries file by file.
             result = run_playbook("playbooks/collect.yml", self.inventory, self.run.dir,
-                                  extravars={**common_vars(plan), "distrun_collect_dest": str(dest)}, limit=",".join(retry))
+                                  extravars={**common_vars(plan), "distrun_collect_dest": str(dest),
+                                             "distrun_collect_keep": selection.regex(),
+                                             "distrun_collect_small_bytes": SMALL_BYTES},
+                                  limit=",".join(retry))
             lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
         if lost_msgs:
             self.listener.warn(f"logs not collected from: {', '.join(lost_msgs)}")
+        self.left = pulled.left
+        if pulled.left:
+            self.run.write(LEFT_FILE, left_record(plan.run_dir, pulled.left))
         self.run.meta.collected = True
 
     def summarise(self, rc: int, elapsed: float, plan: JobPlan) -> int:
         """Read what the run printed and what was collected; the record's last word; distrun's exit code."""
         summary: RunSummary = summarise(self.run.id, rc, elapsed, self.lines, launcher_named(plan.launcher),
                                         plan.world_size, self.run.dir / "nodes")
+        summary.left_files = sum(len(e.files) for e in self.left.values())
+        summary.left_bytes = sum(e.size for e in self.left.values())
         if summary.result is not None:
             self.run.write("result.json", json.dumps(summary.result, indent=2) + "\n")
         text = summary.text

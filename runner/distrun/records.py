@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .collect import LEFT_FILE
 from .diagnosis import rank_logs
 from .runs import Run
 
@@ -84,6 +85,7 @@ def detail(run: Run) -> dict[str, Any]:
         "ranks": {str(rank): str(path) for rank, path in sorted(rank_logs(nodes).items())} if nodes.is_dir() else {},
         "nodes": str(nodes) if nodes.is_dir() else None,
         "ansible": str(ansible) if ansible.is_dir() else None,
+        "left_on_nodes": str(left) if (left := run.dir / LEFT_FILE).is_file() else None,
     }
     return out
 

@@ -108,6 +108,10 @@ class TrainView(Listener):
     def finished(self, summary: RunSummary) -> None:
         console.print(f"per-rank logs: {summary.logs_collected} of {summary.world_size} collected under "
                       f"{summary.logs_dir}", markup=False, soft_wrap=True)
+        if summary.left_files:
+            console.print(f"left on the nodes: {summary.left_files} bigger file(s), {summary.left_bytes / (1 << 20):.1f} MiB "
+                          f"(listed in left-on-nodes.json; 'distrun fetch {summary.run_id} PATH' brings them)",
+                          markup=False, soft_wrap=True)
         if summary.ok:
             console.print(f"[green]run {summary.run_id} succeeded[/green] in {summary.elapsed:.1f}s{escape(summary.accuracy)}",
                           soft_wrap=True)

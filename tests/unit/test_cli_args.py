@@ -187,6 +187,12 @@ BAD: list[Bad] = [
     Bad("stop: a path for a run", lambda t: ["stop", "..;rm"], ("'..;rm' is not a run id", "'distrun runs'")),
     Bad("stop: unknown run", lambda t: ["stop", "ffff0"], ("run 'ffff0' not found", "'distrun runs' lists them")),
     Bad("stop: two run ids", lambda t: ["stop", "last", "last"], ("unexpected argument 'last'", "--help")),
+    Bad("fetch: no path", lambda t: ["fetch", "last"], ("missing argument 'PATH...'", "--help")),
+    Bad("fetch: a path outside the run dir", lambda t: ["fetch", "last", "../../etc/shadow"],
+        ("'../../etc/shadow': give a path inside the run directory", "without '..'")),
+    Bad("fetch: an absolute path", lambda t: ["fetch", "last", "/etc/shadow"], ("'/etc/shadow': give a path inside the run directory", "relative to it")),
+    Bad("fetch: a path for a run", lambda t: ["fetch", "../x", "out"], ("'../x' is not a run id", "'distrun runs'")),
+    Bad("fetch: misspelt --host", lambda t: ["fetch", "last", "out", "--hots", "n1"], ("no such option --hots", "did you mean --host")),
     # --- setup, check, partition, hostfile -------------------------------------------------------
     Bad("setup: misspelt --tags", lambda t: ["setup", "-i", TWO, "--tgas", "base"], ("no such option --tgas", "did you mean --tags")),
     Bad("check: misspelt --json", lambda t: ["check", "-i", TWO, "--jsn"], ("no such option --jsn", "did you mean --json")),
@@ -223,7 +229,7 @@ def _invoke(case: Bad, tmp: Path) -> tuple[int, str, str, BaseException | None, 
 def test_every_bad_invocation_is_one_line_with_the_fix(tmp_path, records, private_state, capsys):
     assert len(BAD) >= 60
     verbs = {next((w for w in b.argv(tmp_path) if not w.startswith("-")), "") for b in BAD}
-    assert {"setup", "check", "hostfile", "train", "partition", "runs", "show", "logs", "stop"} <= verbs
+    assert {"setup", "check", "hostfile", "train", "partition", "runs", "show", "logs", "stop", "fetch"} <= verbs
     before = sorted(p.name for p in (private_state / "runs").iterdir())
     problems: list[str] = []
     slow: list[str] = []
