@@ -164,6 +164,12 @@ def test_jittor_gcn_trains_over_all_three_nodes(provisioned, distrun_home):
     assert outcome["test_acc"] > 0.8, outcome
     plan = json.loads((run / "plan.json").read_text())
     assert plan["partition"] and "--num-parts" in plan["partition"] and plan["partition"][-3] == "3"
+    # Sync mode: the head holds every part; each other node pulled only its own rank's part.
+    for k in (1, 2, 3):
+        names = provisioned.exec(k, f"ls {plan['partition_dir']}").stdout.split()
+        parts = sorted(n for n in names if n.startswith("part-"))
+        assert "manifest.json" in names and parts == (["part-0.npz", "part-1.npz", "part-2.npz"] if k == 1
+                                                       else [f"part-{k - 1}.npz"]), (k, names)
     assert not run_processes(provisioned, run.name)
     kept = jittor_nodes.keep_richer(provisioned)
     print(f"Jittor: node1's build after the run {'is now kept' if kept else 'adds nothing to the kept one'}", flush=True)

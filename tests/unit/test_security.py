@@ -402,3 +402,16 @@ def test_fallback_collect_playbook_rejects_links_and_paths_outside_the_run_dir()
     assert "'..' not in (item.path | relpath(job_run_dir)).split('/')" in fetch["when"]
     assert any("not _job_run_dir_stat.stat.islnk" in t.get("ansible.builtin.assert", {}).get("that", []) for t in tasks)
     assert all(t.get("become_user") == "{{ job_user }}" for t in tasks if "ansible.builtin.assert" not in t)
+
+
+def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    run = runs.new_run("train", tmp_path / "hosts.yml")
+    uneven = cluster_from_json(Path("/inv/hosts.yml"), {
+        "_meta": {"hostvars": {"n1": {"ansible_host": "10.0.0.1", "slots": 2}, "n2": {"ansible_host": "10.0.0.2", "slots": 3}}},
+        "all": {"children": ["head", "workers"]}, "head": {"hosts": ["n1"]}, "workers": {"hosts": ["n1", "n2"]}}, None)
+    plan = build_plan(uneven, run_id=run.id, workload="gcn")
+    assert bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_partition_parts"] == {"n1": [0, 1], "n2": [2, 3, 4]}
+    # A script needs no partition: no parts to pull.
+    script = build_plan(cluster(), run_id=run.id, workload=None, script="/tmp/x.py")
+    assert bundle.stage_vars(script, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}
