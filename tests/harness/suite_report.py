@@ -7,7 +7,9 @@ matrix, then one closing line.
 
 Each pytest run writes ``layers-<pid>.json`` into REPORT_DIR (tests/conftest.py) and each matrix
 cell a row of ``matrix-<pid>.jsonl`` (tests/harness/matrix.py); PREP is "name=seconds,..." for
-the steps scripts/test timed before pytest (bootstrap, node image).
+the steps scripts/test timed before pytest (bootstrap, node image). ``cpu.log`` (scripts/test
+samples the first line of /proc/stat every few seconds, after the epoch time) gives how busy the
+machine's CPUs were while the two pytest streams overlapped and after, when the cluster ran alone.
 """
 
 from __future__ import annotations
@@ -36,6 +38,44 @@ def layer_table(rows: list[dict], prep: str = "") -> list[str]:
     return out
 
 
+def cpu_busy(samples: list[tuple[float, list[int]]], start: float, stop: float) -> float | None:
+    """The share of CPU time not idle (nor waiting on I/O) between start and stop, from cumulative
+    /proc/stat counters sampled at the times given; None when fewer than two samples fall inside."""
+    inside = [s for s in samples if start <= s[0] <= stop]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0][1], inside[-1][1]
+    total = sum(last) - sum(first)
+    idle = (last[3] - first[3]) + (last[4] - first[4] if len(last) > 4 else 0)
+    return (total - idle) / total if total > 0 else None
+
+
+def read_cpu_log(path: Path) -> list[tuple[float, list[int]]]:
+    samples = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        words = line.split()
+        if len(words) > 5 and words[1] == "cpu" and all(w.isdigit() for w in words[2:]):
+            samples.append((float(words[0]), [int(w) for w in words[2:]]))
+    return samples
+
+
+def cpu_lines(samples: list[tuple[float, list[int]]], rows: list[dict]) -> list[str]:
+    """How busy the CPUs were while the streams overlapped (until the last layer other than the
+    cluster's ended) and after it."""
+    if not samples or not rows:
+        return []
+    others = [r["stop"] for r in rows if not r["layer"].startswith("cluster")]
+    cluster = [r for r in rows if r["layer"].startswith("cluster")]
+    begin, end = samples[0][0], samples[-1][0]
+    split = max(others) if others and cluster else end
+    parts = []
+    for label, a, b in (("both streams", begin, split), ("the cluster alone", split, end)):
+        busy = cpu_busy(samples, a, b)
+        if busy is not None and b - a >= 30:
+            parts.append(f"{busy:.0%} over {b - a:.0f} s with {label}")
+    return [f"CPU busy: {'; '.join(parts)}"] if parts else []
+
+
 def merge(runs: list[list[dict]]) -> list[dict]:
     merged: dict[str, dict] = {}
     for rows in runs:
@@ -54,6 +94,8 @@ def main(argv: list[str]) -> int:
     rows = merge(runs)
     print("=" * 30 + " the whole suite, per layer " + "=" * 30)
     for line in layer_table(rows, prep):
+        print(line)
+    for line in cpu_lines(read_cpu_log(report_dir / "cpu.log"), rows):
         print(line)
     cells = read_rows(report_dir)
     if cells:
