@@ -36,8 +36,8 @@ def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, st
         raise UserError(f"{where} {chosen!r}: choose one of {', '.join(MODES)}")
     out = {"mode": chosen, "mpi": str(gv.get("slurm_srun_mpi") or DEFAULT_MPI)}
     if cluster.slurm_existing:
-        # The site's own Slurm: Slurm picks the nodes unless the inventory names them.
-        out["site"] = "existing"
+        # The site's own Slurm (the plan's login node says so): Slurm picks the nodes unless
+        # the inventory names them.
         names = [n.name for n in cluster.workers]
         if slurm_site.named(names):
             out["nodelist"] = ",".join(names)

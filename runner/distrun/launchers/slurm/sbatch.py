@@ -84,7 +84,7 @@ def _exports(plan: JobPlan) -> list[str]:
 def _site(plan: JobPlan) -> bool:
     """A Slurm distrun does not administer (slurm_site): Slurm places the ranks, on the nodes
     the inventory names (nodelist) or on any it picks."""
-    return plan.slurm.get("site") == "existing"
+    return plan.login is not None
 
 
 def _site_allocation(plan: JobPlan, nodes: int) -> list[str]:
