@@ -218,8 +218,10 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
         "distrun_jittor_warm": jittor_warm,
         "distrun_partition_argv": list(plan.partition or []),
         "distrun_partition_dir": plan.partition_dir or "",
-        # Sync mode: a node pulls only the parts its own ranks read (part p is rank p's).
-        "distrun_partition_parts": plan.ranks_by_host() if plan.partition_dir else {},
+        # Sync mode: a node pulls only the parts its own ranks read (part p is rank p's), where
+        # the launcher places ranks in the plan's order; elsewhere every node pulls every part.
+        "distrun_partition_parts": (plan.ranks_by_host() if plan.partition_dir and launcher_named(plan.launcher).ranks_in_plan_order
+                                    else {}),
         # Sync mode: each rank host's rsync of the head's copy of the workdir (workdir.pull_argv).
         "distrun_workdir_pull_argv": list(workdir_pull or []),
     }

@@ -412,6 +412,10 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
         "all": {"children": ["head", "workers"]}, "head": {"hosts": ["n1"]}, "workers": {"hosts": ["n1", "n2"]}}, None)
     plan = build_plan(uneven, run_id=run.id, workload="gcn")
     assert bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_partition_parts"] == {"n1": [0, 1], "n2": [2, 3, 4]}
+    # torchrun's rendezvous orders its agents by address: which host gets which ranks is known
+    # only once it runs, so every node pulls every part.
+    torch = build_plan(uneven, run_id=run.id, workload="gcn-torch", launcher="torchrun")
+    assert torch.partition_dir and bundle.stage_vars(torch, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}
     # A script needs no partition: no parts to pull.
     script = build_plan(cluster(), run_id=run.id, workload=None, script="/tmp/x.py")
     assert bundle.stage_vars(script, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}

@@ -35,6 +35,10 @@ class Launcher(ABC):
     mpi_world: bool = False
     # Regular expressions whose first group is the rank that failed first, most telling first.
     failed_rank_patterns: tuple[str, ...] = ()
+    # Ranks fill the plan's hosts in order (plan.ranks_by_host), so which part of a partition a
+    # node's ranks read is known before launch. torchrun's rendezvous orders its agents by
+    # address and Slurm by its own node order: there it is not.
+    ranks_in_plan_order: bool = False
 
     # --- before planning: the cluster and the CLI's choices ---------------------------------
 

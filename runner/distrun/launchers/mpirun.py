@@ -45,6 +45,7 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
 class Mpirun(Launcher):
     name = "mpirun"
     mpi_world = True
+    ranks_in_plan_order = True  # the hostfile in plan order, --map-by slot
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
