@@ -20,6 +20,7 @@ from typing import Any
 from . import paths
 from .envnames import check_env_key
 from .launchers import launcher_named
+from .launchers.base import fill
 from .network import NetworkChoice
 from .plan import WORKLOADS, JobPlan, render_hostfile
 from .runs import Run
@@ -219,12 +220,18 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
         "distrun_partition_argv": list(plan.partition or []),
         "distrun_partition_dir": plan.partition_dir or "",
         # Sync mode: a node pulls only the parts its own ranks read (part p is rank p's), where
-        # the launcher places ranks in the plan's order; elsewhere every node pulls every part.
-        "distrun_partition_parts": (plan.ranks_by_host() if plan.partition_dir and launcher_named(plan.launcher).ranks_in_plan_order
-                                    else {}),
+        # the launcher's rank order is known before launch; elsewhere every node pulls every part.
+        "distrun_partition_parts": partition_parts(plan),
         # Sync mode: each rank host's rsync of the head's copy of the workdir (workdir.pull_argv).
         "distrun_workdir_pull_argv": list(workdir_pull or []),
     }
+
+
+def partition_parts(plan: JobPlan) -> dict[str, list[int]]:
+    """Host -> the parts its ranks read; {} without a partition or where the launcher's scheduler
+    orders the ranks once the job starts."""
+    order = launcher_named(plan.launcher).rank_order([asdict(h) for h in plan.hosts]) if plan.partition_dir else None
+    return fill(order) if order is not None else {}
 
 
 def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, dict[str, str]]:

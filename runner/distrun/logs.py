@@ -20,6 +20,7 @@ from .diagnosis import rank_logs
 from .errors import UserError
 from .inventory import Cluster, load_cluster
 from .launchers import LAUNCHERS, launcher_named
+from .launchers.base import fill
 from .liveness import CONTACT_LOST, ClusterState, read, recorded_plan
 from .plan import JobPlan
 from .remote import as_user, shell_argv
@@ -30,12 +31,14 @@ ASK_EVERY_S = 5
 
 
 def rank_host(plan: dict[str, Any], rank: int) -> tuple[str, int] | None:
-    """(host, local rank) of a rank in a recorded plan: ranks fill each host's slots in order."""
-    first = 0
-    for h in plan.get("hosts", []):
-        if rank < first + int(h["slots"]):
-            return str(h["name"]), rank - first
-        first += int(h["slots"])
+    """(host, local rank) of a rank in a recorded plan, in the order the launcher gives its hosts
+    ranks (plan order where its scheduler decides at run time: Slurm)."""
+    name = str(plan.get("launcher"))
+    hosts = [h for h in plan.get("hosts", []) if isinstance(h, dict)]
+    launcher = launcher_named(name if name in LAUNCHERS else "mpirun")
+    for host, ranks in fill(launcher.rank_order(hosts) or hosts).items():
+        if rank in ranks:
+            return host, ranks.index(rank)
     return None
 
 

@@ -127,16 +127,6 @@ class JobPlan:
         """The host that launches: the first rank host, or the login node of a site's Slurm."""
         return self.login or self.hosts[0]
 
-    def ranks_by_host(self) -> dict[str, list[int]]:
-        """Rank host -> its ranks: ranks fill each host's slots in order (the hostfile's order)."""
-        out: dict[str, list[int]] = {}
-        first = 0
-        for h in self.hosts:
-            out[h.name] = list(range(first, first + h.slots))
-            first += h.slots
-        return out
-
-
 @dataclass(frozen=True)
 class GpuSlotMismatch:
     host: str

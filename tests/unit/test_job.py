@@ -108,6 +108,16 @@ def test_ranks_fill_each_hosts_slots_in_order(rank, where):
     assert logs.rank_host(PLAN, rank) == where
 
 
+def test_torchrun_ranks_follow_the_agents_addresses_in_string_order():
+    hosts = [{"name": "head", "slots": 1, "address": "10.0.0.9", "net_address": ""},
+             {"name": "w1", "slots": 2, "address": "10.0.0.10", "net_address": ""},
+             {"name": "w2", "slots": 1, "address": "10.0.0.11", "net_address": "192.168.0.1"}]
+    plan = {**PLAN, "launcher": "torchrun", "world_size": 4, "hosts": hosts}
+    assert [logs.rank_host(plan, r) for r in range(4)] == [("w1", 0), ("w1", 1), ("head", 0), ("w2", 0)]
+    # Slurm decides at run time: the plan's order is the best guess for a live log.
+    assert logs.rank_host({**plan, "launcher": "slurm"}, 0) == ("head", 0)
+
+
 def test_remote_log_command_names_the_rank_file_of_each_launcher():
     mpirun = logs.remote_log_command(PLAN, 3)
     assert mpirun is not None and "cd /srv/distrun/runs/R1" in mpirun and "ranks/*/rank.3/stdout" in mpirun

@@ -408,14 +408,20 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     run = runs.new_run("train", tmp_path / "hosts.yml")
     uneven = cluster_from_json(Path("/inv/hosts.yml"), {
-        "_meta": {"hostvars": {"n1": {"ansible_host": "10.0.0.1", "slots": 2}, "n2": {"ansible_host": "10.0.0.2", "slots": 3}}},
+        "_meta": {"hostvars": {"n1": {"ansible_host": "10.0.0.9", "slots": 2}, "n2": {"ansible_host": "10.0.0.10", "slots": 3}}},
         "all": {"children": ["head", "workers"]}, "head": {"hosts": ["n1"]}, "workers": {"hosts": ["n1", "n2"]}}, None)
-    plan = build_plan(uneven, run_id=run.id, workload="gcn")
-    assert bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_partition_parts"] == {"n1": [0, 1], "n2": [2, 3, 4]}
-    # torchrun's rendezvous orders its agents by address: which host gets which ranks is known
-    # only once it runs, so every node pulls every part.
-    torch = build_plan(uneven, run_id=run.id, workload="gcn-torch", launcher="torchrun")
-    assert torch.partition_dir and bundle.stage_vars(torch, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}
+
+    def parts(**kw):
+        plan = build_plan(uneven, run_id=run.id, **kw)
+        assert plan.partition_dir
+        return bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_partition_parts"]
+
+    # mpirun: the hostfile's order, each host its slots.
+    assert parts(workload="gcn") == {"n1": [0, 1], "n2": [2, 3, 4]}
+    # torchrun's rendezvous numbers its agents by their --local-addr strings: "10.0.0.10" < "10.0.0.9".
+    assert parts(workload="gcn-torch", launcher="torchrun") == {"n2": [0, 1, 2], "n1": [3, 4]}
+    # Slurm orders the nodes of its allocation itself: every node pulls every part.
+    assert parts(workload="gcn-torch", launcher="slurm", slurm={"mode": "single", "mpi": "pmix"}) == {}
     # A script needs no partition: no parts to pull.
-    script = build_plan(cluster(), run_id=run.id, workload=None, script="/tmp/x.py")
+    script = build_plan(uneven, run_id=run.id, workload=None, script="/tmp/x.py")
     assert bundle.stage_vars(script, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 
@@ -26,6 +26,16 @@ MPI_PROCESS = r"Process name: \[\[\d+,\d+\],(\d+)\]"
 TORCHRUN_ROOT_CAUSE = r"rank\s*:\s*(\d+) \(local_rank"  # torchrun's "Root Cause" block
 
 
+def fill(hosts: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
+    """Host name -> its ranks, when ranks fill the hosts in the order given, each its slots."""
+    out: dict[str, list[int]] = {}
+    first = 0
+    for h in hosts:
+        out[str(h["name"])] = list(range(first, first + int(h["slots"])))
+        first += int(h["slots"])
+    return out
+
+
 class Launcher(ABC):
     """One way to start a plan's ranks (mpirun, torchrun, Slurm)."""
 
@@ -35,10 +45,6 @@ class Launcher(ABC):
     mpi_world: bool = False
     # Regular expressions whose first group is the rank that failed first, most telling first.
     failed_rank_patterns: tuple[str, ...] = ()
-    # Ranks fill the plan's hosts in order (plan.ranks_by_host), so which part of a partition a
-    # node's ranks read is known before launch. torchrun's rendezvous orders its agents by
-    # address and Slurm by its own node order: there it is not.
-    ranks_in_plan_order: bool = False
 
     # --- before planning: the cluster and the CLI's choices ---------------------------------
 
@@ -81,6 +87,12 @@ class Launcher(ABC):
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """Programs the run needs, label -> candidate paths or names: (on every node, on the head only)."""
         return {}, {}
+
+    def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+        """The plan's hosts (as plan.json records them: name, slots, address, net_address) in the
+        order ranks fill them, each its slots; None where the scheduler decides once the job
+        starts (Slurm's own node order)."""
+        return None
 
     # --- while and after it runs -----------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .base import MPI_ABORT, MPI_PROCESS, Launcher
 
@@ -45,11 +46,14 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
 class Mpirun(Launcher):
     name = "mpirun"
     mpi_world = True
-    ranks_in_plan_order = True  # the hostfile in plan order, --map-by slot
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return [plan.head]
+
+    def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+        # The hostfile lists the plan's hosts in order and --map-by slot fills each in turn.
+        return list(hosts)
 
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
         return mpirun_argv(plan)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .base import TORCHRUN_ROOT_CAUSE, Launcher
 
@@ -56,6 +57,12 @@ def torchrun_env(plan: JobPlan, host: RankHost) -> dict[str, str]:
 class Torchrun(Launcher):
     name = "torchrun"
     failed_rank_patterns = (TORCHRUN_ROOT_CAUSE,)
+
+    def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
+        # The c10d rendezvous numbers its agents in the sorted order of their --local-addr
+        # strings (torch.distributed.elastic's dynamic rendezvous), and each agent's workers take
+        # the global ranks after those of the agents before it.
+        return sorted(hosts, key=lambda h: str(h.get("net_address") or h.get("address") or ""))
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return list(plan.hosts)
