@@ -28,7 +28,8 @@ def attack(name: str, succeeded: bool, detail: str = "") -> None:
     assert not succeeded, f"attack succeeded: {name}: {detail}"
 
 
-# Rank 0 (node1, the head) fills its run dir past the cap; the ranks on node2 and node3 replace
+# Rank 0 (node1, the head) fills its run dir past the cap with logs (collected whatever their
+# size) and leaves a big output (which stays on the node); the ranks on node2 and node3 replace
 # theirs with a link to / once their output is written.
 LINK_AND_FILL = textwrap.dedent("""
     import os, socket
@@ -37,6 +38,9 @@ LINK_AND_FILL = textwrap.dedent("""
     run_dir = os.environ["DISTRUN_RUN_DIR"]
     host = socket.gethostname()
     if comm.Get_rank() == 0:
+        for i in range(3):
+            with open(os.path.join(run_dir, f"fill-{i}.log"), "wb") as f:
+                f.write(os.urandom(1 << 20))
         with open(os.path.join(run_dir, "big.bin"), "wb") as f:
             f.write(os.urandom(3 << 20))
     print(f"SCRIPT rank={comm.Get_rank()} host={host}", flush=True)
@@ -89,6 +93,10 @@ def test_a_run_dir_replaced_by_a_link_or_over_the_cap_is_not_followed(provisione
         assert f"the rest stays in {run_dir} on node1" in capped[0]
         brought = sum(p.stat().st_size for p in (nodes / "node1").rglob("*") if p.is_file())
         attack("a run dir over the cap is collected whole", brought > 1 << 20, f"{brought} bytes")
+        # The big output never travelled: it stays on node1, listed in the record.
+        left = json.loads((run / "left-on-nodes.json").read_text())["hosts"]
+        assert left["node1"]["files"] == [{"path": "big.bin", "size": 3 << 20}], left
+        assert not (nodes / "node1" / "big.bin").exists()
     finally:
         for k in (2, 3):
             provisioned.exec(k, f"rm -f {run_dir} && rm -rf {run_dir}.moved", check=False)

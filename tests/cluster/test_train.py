@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import textwrap
 import threading
 import time
 from pathlib import Path
 
+import yaml
+
 from . import jittor_nodes
-from .conftest import distrun, rank_headers, run_processes
+from .conftest import REPO, distrun, rank_headers, run_processes
 
 MPI_SCRIPT = textwrap.dedent("""
     import os, socket, sys
@@ -199,6 +202,29 @@ def test_torch_partitioned_gcn_on_the_gdc_diffusion_over_all_three_nodes(provisi
     assert all(p["halo_bytes"] > 0 for p in outcome["ranks_profile"])
     plan = json.loads((run / "plan.json").read_text())
     assert plan["partition_dir"].endswith("-3parts-gdc") and "--use-gdc" in plan["partition"]
+
+
+def test_torchrun_numbers_its_ranks_by_address_and_each_node_pulls_that_ranks_part(provisioned, distrun_home, tmp_path):
+    """With node3 as the head the plan lists node3, node1, node2; torchrun's rendezvous numbers
+    its agents by address (.11, .12, .13), so rank 0 runs on node1. In sync mode each node pulls
+    only the part its own rank reads: a wrong guess at the order would fail the run."""
+    inv = tmp_path / "head-node3"
+    shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv / "group_vars")
+    hosts = yaml.safe_load(provisioned.inventory.read_text())
+    hosts["all"]["children"]["head"]["hosts"] = {"node3": None}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    result = distrun("train", "--inventory", str(inv), "--launcher", "torchrun", "--workload", "gcn-torch",
+                     "--epochs", "5", timeout=900)
+    assert result.rc == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    run = _latest_run(distrun_home)
+    plan = json.loads((run / "plan.json").read_text())
+    assert [h["name"] for h in plan["hosts"]] == ["node3", "node1", "node2"]
+    assert _rank_headers(run) == {0: "node1", 1: "node2", 2: "node3"}
+    for k in (1, 2, 3):
+        names = provisioned.exec(k, f"ls {plan['partition_dir']}").stdout.split()
+        parts = sorted(n for n in names if n.startswith("part-"))
+        assert "manifest.json" in names and parts == (["part-0.npz", "part-1.npz", "part-2.npz"] if k == 3
+                                                       else [f"part-{k - 1}.npz"]), (k, names)
 
 
 def _rank_headers(run: Path) -> dict[int, str]:
