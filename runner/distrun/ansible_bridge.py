@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,16 @@ def _keep_facts(run_cache: Path, inventory: Path) -> None:
             os.replace(tmp, target)
 
 
+def _seed_facts(run_cache: Path, inventory: Path) -> None:
+    """Start a run's fact cache (ansible-runner points Ansible's at the run's own folder) with the
+    inventory's: copied, so the files are new and Ansible's cache timeout counts from now."""
+    run_cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for f in paths.fact_cache_dir(inventory).iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            shutil.copyfile(f, run_cache / f.name)
+            (run_cache / f.name).chmod(0o600)
+
+
 def _scrub_command(path: Path) -> None:
     """ansible-runner stores the whole environment of this process in artifacts/*/command;
     keep only what distrun set for Ansible (the controller's tokens and keys are no record's
@@ -229,7 +240,10 @@ def run_playbook(
     tags: str | None = None,
     check: bool = False,
     ident: str | None = None,
+    cached_facts: bool = False,
 ) -> PlaybookResult:
+    """Run a playbook through ansible-runner. ``cached_facts``: the plays see the facts the
+    inventory's cache holds (gathered by setup, 'distrun check' or a first run) without gathering."""
     import ansible_runner  # imported late: it is slow, and --help should stay fast
 
     project = paths.project_dir()
@@ -238,6 +252,9 @@ def run_playbook(
     private.mkdir(parents=True, exist_ok=True, mode=0o700)
     private.chmod(0o700)
     events = EventReader(on_event)
+    if cached_facts:
+        ident = ident or uuid.uuid4().hex
+        _seed_facts(private / "artifacts" / ident / "fact_cache", inventory)
     cmdline: list[str] = []
     if check:
         cmdline.append("--check")

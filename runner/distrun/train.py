@@ -58,12 +58,12 @@ class _Run:
         self.left_running = False  # detached, or out of contact: nothing to stop or collect here
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
-                 limit: str | None = None) -> PlaybookResult:
+                 limit: str | None = None, cached_facts: bool = False) -> PlaybookResult:
         """Run a playbook with progress."""
         started = time.monotonic()
         with self.listener.playbook(title, hosts) as on_event:
             result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
-                                  on_event=on_event, limit=limit)
+                                  on_event=on_event, limit=limit, cached_facts=cached_facts)
         # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight).
         if not result.ok and not (result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
@@ -106,7 +106,10 @@ class _Run:
                 make_ready(cluster, plan, project, render_env_file(env), run, self.listener)
                 phases.mark("workdir sync and prepare")
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
-            result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit))
+            # No fact gathering: the plan was made from the cached facts, and the probe checks the
+            # addresses it relies on.
+            result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
+                                   cached_facts=True)
             phases.mark("run.yml (preflight, stage, launch)")
             if project:
                 record_pulls(run, result)
@@ -117,7 +120,8 @@ class _Run:
             if step == "preflight":
                 if attempt == 1 and any(h.facts.get("distrun_network_changed") for h in result.failures()):
                     self.listener.replanning()
-                    self.cluster = load(request)  # facts now fresh
+                    self.preflight(cluster)  # gathers the facts of the run's nodes again
+                    self.cluster = load(request)
                     continue
                 self.refuse_preflight(result)
             if step == "stage":

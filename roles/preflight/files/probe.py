@@ -264,6 +264,21 @@ def probe_mount(path, fstypes):
     return {"ok": False, "detail": f"{path} is not mounted (expected {' or '.join(fstypes)})"}
 
 
+def probe_addresses():
+    """Each interface -> its IPv4 addresses, as the node has them now (a run plans from cached
+    facts and checks them against this); None when ``ip`` cannot tell."""
+    try:
+        proc = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=20,
+                              check=False)
+        links = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except (FileNotFoundError, subprocess.TimeoutExpired, ValueError):
+        return None
+    if not isinstance(links, list):
+        return None
+    return {str(link.get("ifname")): [str(a["local"]) for a in link.get("addr_info") or [] if a.get("local")]
+            for link in links if isinstance(link, dict) and link.get("ifname")}
+
+
 def mounts_above(path):
     """The mount table's lines for the path and its parents (the judge picks the one that holds it):
     an external shared filesystem must be the same one on every node."""
@@ -310,6 +325,9 @@ def body(report):
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no env {PREFIX}"}
         return
     report["setup"] = {"ok": True, "detail": f"user {USER} and env {PREFIX}"}
+    if CFG.get("addresses"):
+        STEP = "addresses"
+        report["addresses"] = probe_addresses()
     STEP = "env, versions, shared folder, ssh, names"
     with ThreadPoolExecutor(max_workers=16) as pool:
         env_f = pool.submit(probe_env)
