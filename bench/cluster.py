@@ -174,7 +174,8 @@ class Bench:
     # ------------------------------------------------------------------ launch
     def phases(self, run_dir: Path, t_start: float, t_end: float) -> dict:
         """Where one run's wall time went: the runner's own steps (timings.json of the run
-        record) and, inside run.yml, each play (first to last job event of the play)."""
+        record) and, inside run.yml, each step (from the event that publishes its distrun_step to
+        the last event before the next one), from ansible-runner's job events."""
         out: dict[str, float] = {}
         timings = run_dir / "timings.json"
         if not timings.exists():
@@ -183,7 +184,7 @@ class Bench:
         out["python start-up and exit"] = round((t_end - t_start) - data["total_s"], 2)
         for p in data["phases"]:
             out[p["name"]] = round(p["s"], 2)
-        plays: dict[str, list[float]] = {}
+        events: list[tuple[int, float, str | None]] = []  # (counter, time, step published here)
         for art in (run_dir / "ansible" / "artifacts").glob("*"):
             cmd = (art / "command").read_text() if (art / "command").exists() else ""
             if "playbooks/run.yml" not in cmd:
@@ -193,19 +194,28 @@ class Bench:
                     event = json.loads(ev.read_text())
                 except (OSError, ValueError):
                     continue
-                play = (event.get("event_data") or {}).get("play")
-                if play and event.get("created"):
-                    ts = (dt.datetime.fromisoformat(event["created"].replace("Z", "+00:00"))
-                          .replace(tzinfo=dt.timezone.utc).timestamp())
-                    plays.setdefault(play, []).append(ts)
+                if not event.get("created"):
+                    continue
+                ts = (dt.datetime.fromisoformat(event["created"].replace("Z", "+00:00"))
+                      .replace(tzinfo=dt.UTC).timestamp())
+                facts = ((event.get("event_data") or {}).get("res") or {}).get("ansible_facts") or {}
+                step = facts.get("distrun_step") if event.get("event") == "runner_on_ok" else None
+                events.append((int(event.get("counter", 0)), ts, step))
+        events.sort()
+        spans: dict[str, list[float]] = {}
+        step = "start"
+        for _, ts, published in events:
+            step = published or step
+            spans.setdefault(step, []).append(ts)
         inside = 0.0
-        for play, times in sorted(plays.items(), key=lambda kv: min(kv[1])):
-            span = max(times) - min(times)
-            inside += span
-            out[f"  run.yml play: {play}"] = round(span, 2)
+        for name, times in spans.items():
+            if name == "start":
+                continue  # the play's start, before the first step publishes its name
+            inside += max(times) - min(times)
+            out[f"  run.yml step: {name}"] = round(max(times) - min(times), 2)
         run_yml = out.get("run.yml (preflight, stage, launch)")
-        if run_yml is not None and plays:
-            out["  run.yml outside its plays (ansible-runner, ansible-playbook start-up)"] = round(run_yml - inside, 2)
+        if run_yml is not None and spans:
+            out["  run.yml outside its steps (ansible-runner, ansible-playbook start-up)"] = round(run_yml - inside, 2)
         return out
 
     def distrun_train(self, script: Path, extra_args: tuple[str, ...] = ()) -> dict:

@@ -27,7 +27,12 @@ from _common import REPO, machine, say  # noqa: E402
 SECTIONS = ("cluster", "collect", "partition", "gdc", "train", "scale")
 RESULTS = REPO / "bench" / "results"
 IMAGES = REPO / "docs" / "img"
-LAUNCH_TARGET_S = 2.0
+# distrun train / the same job started by hand, on a 10 s job (mpirun and torchrun alike).
+LAUNCH_TARGET_RATIO = 1.10
+
+
+def launch_ratio(d: dict) -> float:
+    return d["distrun_median_s"] / d["hand_median_s"]
 RERUN_TARGET = 0.35
 
 
@@ -166,8 +171,10 @@ def render_launch(c: dict) -> list[str]:
     out.append("")
     gap = L.get("gap_s")
     if gap is not None:
-        out.append(f"**Target** (at most {LAUNCH_TARGET_S:.0f} s extra on a 10 s job): distrun adds "
-                   f"**{gap:.1f} s** over the hand-started run — **{'met' if gap <= LAUNCH_TARGET_S else 'not met'}**.")
+        ratio = launch_ratio(L)
+        out.append(f"**Target** (distrun / by hand ≤ {LAUNCH_TARGET_RATIO:.2f} on a 10 s job): distrun adds "
+                   f"**{gap:.1f} s** over the hand-started run, ratio **{ratio:.2f}** — "
+                   f"**{'met' if ratio <= LAUNCH_TARGET_RATIO else 'not met'}**.")
         out.append("")
     cidr = L["cold"].get("cidr")
     out += ["distrun's own command line differs from the hand one only in flags that cost no time: `--prefix`, "
@@ -178,8 +185,8 @@ def render_launch(c: dict) -> list[str]:
     last = next((r for r in reversed(L["warm"]) if r.get("phases")), None)
     if last:
         out += [f"Where the time goes in one warm `distrun train` run ({f(last['wall_s'], 2)} s): the runner's "
-                "own steps from the run record's `timings.json`, and inside `run.yml` each play from "
-                "ansible-runner's job events (first to last event of the play):", "",
+                "own steps from the run record's `timings.json`, and inside `run.yml` (one play) each step from "
+                "ansible-runner's job events (from the event that publishes the step to the last one before the next):", "",
                 "| phase | s |", "|---|---:|"]
         for k, v in last["phases"].items():
             name = k.strip()
@@ -193,8 +200,10 @@ def render_launch(c: dict) -> list[str]:
             out += [f"Reading: besides following the ranks ({fol:.1f} s, against mpirun's own {f(mpm, 2)} s), "
                     f"this run spent {ours:.1f} s in distrun's steps; `run.yml` (one ansible-playbook process "
                     f"for preflight, stage and launch) took {ph.get('run.yml (preflight, stage, launch)', 0):.1f} s "
-                    "of it. The preflight play runs its checks on every node before anything is staged; the "
-                    "stage play sends one bundle per node; collect is one tar stream per node.", ""]
+                    "of it. It gathers no facts (the plan comes from the cached ones; the probe reports the "
+                    "addresses it is checked against); the preflight probes every node in one command and judges "
+                    "them before anything is staged; staging is one module call per node (the bundle and the "
+                    "run's variables); collect is one tar stream per node.", ""]
     return out
 
 
@@ -215,7 +224,7 @@ def render_torchrun(c: dict) -> list[str]:
             f"| torchrun by hand (3 ssh) | {len(ok(T['hand']))} | {', '.join(f(x, 2) for x in ok(T['hand']))} | {f(T['hand_median_s'], 2)} |",
             f"| `distrun train --launcher torchrun --script` | {len(ok(T['warm']))} | {', '.join(f(x, 2) for x in ok(T['warm']))} | {f(T['distrun_median_s'], 2)} |",
             f"| same, first torchrun run | 1 | {f(T['cold']['wall_s'], 2)} | |", "",
-            f"Gap: **+{T['gap_s']:.1f} s** (target for mpirun: ≤ {LAUNCH_TARGET_S:.0f} s).", ""]
+            f"Gap: **+{T['gap_s']:.1f} s**, ratio **{launch_ratio(T):.2f}** (target: ≤ {LAUNCH_TARGET_RATIO:.2f}).", ""]
     last = next((r for r in reversed(T["warm"]) if r.get("phases")), None)
     if last:
         out.append("Phases of the last run: " + ", ".join(f"{k} {v:.2f} s" for k, v in last["phases"].items()) + ".")
@@ -570,12 +579,14 @@ def render_summary(c: dict | None, t: dict | None, s: dict | None) -> list[str]:
     if c and (c.get("launch") or {}).get("gap_s") is not None:
         L = c["launch"]
         out.append(f"| distrun train --script, 10 s mpi4py job | {f(L['distrun_median_s'], 2)} s | by hand "
-                   f"{f(L['hand_median_s'], 2)} s: +{L['gap_s']:.1f} s | ≤ +2 s | {'met' if L['gap_s'] <= LAUNCH_TARGET_S else 'not met'} |")
+                   f"{f(L['hand_median_s'], 2)} s: +{L['gap_s']:.1f} s, ratio {launch_ratio(L):.2f} | ≤ {LAUNCH_TARGET_RATIO:.2f} | "
+                   f"{'met' if launch_ratio(L) <= LAUNCH_TARGET_RATIO else 'not met'} |")
     out += workload_rows(t)
     if c and (c.get("torchrun") or {}).get("gap_s") is not None:
         T = c["torchrun"]
         out.append(f"| distrun train --launcher torchrun, 10 s job | {f(T['distrun_median_s'], 2)} s | torchrun by hand "
-                   f"{f(T['hand_median_s'], 2)} s: +{T['gap_s']:.1f} s | (≤ +2 s for mpirun) | {'met' if T['gap_s'] <= LAUNCH_TARGET_S else 'not met'} |")
+                   f"{f(T['hand_median_s'], 2)} s: +{T['gap_s']:.1f} s, ratio {launch_ratio(T):.2f} | ≤ {LAUNCH_TARGET_RATIO:.2f} | "
+                   f"{'met' if launch_ratio(T) <= LAUNCH_TARGET_RATIO else 'not met'} |")
     if s:
         big = max(s["rows"], key=lambda r: r["nodes"])
         p = big.get("pure") or {}

@@ -702,6 +702,12 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
             # from its sdist) once per machine, not once per node. pip runs as root on the nodes.
             args += ["-v", f"{node_pip_cache()}:/root/.cache/pip"]
             args += binds
+            # The whole suite runs the cluster tests beside molecule's containers; each container
+            # is its own CPU cgroup of equal weight unless told otherwise, and scripts/test gives
+            # the cluster's nodes, its longest path, a larger share (DISTRUN_TEST_CPU_SHARES).
+            shares = os.environ.get("DISTRUN_TEST_CPU_SHARES", "")
+            if shares.isdigit() and int(shares) > 0:
+                args += ["--cpu-shares", shares]
             _podman(*args, ref)
             node.ip = _container_ip(node.container, cluster.network)
             cluster.nodes.append(node)
