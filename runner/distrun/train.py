@@ -30,7 +30,7 @@ from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
 
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
-# The steps of run.yml, in order; each play publishes its own as the fact distrun_step.
+# The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
 STEPS = ("preflight", "stage", "launch")
 # How long --detach waits for every rank to start before it lets the run go anyway.
 DETACH_WAIT_S = 600
