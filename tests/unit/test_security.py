@@ -425,3 +425,69 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
     # A script needs no partition: no parts to pull.
     script = build_plan(uneven, run_id=run.id, workload=None, script="/tmp/x.py")
     assert bundle.stage_vars(script, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}
+
+
+# --- staging on a node (role job's module distrun_stage) --------------------------------------
+
+def _stage_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("distrun_stage", REPO / "roles" / "job" / "library" / "distrun_stage.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bundle(files: dict[str, str]) -> str:
+    import base64
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_staging_writes_the_env_file_0600_in_a_private_run_dir_and_never_follows_a_link(tmp_path):
+    stage = _stage_module().stage
+    shared = tmp_path / "shared"
+    run_dir = shared / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    (run_dir / "env.sh").symlink_to(victim)  # planted by a job that could write the run dir
+    params = {"bundle": _bundle({"run/hostfile": "n1 slots=1\n", "workloads/gcn.py": "print(1)\n"}),
+              "env": f"export TOKEN='{SECRET}'", "run_dir": str(run_dir), "checkpoint_dir": str(shared / "ckpt" / "r1"),
+              "shared_dir": str(shared), "workloads_digest": "abc"}
+    assert stage(params) is True  # new workloads: the node changed
+    env = run_dir / "env.sh"
+    assert not env.is_symlink() and stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert env.read_text() == f"export TOKEN='{SECRET}'\n"
+    assert victim.read_text() == "untouched\n"
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o750
+    assert stat.S_IMODE((shared / "ckpt" / "r1").stat().st_mode) == 0o750
+    assert (run_dir / "hostfile").read_text() == "n1 slots=1\n"
+    assert (shared / "workloads" / ".digest-abc").exists() and (shared / "workloads" / "gcn.py").exists()
+    # The same workloads again: nothing copied, no change reported; no env: no env.sh written.
+    assert stage({**params, "env": "", "run_dir": str(shared / "runs" / "r2")}) is False
+    assert not (shared / "runs" / "r2" / "env.sh").exists()
+
+
+def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    from distrun import paths
+    inventory = tmp_path / "hosts.yml"
+    cache = paths.fact_cache_dir(inventory)
+    (cache / "s1_n1").write_text('{"__payload__": "{}"}')
+    (cache / ".s1_n1.tmp").write_text("half written")
+    old = time.time() - 3 * 86400  # older than Ansible's fact cache timeout (a day)
+    os.utime(cache / "s1_n1", (old, old))
+    run_cache = tmp_path / "run" / "ansible" / "artifacts" / "x" / "fact_cache"
+    ansible_bridge._seed_facts(run_cache, inventory)
+    assert sorted(p.name for p in run_cache.iterdir()) == ["s1_n1"]
+    seeded = run_cache / "s1_n1"
+    assert seeded.read_text() == '{"__payload__": "{}"}'
+    assert time.time() - seeded.stat().st_mtime < 60  # fresh: Ansible does not expire it
+    assert stat.S_IMODE(seeded.stat().st_mode) == 0o600 and stat.S_IMODE(run_cache.stat().st_mode) == 0o700
