@@ -268,6 +268,11 @@ def with_plot(name: str, data: dict | None, image: str) -> list[str]:
     return mod.render(data, rel)
 
 
+def render_cluster(c: dict) -> list[str]:
+    """Every section the cluster benchmark (bench/cluster.py) measures, in the page's order."""
+    return render_setup(c) + render_launch(c) + render_torchrun(c) + render_long_runs(c) + render_failures(c)
+
+
 def render_partition(_quick: bool) -> list[str]:
     return with_plot("partition", load("partition"), "partition-time-memory.png")
 
@@ -420,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
              "`bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
-        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_long_runs(cluster) + render_failures(cluster)
+        lines += render_cluster(cluster)
     else:
         lines += ["## Cluster sections", "", "Skipped in this run (`--skip cluster`).", ""]
     lines += render_collect() + render_partition(args.quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
@@ -499,12 +504,8 @@ def measure_and_splice(out: Path, sections: list[str], quick: bool, reuse: Path 
         (RESULTS / f"{section}.json").unlink(missing_ok=True)
         rc, secs = measure(section, quick)
         timings.append(f"{section} {secs:.0f} s" + (f" (rc {rc})" if rc else ""))
-    def render_cluster() -> list[str]:
-        c = load("cluster") or {}
-        return render_setup(c) + render_launch(c) + render_torchrun(c) + render_long_runs(c) + render_failures(c)
-
     rendered = {"partition": lambda: render_partition(quick), "gdc": render_gdc, "collect": render_collect,
-                "train": lambda: render_train(load("train")), "cluster": render_cluster}
+                "train": lambda: render_train(load("train")), "cluster": lambda: render_cluster(load("cluster") or {})}
     parts = {s: rendered[s]() for s in sections}
     how = "rendered from earlier JSON" if all(t.endswith(" reused") for t in timings) else "re-measured"
     note = (f" Sections ({', '.join(sections)}) {how} by `bench/run --only {' '.join(sections)}"
@@ -530,7 +531,7 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
              "`bench/train.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
-        lines += render_setup(cluster) + render_launch(cluster) + render_torchrun(cluster) + render_long_runs(cluster) + render_failures(cluster)
+        lines += render_cluster(cluster)
     lines += render_partition(quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
     lines += [NOT_MEASURED]
     out.write_text("\n".join(lines).rstrip() + "\n")
