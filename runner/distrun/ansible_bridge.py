@@ -129,28 +129,28 @@ def ansible_env() -> dict[str, str]:
     }
 
 
-def _keep_facts(run_cache: Path, inventory: Path) -> None:
-    """ansible-runner caches facts per run; keep the newest per host for plans and dry runs."""
-    if not run_cache.is_dir():
-        return
-    keep = paths.fact_cache_dir(inventory)
-    for f in run_cache.iterdir():
-        if f.is_file():
-            target = keep / f.name
-            tmp = keep / f".{f.name}.tmp"
+def _copy_facts(source: Path, dest: Path) -> None:
+    """Every host's cached facts from one jsonfile cache folder to another, 0600, each file
+    replaced whole (a reader never sees half of one); dot files are temporary, never copied."""
+    for f in source.iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            tmp = dest / f".{f.name}.tmp"
             shutil.copyfile(f, tmp)
             tmp.chmod(0o600)
-            os.replace(tmp, target)
+            os.replace(tmp, dest / f.name)
+
+
+def _keep_facts(run_cache: Path, inventory: Path) -> None:
+    """ansible-runner caches facts per run; keep the newest per host for plans and dry runs."""
+    if run_cache.is_dir():
+        _copy_facts(run_cache, paths.fact_cache_dir(inventory))
 
 
 def _seed_facts(run_cache: Path, inventory: Path) -> None:
     """Start a run's fact cache (ansible-runner points Ansible's at the run's own folder) with the
     inventory's: copied, so the files are new and Ansible's cache timeout counts from now."""
     run_cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for f in paths.fact_cache_dir(inventory).iterdir():
-        if f.is_file() and not f.name.startswith("."):
-            shutil.copyfile(f, run_cache / f.name)
-            (run_cache / f.name).chmod(0o600)
+    _copy_facts(paths.fact_cache_dir(inventory), run_cache)
 
 
 def _scrub_command(path: Path) -> None:
