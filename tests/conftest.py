@@ -120,7 +120,7 @@ def cluster3(cluster_factory: ClusterFactory, tmp_path_factory: pytest.TempPathF
 
 
 # ---------------------------------------------------------------- the suite's layers, timed
-LAYERS = ("unit", "docs/lint", "workloads", "molecule", "cluster")
+LAYERS = ("unit", "docs/lint", "workloads", "molecule", "quickstart", "cluster")
 _layer_reports: dict[str, list] = {}
 
 
@@ -137,7 +137,7 @@ def _layer_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path in ("tests/test_ansible_lint.py", "tests/test_python_lint.py", "tests/unit/test_docs.py"):
         return "docs/lint"
-    for layer in ("unit", "workloads", "molecule", "cluster"):
+    for layer in ("unit", "workloads", "molecule", "quickstart", "cluster"):
         if path.startswith(f"tests/{layer}/"):
             return layer
     return "other"

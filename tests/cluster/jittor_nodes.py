@@ -112,17 +112,29 @@ def _kept(key: str) -> tuple[Path, Path]:
     return tar, tar.with_suffix(".path")
 
 
-def _keep(key: str, data: bytes, built_at: str) -> None:
+def _keep(key: str, data: bytes, built_at: str, image: str) -> None:
     """Keep a build on the host as the one for ``key``; builds for other keys only take space."""
     tar, path = _kept(key)
     CACHE_ROOT.mkdir(parents=True, exist_ok=True)
-    for target, body in ((path, (built_at + "\n").encode()), (tar, data)):
+    for target, body in ((path, (built_at + "\n").encode()), (tar.with_suffix(".image"), (image + "\n").encode()),
+                         (tar, data)):
         tmp = target.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(body)
         os.replace(tmp, target)  # written whole, then renamed: a killed run leaves no half file
     for old in CACHE_ROOT.glob("jittor-node-*"):
         if old.stem != tar.stem and not old.name.startswith(f"{tar.stem}."):
             old.unlink()
+
+
+def kept_for_image(image: str) -> tuple[Path, str] | None:
+    """The kept build made on a node of ``image`` and the path it was compiled at, if any. The
+    key also covers the node's compiler, Python and Jittor version; a build whose path Jittor
+    does not compute on another machine is never read there (the path names all three)."""
+    for sidecar in sorted(CACHE_ROOT.glob("jittor-node-*.image")):
+        tar, path = sidecar.with_suffix(".tar"), sidecar.with_suffix(".path")
+        if sidecar.read_text().strip() == image and tar.is_file() and path.is_file():
+            return tar, path.read_text().strip()
+    return None
 
 
 def _names(data: bytes) -> set[str]:
@@ -138,7 +150,7 @@ def keep_richer(cluster: podcluster.Cluster, k: int = 1) -> bool:
     data = _tar_of(cluster, k, _home(cluster, k))
     if tar.is_file() and not _names(tar.read_bytes()) < _names(data):
         return False
-    _keep(key, data, cache_path(cluster, k))
+    _keep(key, data, cache_path(cluster, k), cluster.image)
     return True
 
 
@@ -161,7 +173,7 @@ def warm(cluster: podcluster.Cluster) -> str:
     else:
         cluster.exec(1, _as_user(f"{ENV_PYTHON} -c 'import jittor'"), timeout=2400)
         data, built_at = _tar_of(cluster, 1, home), cache_path(cluster, 1)
-        _keep(key, data, built_at)
+        _keep(key, data, built_at, cluster.image)
         how = "compiled on node1"
     own_build = []
     for k in range(1, len(cluster.nodes) + 1):
