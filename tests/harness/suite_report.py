@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The suite's closing report: one table of layers (unit, docs/lint, workloads, molecule, cluster)
-merged from the pytest runs scripts/test started, the launcher x shared folder x inventory
-matrix, then one closing line.
+"""The suite's closing report: one table of layers (unit, docs/lint, workloads, molecule, quickstart,
+cluster) merged from the pytest runs scripts/test started, the launcher x shared folder x
+inventory matrix, then one closing line.
 
     python tests/harness/suite_report.py REPORT_DIR [PREP]
 
