@@ -4,8 +4,8 @@ A container of the test-node image (Debian 12 with systemd, nothing of distrun o
 clone of this repository at /root/distrun; the test runs ``scripts/quickstart`` there as root
 and reads what it printed, then asks the CLI the new user now has for its run records.
 
-What the test gives the node besides the clone is caches only, so that a warm run costs
-minutes, not the half hour a machine with nothing cached takes:
+What the test gives the node besides the clone is caches only (a run with all of them warm
+takes about 2 minutes here, one with none about 4, most of the difference Jittor's compile):
 
 * this machine's pip configuration and the local wheel folders it names, read-only, as every
   machine of this project has them (torch 2.13.0's CPU wheel comes from there), and pip's
