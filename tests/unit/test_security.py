@@ -491,3 +491,49 @@ def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, mon
     assert seeded.read_text() == '{"__payload__": "{}"}'
     assert time.time() - seeded.stat().st_mtime < 60  # fresh: Ansible does not expire it
     assert stat.S_IMODE(seeded.stat().st_mode) == 0o600 and stat.S_IMODE(run_cache.stat().st_mode) == 0o700
+
+
+# --- links a job planted where setup writes (role distrun's module distrun_no_links) ---------
+
+def _role_module(role: str, name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, REPO / "roles" / role / "library" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_planted_link_is_named_with_its_target_and_the_fix_in_one_line(tmp_path):
+    m = _role_module("distrun", "distrun_no_links")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "authorized_keys").symlink_to("/etc/distrun-victim-keys")
+    (home / ".bashrc").write_text("# a file, not a link\n")
+    paths = [str(home / ".ssh"), str(home / ".ssh" / "authorized_keys"), str(home / ".bashrc"), str(home / "missing")]
+    found = m.links(paths)
+    assert found == [(str(home / ".ssh" / "authorized_keys"), "/etc/distrun-victim-keys")]
+    assert m.message(found, "node3") == (f"remove the link {home}/.ssh/authorized_keys on node3 "
+                                         "(it points to /etc/distrun-victim-keys) and run distrun setup again")
+    # A link to a folder is refused itself; paths below it are the kernel's business, as for root.
+    (home / ".ssh2").symlink_to(home / ".ssh")
+    assert [p for p, _ in m.links([str(home / ".ssh2"), str(home / ".ssh2" / "authorized_keys")])] == \
+        [str(home / ".ssh2"), str(home / ".ssh2" / "authorized_keys")]
+
+
+def test_known_hosts_gets_every_key_in_one_call_keeps_the_users_lines_and_replaces_a_rebuilt_nodes_key(tmp_path):
+    m = _role_module("ssh_mesh", "distrun_known_hosts")
+    mine = ["# the user's own", "github.com ssh-ed25519 AAAAgithub", "|1|hashed= ssh-ed25519 AAAAhashed"]
+    old = ["node1,10.0.0.11 ssh-ed25519 AAAAold1", "node1 ecdsa-sha2-nistp256 AAAAecdsa1"]
+    entries = ["node1,node1,10.0.0.11 ssh-ed25519 AAAAnew1", "node2,10.0.0.12 ssh-ed25519 AAAA2"]
+    lines = m.merged(mine + old, entries)
+    # The rebuilt node's old key of a managed type is gone; a key type distrun does not manage stays.
+    assert lines == mine + ["node1 ecdsa-sha2-nistp256 AAAAecdsa1"] + entries
+    assert m.merged(lines, entries) == lines  # converged: nothing to change
+    path = tmp_path / "known_hosts"
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    path.symlink_to(victim)  # planted: replaced by a file, never written through
+    m.write(str(path), lines)
+    assert not path.is_symlink() and path.read_text().splitlines() == lines
+    assert victim.read_text() == "root's\n"
