@@ -16,7 +16,7 @@ takes about 2 minutes here, one with none about 4, most of the difference Jittor
   Python), placed in ``/etc/skel`` under the path Jittor computes on a node named ``node1``:
   ``useradd`` copies it into the training user's home when ``distrun setup`` creates that user.
   Without a kept build (this test run alone on a cold machine) Jittor compiles on the node, as
-  it would for the user (about 6 minutes more).
+  it would for the user.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ USER_HOME = "/home/distrun"    # role base's default home for inventory/local's 
 PIP_CONF = (Path("/etc/pip.conf"), Path("/etc/xdg/pip"))
 SUCCEEDED = re.compile(r"^run (\S+-train-\S+) succeeded in [\d.]+s test_acc=([\d.]+)$", re.M)
 
-# The quickstart's data is generated, its training short; most of a warm run is apt and pip.
+# Last in its pytest run (scripts/test runs it beside the cluster tests): by then the cluster's
+# nodes have compiled Jittor and kept the build this test gives the node.
 pytestmark = pytest.mark.phase(2)
 
 
@@ -70,6 +71,7 @@ def _pip_binds() -> list[str]:
 
 
 def _apt_archives(image: str) -> Path:
+    """The host folder kept as apt's archive folder for nodes of ``image`` (others are removed)."""
     path = jittor_nodes.CACHE_ROOT / f"quickstart-apt-{image.rsplit(':', 1)[-1]}"
     (path / "partial").mkdir(parents=True, exist_ok=True)
     for old in jittor_nodes.CACHE_ROOT.glob("quickstart-apt-*"):
@@ -126,7 +128,9 @@ def fresh_node(tmp_path_factory):
             "-v", f"{podcluster.node_pip_cache()}:/root/.cache/pip",
             "-v", f"{_apt_archives(image)}:/var/cache/apt/archives",
             *_pip_binds()]
-    subprocess.run([*args, image], check=True, capture_output=True, timeout=120)
+    started = subprocess.run([*args, image], capture_output=True, text=True, timeout=120, check=False)
+    if started.returncode != 0:
+        pytest.fail(f"podman could not start {CONTAINER} from {image}: {started.stderr.strip()}", pytrace=False)
     try:
         subprocess.run(["podman", "cp", str(clone), f"{CONTAINER}:/root/distrun"], check=True, timeout=300)
         yield image, _seed_jittor(image)
