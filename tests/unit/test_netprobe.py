@@ -119,3 +119,20 @@ def test_calls_that_say_nothing_about_the_network_are_left_to_the_check_that_exp
     if why == "the peer's probe did not run":
         del probes["node1"]["net"]
     assert net_verdict(probes, head="node1")["node2"][0]
+
+
+def test_a_node_whose_first_port_is_taken_listens_on_the_next_and_every_caller_finds_it():
+    # A port of the range can be in use on a node (one of its own outgoing connections took it as
+    # its local port): the node listens on the next port of its list, and the others must call there.
+    nonce = f"unit-{os.getpid()}-{time.time_ns()}"
+    ns: dict = {}
+    exec(compile((FILES / "netprobe.py").read_text(), "netprobe.py", "exec"), ns)  # noqa: S102 - the shipped code
+    ports = ns["range_ports"](nonce, "node1", 20000, 60000)
+    with socket.socket() as taken:
+        taken.bind((ADDRESS["node1"], ports[0]))  # bound, not listening: a caller is refused there
+        deadline = time.monotonic() + 3
+        listener = ns["Listener"](nonce, "node1", ports, ["node2"], deadline, ADDRESS["node1"])
+        assert listener.port == ports[1], listener.error
+        reached = ns["call"]("node2", nonce, "node1", ADDRESS["node1"], ports, deadline)
+        assert reached == {"ok": True, "address": ADDRESS["node1"], "port": ports[1]}
+        assert listener.result()["seen"] == ["node2"]

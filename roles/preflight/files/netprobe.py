@@ -85,34 +85,41 @@ class Listener:
 
 def call(me, nonce, peer, address, ports, deadline):
     """Connect to ``peer``'s listener, retrying until the deadline (it may not listen yet); on
-    failure, what went wrong in words the judge turns into a cause."""
+    failure, what went wrong in words the judge turns into a cause.
+
+    The peer listens on the first of ``ports`` it could bind (a port of the range may be taken by
+    one of its own outgoing connections), so a port that refuses is not given up on, but the
+    ports are tried in turn until one answers; a port where another program answers is dropped."""
     last, foreign = "timeout", False
-    for port in ports:
-        while time.monotonic() < deadline:
-            left = deadline - time.monotonic()
+    todo = list(ports)
+    turn = 0
+    while todo and time.monotonic() < deadline:
+        port = todo[turn % len(todo)]
+        turn += 1
+        left = deadline - time.monotonic()
+        try:
+            s = socket.create_connection((address, port), timeout=max(0.05, min(1.0, left)))
+        except ConnectionRefusedError:
+            last = "refused"
+            time.sleep(0.05)
+            continue
+        except socket.timeout:
+            last = "timeout"
+            continue
+        except OSError as exc:
+            last = "unreachable: " + (exc.strerror or str(exc))
+            time.sleep(0.2)
+            continue
+        with s:
             try:
-                s = socket.create_connection((address, port), timeout=max(0.05, min(1.0, left)))
-            except ConnectionRefusedError:
-                last = "refused"
-                time.sleep(0.05)
-                continue
-            except socket.timeout:
-                last = "timeout"
-                continue
-            except OSError as exc:
-                last = "unreachable: " + (exc.strerror or str(exc))
-                time.sleep(0.2)
-                continue
-            with s:
-                try:
-                    s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
-                    if s.recv(256) == greeting(nonce, peer, port):
-                        s.sendall(f"{me}\n".encode())
-                        return {"ok": True, "address": address, "port": port}
-                except OSError:
-                    pass
-            foreign, last = True, "foreign"
-            break  # another program answers on this port: the peer listens on its next one
+                s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
+                if s.recv(256) == greeting(nonce, peer, port):
+                    s.sendall(f"{me}\n".encode())
+                    return {"ok": True, "address": address, "port": port}
+            except OSError:
+                pass
+        foreign, last = True, "foreign"
+        todo.remove(port)
     return {"ok": False, "address": address, "port": ports[0] if ports else 0, "error": last, "foreign": foreign}
 
 
