@@ -137,7 +137,7 @@ def _layer_of(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     if path in ("tests/test_ansible_lint.py", "tests/test_python_lint.py", "tests/unit/test_docs.py"):
         return "docs/lint"
-    for layer in ("unit", "workloads", "molecule", "quickstart", "cluster"):
+    for layer in (name for name in LAYERS if "/" not in name):  # the layers that are folders of tests/
         if path.startswith(f"tests/{layer}/"):
             return layer
     return "other"

@@ -25,6 +25,7 @@ import configparser
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -76,7 +77,7 @@ def _apt_archives(image: str) -> Path:
     (path / "partial").mkdir(parents=True, exist_ok=True)
     for old in jittor_nodes.CACHE_ROOT.glob("quickstart-apt-*"):
         if old != path:
-            subprocess.run(["rm", "-rf", str(old)], check=False)
+            shutil.rmtree(old, ignore_errors=True)
     return path
 
 

@@ -429,9 +429,10 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
 
 # --- staging on a node (role job's module distrun_stage) --------------------------------------
 
-def _stage_module():
+def _role_module(role: str, name: str):
+    """A role's Ansible module (roles/<role>/library/<name>.py), imported for its functions."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("distrun_stage", REPO / "roles" / "job" / "library" / "distrun_stage.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "roles" / role / "library" / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -451,7 +452,7 @@ def _bundle(files: dict[str, str]) -> str:
 
 
 def test_staging_writes_the_env_file_0600_in_a_private_run_dir_and_never_follows_a_link(tmp_path):
-    stage = _stage_module().stage
+    stage = _role_module("job", "distrun_stage").stage
     shared = tmp_path / "shared"
     run_dir = shared / "runs" / "r1"
     run_dir.mkdir(parents=True)
@@ -494,15 +495,6 @@ def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, mon
 
 
 # --- links a job planted where setup writes (role distrun's module distrun_no_links) ---------
-
-def _role_module(role: str, name: str):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, REPO / "roles" / role / "library" / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_every_planted_link_is_named_with_its_target_and_the_fix_in_one_line(tmp_path):
     m = _role_module("distrun", "distrun_no_links")

@@ -12,6 +12,7 @@ never followed.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
@@ -62,7 +63,8 @@ def merged(current: list[str], entries: list[str]) -> list[str]:
 def write(path: str, lines: list[str]) -> None:
     folder = os.path.dirname(path) or "."
     try:
-        mode = os.lstat(path).st_mode & 0o777 if not os.path.islink(path) else 0o644
+        st = os.lstat(path)
+        mode = 0o644 if stat.S_ISLNK(st.st_mode) else stat.S_IMODE(st.st_mode)
     except FileNotFoundError:
         mode = 0o644
     fd, tmp = tempfile.mkstemp(prefix=".known_hosts.", dir=folder)
