@@ -20,6 +20,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
     created: list[podcluster.Cluster] = []
 
     def make(n: int, name: str | None = None, wheelhouse: Path | None | str = "default",
-             inventory: Path | None = None, volumes=()) -> podcluster.Cluster:
+             inventory: Path | None = None, volumes=(), node_images=()) -> podcluster.Cluster:
         """``name`` is a suffix of the session's cluster name (DISTRUN_CLUSTER_NAME), so two
         sessions on one machine never share a cluster; "" is that name itself."""
         suffix = f"f{len(created) + 1}" if name is None else name
@@ -91,7 +92,8 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
             wheelhouse = HOST_WHEELHOUSE if HOST_WHEELHOUSE.is_dir() else None
         inv = inventory or tmp_path_factory.mktemp(name) / "hosts.yml"
         try:
-            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv, volumes=volumes)
+            cluster = podcluster.up(n, name=name, wheelhouse=wheelhouse, inventory=inv, volumes=volumes,
+                                    node_images=node_images)
         except podcluster.HarnessError as exc:
             pytest.fail(f"test cluster {name!r} did not come up: {exc}", pytrace=False)
         created.append(cluster)
@@ -108,15 +110,41 @@ def cluster_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluste
         pytest.fail("tearing down test clusters failed: " + "; ".join(errors), pytrace=False)
 
 
+@dataclass
+class Provisioning:
+    """Where cluster3 starts from: the node image, or the snapshot of an earlier first converge
+    of the same inputs (podcluster.snapshot_key); ``key`` names the snapshot either way."""
+    key: str
+    node_images: list[str]
+
+    @property
+    def from_snapshot(self) -> bool:
+        return bool(self.node_images)
+
+
 @pytest.fixture(scope="session")
-def cluster3(cluster_factory: ClusterFactory, tmp_path_factory: pytest.TempPathFactory) -> podcluster.Cluster:
+def cluster3_provisioning() -> Provisioning:
+    _require_podman()
+    try:
+        base = podcluster.build_image().ref
+    except podcluster.HarnessError as exc:
+        pytest.fail(f"the node image could not be built: {exc}", pytrace=False)
+    key = podcluster.snapshot_key(base, 3)
+    # DISTRUN_TEST_SNAPSHOT=0: always converge fresh nodes (and keep no snapshot).
+    use = os.environ.get("DISTRUN_TEST_SNAPSHOT", "1") != "0"
+    return Provisioning(key=key if use else "", node_images=podcluster.snapshot_images(key, 3) if use else [])
+
+
+@pytest.fixture(scope="session")
+def cluster3(cluster_factory: ClusterFactory, tmp_path_factory: pytest.TempPathFactory,
+             cluster3_provisioning: Provisioning) -> podcluster.Cluster:
     # One host folder bound into every node stands for a site's shared filesystem
     # (distrun_shared_fs_mode: external, tests/cluster/test_matrix.py). Traversable by every
     # user, as a site's filesystem is: pytest makes its folders 0700.
     site = tmp_path_factory.mktemp("site-shared")
     site.chmod(0o755)
     return cluster_factory(3, name="", inventory=podcluster.DEFAULT_INVENTORY,
-                           volumes=[(site, SITE_MOUNT, "rw")])
+                           volumes=[(site, SITE_MOUNT, "rw")], node_images=cluster3_provisioning.node_images)
 
 
 # ---------------------------------------------------------------- the suite's layers, timed

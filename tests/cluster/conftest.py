@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import podcluster
+
 from . import jittor_nodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,9 +50,20 @@ def distrun_home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def first_setup(cluster3, distrun_home) -> CliResult:
-    """The first converge of setup.yml on fresh containers, through the real CLI."""
-    return distrun("setup", "--inventory", "test")
+def first_setup(cluster3, cluster3_provisioning, distrun_home) -> CliResult:
+    """The first converge of setup.yml through the real CLI, on fresh containers; or, where an
+    earlier session kept the result of that same converge (a snapshot, keyed by the roles, the
+    inventory, the runner and the node image: tests/harness/podcluster.py), on containers
+    started from it, which this session's new keys and addresses still make a real converge.
+    The first converge on fresh nodes is then still run in this session, by the quickstart test
+    (setup.yml, venv) and molecule's conda scenario (setup.yml, conda)."""
+    result = distrun("setup", "--inventory", "test")
+    prov = cluster3_provisioning
+    if prov.from_snapshot:
+        print(f"\ncluster3: started from the snapshot {prov.key} of a first converge of these inputs", flush=True)
+    elif result.rc == 0 and prov.key:
+        podcluster.snapshot(cluster3, prov.key, log=lambda msg: print("\n" + msg, flush=True))
+    return result
 
 
 @pytest.fixture(scope="session")

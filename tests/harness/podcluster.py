@@ -641,13 +641,17 @@ def node_pip_cache() -> Path:
 def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
        inventory: Path | str | None = None, image: str | None = None,
        wait_s: float = 120, log: Log = _stderr,
-       volumes: Sequence[tuple[Path | str, str, str]] = ()) -> Cluster:
+       volumes: Sequence[tuple[Path | str, str, str]] = (),
+       node_images: Sequence[str] = ()) -> Cluster:
     """Start an n-node cluster (removing leftovers of the same name first) and write its
     inventory; on any failure everything started is removed again.
 
-    ``volumes``: more host paths bound into every node, as (host path, node path, "ro"|"rw")."""
+    ``volumes``: more host paths bound into every node, as (host path, node path, "ro"|"rw").
+    ``node_images``: one image per node instead of the node image (a snapshot(), below)."""
     if n < 1:
         raise HarnessError(f"a cluster needs at least 1 node, not {n}")
+    if node_images and len(node_images) != n:
+        raise HarnessError(f"{len(node_images)} node images for {n} nodes")
     if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
         raise HarnessError(f"cluster name {name!r}: use lowercase letters, digits, '-', '_', '.'")
     t0 = time.monotonic()
@@ -708,7 +712,7 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
             shares = os.environ.get("DISTRUN_TEST_CPU_SHARES", "")
             if shares.isdigit() and int(shares) > 0:
                 args += ["--cpu-shares", shares]
-            _podman(*args, ref)
+            _podman(*args, node_images[k - 1] if node_images else ref)
             node.ip = _container_ip(node.container, cluster.network)
             cluster.nodes.append(node)
         for node in cluster.nodes:
@@ -766,6 +770,68 @@ def exec(k: int, cmd: str | Sequence[str], name: str = DEFAULT_NAME,  # noqa: A0
 
 def ip(k: int, name: str = DEFAULT_NAME) -> str:
     return load(name).ip(k)
+
+
+# --------------------------------------------------------------------------- snapshots
+
+# A provisioned cluster kept as one image per node, keyed by everything its first `distrun
+# setup` depends on: the node image, the roles and playbooks, the test inventory, the runner,
+# the harness. Any change there is another key, so a snapshot is only ever the result of the
+# same converge; it is also rebuilt after SNAPSHOT_MAX_AGE_S (the packages pip and apt pick
+# within the roles' pins move on).
+SNAPSHOT_REPO = "localhost/distrun-provisioned"
+SNAPSHOT_MAX_AGE_S = 7 * 24 * 3600
+SNAPSHOT_INPUTS = ("roles", "playbooks", "setup.yml", "ansible.cfg", "inventory/test", "runner",
+                   "pyproject.toml", "tests/harness/podcluster.py", "tests/conftest.py",
+                   "tests/cluster/conftest.py")
+
+
+def snapshot_key(base_image: str, n: int) -> str:
+    """The digest of the snapshot inputs' files (tracked ones; their contents as they are now)."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--", *SNAPSHOT_INPUTS], cwd=REPO_ROOT,
+                          capture_output=True, check=False)
+    if proc.returncode == 0 and proc.stdout:
+        files = sorted(REPO_ROOT / f for f in proc.stdout.decode().split("\0") if f)
+    else:  # not a git checkout: every file but what the harness writes there itself
+        files = sorted(f for top in SNAPSHOT_INPUTS for f in
+                       ((REPO_ROOT / top).rglob("*") if (REPO_ROOT / top).is_dir() else [REPO_ROOT / top])
+                       if f.is_file() and "__pycache__" not in f.parts and f != DEFAULT_INVENTORY)
+    h = hashlib.sha256(f"{base_image}\n{n}\n".encode())
+    for f in files:
+        if f.is_file():
+            h.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()[:16]
+
+
+def snapshot_images(key: str, n: int) -> list[str]:
+    """The snapshot's image per node, or [] when it is missing (or too old to use)."""
+    refs = [f"{SNAPSHOT_REPO}:{key}-node{k}" for k in range(1, n + 1)]
+    for ref in refs:
+        out = _podman("image", "inspect", ref, "--format", "{{.Created.Unix}}", check=False)
+        if out.returncode != 0 or not out.stdout.strip().isdigit() \
+                or time.time() - int(out.stdout.strip()) > SNAPSHOT_MAX_AGE_S:
+            return []
+    return refs
+
+
+def snapshot(cluster: Cluster, key: str, log: Log = _stderr) -> None:
+    """Commit every node of a freshly provisioned cluster as the snapshot ``key`` (all nodes at
+    once), and remove every other snapshot: one is kept, about 2 GB per node."""
+    t0 = time.monotonic()
+    procs = [(node, subprocess.Popen(["podman", "commit", "-q", node.container, f"{SNAPSHOT_REPO}:{key}-node{node.index}"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+             for node in cluster.nodes]
+    ended = [(node, p.communicate(timeout=900)[1], p.returncode) for node, p in procs]
+    failed = [f"{node.container}: {_last_line(err)}" for node, err, rc in ended if rc != 0]
+    if failed:
+        for node in cluster.nodes:
+            _podman("rmi", f"{SNAPSHOT_REPO}:{key}-node{node.index}", check=False)
+        raise HarnessError("podman commit of the provisioned nodes failed: " + "; ".join(failed))
+    listed = _podman("images", "--format", "{{.Repository}}:{{.Tag}}", SNAPSHOT_REPO, check=False).stdout.split()
+    stale = [ref for ref in listed if not ref.split(":")[-1].startswith(f"{key}-")]
+    if stale:
+        _podman("rmi", *stale, check=False)
+    log(f"podcluster: snapshot {key} of {len(cluster.nodes)} provisioned nodes in {time.monotonic() - t0:.1f}s")
 
 
 def status(name: str = DEFAULT_NAME) -> list[tuple[str, str, str]]:
