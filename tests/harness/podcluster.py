@@ -787,9 +787,10 @@ SNAPSHOT_INPUTS = ("roles", "playbooks", "setup.yml", "ansible.cfg", "inventory/
 
 
 def snapshot_key(base_image: str, n: int) -> str:
-    """The digest of the snapshot inputs' files (tracked ones; their contents as they are now)."""
-    proc = subprocess.run(["git", "ls-files", "-z", "--", *SNAPSHOT_INPUTS], cwd=REPO_ROOT,
-                          capture_output=True, check=False)
+    """The digest of the snapshot inputs' files as they are now (git's files there: tracked, or
+    new and not ignored; the inventory the harness writes is ignored)."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                           *SNAPSHOT_INPUTS], cwd=REPO_ROOT, capture_output=True, check=False)
     if proc.returncode == 0 and proc.stdout:
         files = sorted(REPO_ROOT / f for f in proc.stdout.decode().split("\0") if f)
     else:  # not a git checkout: every file but what the harness writes there itself
