@@ -32,11 +32,11 @@ ROUND_2 = [
 
 # Each rank with LOCAL_RANK 0 plants its node's links: moves the real file aside, links its path.
 JOB = """\
-import json, os, socket, sys
+import json, os, shutil, socket, sys
 if os.environ.get("LOCAL_RANK", "0") == "0":
     for link, target in json.loads(sys.argv[1]).get(socket.gethostname().split(".")[0], []):
         if os.path.lexists(link) and not os.path.islink(link):
-            os.rename(link, link + ".orig")
+            shutil.move(link, link + ".orig")  # as mv: a copy where the file system cannot rename
         os.symlink(target, link)
         print("planted", link, "->", target, flush=True)
 """
