@@ -46,6 +46,9 @@ def parser(description: str, partitioned: bool) -> argparse.ArgumentParser:
                     help="expected number of ranks; checked against the MPI world size")
     ap.add_argument("--result-file", type=Path, default=None,
                     help="write the DISTRUN_RESULT JSON here (default $DISTRUN_RUN_DIR/result.json)")
+    ap.add_argument("--min-epoch-seconds", type=float, default=0.0, metavar="S",
+                    help="spend at least S seconds per epoch, sleeping after it: a small graph lasts as long "
+                         "as a drill needs (stopping a node mid-run); results are unchanged")
     ap.add_argument("--check-exact", type=Path, default=None, metavar="NPZ",
                     help="no training: write logits, loss and gradients of the initial model (dropout off) and exit")
     if partitioned:
@@ -58,6 +61,8 @@ def validate(args: argparse.Namespace) -> None:
     datasets.gdc_spec(args)  # raises on bad GDC values
     if args.epochs < 1:
         raise UserError("--epochs must be at least 1")
+    if not 0 <= args.min_epoch_seconds <= 3600:
+        raise UserError(f"--min-epoch-seconds {args.min_epoch_seconds:g}: give 0 (no pacing) to 3600")
     if args.hidden < 1:
         raise UserError("--hidden must be at least 1")
     if not 0.0 <= args.dropout < 1.0:
@@ -155,6 +160,7 @@ class Reporter:
     def __init__(self, workload: str, args: argparse.Namespace, rank: int, ranks: int) -> None:
         self.workload, self.args, self.rank, self.ranks = workload, args, rank, ranks
         self.t0 = time.perf_counter()
+        self.paced = self.t0  # when the last epoch's pacing ended
         self.history: list[EpochStats] = []
         self.best: tuple[float, int, float] | None = None  # (val_acc, epoch, test_acc)
 
@@ -165,6 +171,10 @@ class Reporter:
             self.best = (stats.val_acc, stats.epoch, test_acc)
         if self.rank == 0:
             emit("DISTRUN_EPOCH", asdict(stats))
+        pause = self.args.min_epoch_seconds - (time.perf_counter() - self.paced)
+        if pause > 0:
+            time.sleep(pause)
+        self.paced = time.perf_counter()
 
     def result(self, test_acc: float, extra: dict | None = None) -> dict:
         last = self.history[-1]

@@ -26,3 +26,13 @@ def test_ddp_resumed_from_its_newest_checkpoint_ends_exactly_as_the_uninterrupte
     # Exactly, not approximately: model, optimizer and the dropout generator were restored.
     assert [e["loss"] for e in again.lines("DISTRUN_EPOCH")] == [e["loss"] for e in whole.lines("DISTRUN_EPOCH")][4:]
     assert again.result["loss"] == whole.result["loss"]
+
+
+def test_a_paced_run_lasts_at_least_its_pace_and_computes_the_same(work_env):
+    """--min-epoch-seconds stretches a small run for failure drills without changing a number."""
+    plain = run_workload("gcn_ddp.py", SMALL, work_env)
+    paced = run_workload("gcn_ddp.py", [*SMALL, "--min-epoch-seconds", "0.25"], work_env)
+    assert plain.rc == 0 and paced.rc == 0, plain.stderr[-2000:] + paced.stderr[-2000:]
+    assert paced.result["wall_s"] >= 6 * 0.25, paced.result
+    assert [e["loss"] for e in paced.lines("DISTRUN_EPOCH")] == [e["loss"] for e in plain.lines("DISTRUN_EPOCH")]
+    assert paced.result["loss"] == plain.result["loss"]

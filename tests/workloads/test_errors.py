@@ -49,6 +49,9 @@ def test_bad_flag_values(cora_raw: Path, work_env):
     r = run_workload("gcn_ddp.py", ["--dataset", "cora", "--data-dir", str(cora_raw), "--epochs", "0"], work_env)
     one_clear_line(r, "--epochs must be at least 1")
     assert r.rc == 2
+    r = run_workload("gcn_ddp.py", ["--dataset", "cora", "--data-dir", str(cora_raw), "--min-epoch-seconds", "-1"], work_env)
+    one_clear_line(r, "--min-epoch-seconds -1: give 0 (no pacing) to 3600")
+    assert r.rc == 2
 
 
 @pytest.mark.jittor
