@@ -137,7 +137,7 @@ class Bench:
         rows.append(self.setup("re-run: default, again"))
         rows.append(self.setup("re-run: pipelining off", {"ANSIBLE_PIPELINING": "False"}))
         rows.append(self.setup("re-run: ControlPersist off",
-                               {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=15"}))
+                               {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o ServerAliveInterval=5 -o ServerAliveCountMax=3"}))
         rows.append(self.setup("re-run: forks=1", {"ANSIBLE_FORKS": "1"}))
         # ansible-runner points ANSIBLE_CACHE_PLUGIN_CONNECTION at each run's own artifact
         # folder (it overrides the environment), so "smart" gathers once per run, not once per play.

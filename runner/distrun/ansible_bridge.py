@@ -126,6 +126,8 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_RETRY_FILES_ENABLED": "False",
         # A stopped node must fail fast (preflight names it within seconds), not hang on connect.
         "ANSIBLE_TIMEOUT": os.environ.get("ANSIBLE_TIMEOUT", "10"),
+        # The folder distrun's own ssh sessions look for Ansible's master connections in.
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(paths.ssh_control_dir()),
     }
 
 

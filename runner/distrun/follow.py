@@ -21,14 +21,11 @@ from dataclasses import dataclass
 
 from .inventory import Cluster, Node
 from .plan import JobPlan
-from .remote import as_user, shell_argv
+from .remote import KEEPALIVE_S, as_user, shell_argv
 
 EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
 # A remote step that failed says what failed, on which path; printed instead of an exit marker.
 ERROR_RE = re.compile(r"^DISTRUN_ERROR (.+)$")
-# Seconds between ssh keepalives and how many may go unanswered before a node counts as lost.
-KEEPALIVE_S = 5
-KEEPALIVE_COUNT = 3
 # ssh's own exit status when the connection failed (or its keepalives ran out).
 SSH_FAILED = 255
 
@@ -100,12 +97,6 @@ def _heartbeat_command() -> str:
     return f"while sleep {KEEPALIVE_S}; do echo; done"
 
 
-def _with_keepalive(argv: list[str]) -> list[str]:
-    if argv and argv[0] == "ssh":
-        return ["ssh", "-o", f"ServerAliveInterval={KEEPALIVE_S}", "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", *argv[1:]]
-    return argv
-
-
 def session_ended(host: str, rc: int, output: list[str], over_ssh: bool) -> Outcome:
     """What a follower session that ended without an exit marker means.
 
@@ -168,7 +159,7 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
             command = wait_command(plan, h)
         else:
             command = _heartbeat_command()
-        proc = subprocess.Popen(_with_keepalive(shell_argv(nodes[h], command)), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(shell_argv(nodes[h], command), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         procs[h] = proc
         threading.Thread(target=reader, args=(h, proc), daemon=True).start()

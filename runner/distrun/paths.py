@@ -55,6 +55,17 @@ def _private_dir(path: Path, what: str, fix: str) -> None:
         raise UserError(f"{what}: {exc.strerror}; {fix}") from None
 
 
+def ssh_control_dir() -> Path:
+    """Where Ansible keeps its ssh master connections' sockets (ansible.cfg names each one by
+    ssh's %C), so that distrun's own ssh sessions to a node ride on the master a playbook left
+    open instead of opening a connection of their own. ANSIBLE_SSH_CONTROL_PATH_DIR or
+    $ANSIBLE_HOME/cp, as Ansible reads them; the runner passes the result to Ansible too."""
+    override = os.environ.get("ANSIBLE_SSH_CONTROL_PATH_DIR")
+    if override:
+        return Path(os.path.expanduser(override))
+    return Path(os.path.expanduser(os.environ.get("ANSIBLE_HOME") or "~/.ansible")) / "cp"
+
+
 def runs_dir() -> Path:
     path = state_dir() / "runs"
     _private_dir(path, f"the runs folder {path}", "remove or rename what is there")

@@ -1,18 +1,40 @@
-"""A shell on the head node, the way Ansible reaches it, for following a run's output live.
+"""A shell on a node, the way Ansible reaches it, for following a run's output live.
 
 Ansible returns a task's output only when the task ends; a training run lasts hours, so the
-runner keeps one ssh session (or a local shell) open to the head and tails the launcher's log.
+runner keeps one ssh session (or a local shell) open to each node and tails the launcher's log.
+Those sessions ride on the master connection Ansible keeps per node (ansible.cfg), so a run opens
+one connection per node, not one per session.
 """
 
 from __future__ import annotations
 
 import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
 
+from . import paths
 from .errors import UserError
 from .inventory import Node
 
+# Seconds between ssh keepalives and how many may go unanswered before a node counts as lost
+# (ansible.cfg gives Ansible's master connections the same).
+KEEPALIVE_S = 5
+KEEPALIVE_COUNT = 3
 
-def shell_argv(node: Node, command: str) -> list[str]:
+
+def _names_control_path(args: list[str]) -> bool:
+    """Whether the inventory's own ssh arguments choose a control socket (-S, -o ControlPath)."""
+    return any(a.startswith("-S") for a in args) or "controlpath" in " ".join(args).lower()
+
+
+def shell_argv(node: Node, command: str, *, master: bool = False) -> list[str]:
+    """ssh to node as Ansible reaches it, running command. The session rides on the master
+    connection a playbook left open to the node (ansible.cfg: same socket name), else connects by
+    itself; it never becomes a master, whose background process would hold its output open.
+    ``master``: open the node's master instead (kept 60 s; its keepalives end every session on it
+    when the node stops answering for 15 s), for callers that read nothing from it."""
     hv = node.hostvars
     connection = node.connection
     if connection == "local":
@@ -22,11 +44,17 @@ def shell_argv(node: Node, command: str) -> list[str]:
             f"host {node.name}: ansible_connection={connection} cannot stream live output; "
             "use ssh or local for the head node"
         )
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
-            "-o", "ServerAliveCountMax=3"]
+    extra: list[str] = []
     for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
         if hv.get(key):
-            argv += shlex.split(str(hv[key]))
+            extra += shlex.split(str(hv[key]))
+    # ssh keeps the first value it is given for an option: these come before the inventory's.
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", f"ServerAliveInterval={KEEPALIVE_S}",
+            "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}"]
+    argv += ["-o", "ControlMaster=auto", "-o", "ControlPersist=60s"] if master else ["-o", "ControlMaster=no"]
+    if not _names_control_path(extra):
+        argv += ["-o", f"ControlPath={paths.ssh_control_dir()}/%C"]
+    argv += extra
     if hv.get("ansible_port"):
         argv += ["-p", str(hv["ansible_port"])]
     key_file = hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file")
@@ -37,6 +65,31 @@ def shell_argv(node: Node, command: str) -> list[str]:
     # "--": a destination is never read as an option (an ansible_host of "-oProxyCommand=...").
     argv += ["--", target, command]
     return argv
+
+
+def open_masters(nodes: Sequence[Node], wait_s: float = 3.0) -> None:
+    """Open each node's master connection, all at once, and wait for them up to wait_s: the
+    sessions and playbooks that follow ride on them instead of connecting one by one. Nothing is
+    read from them: a node that cannot be reached is the preflight's to name, and a master still
+    connecting after wait_s goes on in the background."""
+    folder = paths.ssh_control_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    procs = []
+    for node in nodes:
+        if node.connection not in ("ssh", "smart"):
+            continue
+        try:
+            argv = shell_argv(node, "true", master=True)
+        except UserError:
+            continue
+        procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True))
+    deadline = time.monotonic() + wait_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            threading.Thread(target=proc.wait, daemon=True).start()  # reaped when it ends
 
 
 def as_user(user: str, command: str) -> str:

@@ -26,6 +26,7 @@ from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
 from .project import commands, load_project, make_ready, pull_command, record_pulls
+from .remote import open_masters
 from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
 
@@ -273,6 +274,7 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
     launcher_named(request.launcher).require_ready(cluster)
     collect_limits()  # a bad limit is refused before anything starts
     run_id = new_run_id("train")
+    open_masters(cluster.nodes)  # the claim, run.yml and the followers share one connection per node
     held = claim_request(request, cluster, run_id)  # busy hosts, or a plan error, leave no record either
     try:
         phases = Phases(new_run("train", request.inventory, run_id), t0)
