@@ -213,7 +213,7 @@ class Bench:
                 continue  # the play's start, before the first step publishes its name
             inside += max(times) - min(times)
             out[f"  run.yml step: {name}"] = round(max(times) - min(times), 2)
-        run_yml = out.get("run.yml (preflight, stage, launch)")
+        run_yml = out.get("run.yml (preflight, stage)")
         if run_yml is not None and spans:
             out["  run.yml outside its steps (ansible-runner, ansible-playbook start-up)"] = round(run_yml - inside, 2)
         return out

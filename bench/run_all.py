@@ -199,11 +199,13 @@ def render_launch(c: dict) -> list[str]:
         if fol is not None and mpm is not None:
             out += [f"Reading: besides following the ranks ({fol:.1f} s, against mpirun's own {f(mpm, 2)} s), "
                     f"this run spent {ours:.1f} s in distrun's steps; `run.yml` (one ansible-playbook process "
-                    f"for preflight, stage and launch) took {ph.get('run.yml (preflight, stage, launch)', 0):.1f} s "
+                    f"for preflight and stage) took {ph.get('run.yml (preflight, stage)', 0):.1f} s "
                     "of it. It gathers no facts (the plan comes from the cached ones; the probe reports the "
                     "addresses it is checked against); the preflight probes every node in one command and judges "
                     "them before anything is staged; staging is one module call per node (the bundle and the "
-                    "run's variables); collect is one tar stream per node.", ""]
+                    "run's variables); the launchers start over the ssh connection per node that distrun opens "
+                    "first and that the playbook, the followers and collect share; collect is one tar stream per "
+                    "node.", ""]
     return out
 
 

@@ -202,7 +202,7 @@ def common_vars(plan: JobPlan) -> dict[str, Any]:
 def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
                script: Path | None, jittor_warm: bool, env: dict[str, str] | None = None,
                workdir_pull: list[str] | None = None) -> dict[str, Any]:
-    """Extravars of run.yml and stage.yml (the launch play reads the same names).
+    """Extravars of run.yml and stage.yml.
 
     ``env`` (the user's --env) goes in its own 0600 file, never in the bundle, the plan or an
     extravar: ansible-runner records extravars, and the bundle is a logged task's stdin.
@@ -215,7 +215,6 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
         **common_vars(plan),
         "distrun_run_bundle": bundle,
         "distrun_workloads_digest": digest,
-        "distrun_launch_hosts": sorted(scripts),
         "distrun_jittor_warm": jittor_warm,
         "distrun_partition_argv": list(plan.partition or []),
         "distrun_partition_dir": plan.partition_dir or "",

@@ -58,6 +58,43 @@ def _exit_marker() -> str:
     )
 
 
+def launch_command(plan: JobPlan, host: str) -> str:
+    """Start host's launch script detached (its own session: the job outlives this ssh session),
+    with an environment of its own rather than this session's (no ssh variables, no controller
+    locale): the training user's home, user name and PATH, and C.UTF-8."""
+    return as_user(plan.user, (
+        _enter(plan, host)
+        + '[ -f "launch-$h.sh" ] || { echo "DISTRUN_ERROR $h: there is no launch script $d/launch-$h.sh"; exit 4; }; '
+        'setsid -f env -i HOME="$HOME" USER="$u" LOGNAME="$u" SHELL=/bin/bash PATH="$PATH" LANG=C.UTF-8 '
+        'bash "launch-$h.sh" > /dev/null 2>&1 < /dev/null; echo DISTRUN_LAUNCHED'
+    ))
+
+
+def launch(cluster: Cluster, plan: JobPlan, hosts: list[str], timeout_s: float = 60) -> dict[str, str]:
+    """Start the launcher on every launch host at once, each over its node's ssh connection (run.yml
+    left it open); host -> why, for those where it did not start."""
+    nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
+    procs = {h: subprocess.Popen(shell_argv(nodes[h], launch_command(plan, h)), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for h in dict.fromkeys(hosts)}
+    deadline = time.monotonic() + timeout_s
+    failed: dict[str, str] = {}
+    for h, proc in procs.items():
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed[h] = f"no answer in {timeout_s:.0f} s"
+            continue
+        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        if proc.returncode == 0 and "DISTRUN_LAUNCHED" in lines:
+            continue
+        error = next((m.group(1) for ln in lines if (m := ERROR_RE.match(ln))), None)
+        failed[h] = error or (lines[-1] if lines else f"exit {proc.returncode}")
+    return failed
+
+
 def tail_command(plan: JobPlan, host: str) -> str:
     """The head's session: follow the launcher's log until the launcher exits, then its exit code."""
     return as_user(plan.user, (

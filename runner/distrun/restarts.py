@@ -3,7 +3,7 @@ the failed attempt's files aside so the next attempt starts clean.
 
 The job itself resumes: every rank gets DISTRUN_RESTART (0, 1, ...) and DISTRUN_CHECKPOINT_DIR,
 a folder per run in the shared folder that survives restarts (plan.py). A restart re-plans on
-the hosts that are left and runs run.yml again (preflight, stage, launch); in sync mode the
+the hosts that are left and runs run.yml again (preflight, stage), then launches; in sync mode the
 stage step first copies the head's checkpoints to every node.
 """
 

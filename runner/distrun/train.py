@@ -6,10 +6,12 @@ restarts are left, stop and collect, summarise. Prints nothing: it reports throu
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 
-from .ansible_bridge import PlaybookResult, run_playbook
+from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import claim_request
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
@@ -18,6 +20,7 @@ from .diagnosis import failed_host
 from .ending import RunEnd, collect_limits
 from .errors import UserError
 from .follow import Outcome
+from .follow import launch as start_launchers
 from .inventory import Cluster
 from .judge import refusal
 from .launchers import launcher_named
@@ -32,7 +35,9 @@ from .runs import Phases, new_run, new_run_id
 
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
-STEPS = ("preflight", "stage", "launch")
+STEPS = ("preflight", "stage")
+# Published by run.yml's last task once every node of the run is staged.
+STAGED_FACT = "distrun_staged"
 # How long --detach waits for every rank to start before it lets the run go anyway.
 DETACH_WAIT_S = 600
 
@@ -54,17 +59,25 @@ class _Run:
         self.lost: set[str] = set()  # hosts that stopped answering: not waited on again
         self.exclude: frozenset[str] = frozenset()
         self.restart = 0
-        self.launched = False  # once run.yml reached its launch play, ranks may run: stop and collect
+        self.launched = False  # once every node was staged, ranks may run: stop and collect
         self.stopped = False  # the current attempt was stopped already
         self.left_running = False  # detached, or out of contact: nothing to stop or collect here
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
-                 limit: str | None = None, cached_facts: bool = False) -> PlaybookResult:
-        """Run a playbook with progress."""
+                 limit: str | None = None, cached_facts: bool = False,
+                 also: EventHandler | None = None) -> PlaybookResult:
+        """Run a playbook with progress; ``also`` sees every event too."""
         started = time.monotonic()
         with self.listener.playbook(title, hosts) as on_event:
+
+            def both(event: PlaybookEvent) -> None:
+                if on_event is not None:
+                    on_event(event)
+                if also is not None:
+                    also(event)
+
             result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
-                                  on_event=on_event, limit=limit, cached_facts=cached_facts)
+                                  on_event=both, limit=limit, cached_facts=cached_facts)
         # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight).
         if not result.ok and not (result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
@@ -84,8 +97,8 @@ class _Run:
         raise UserError(preflight_refusal(result, str(self.request.inventory)), exit_code=3)
 
     def launch(self) -> int | None:
-        """Plan this attempt and run run.yml (preflight, stage, launch): None once every launcher
-        started, 4 when staging failed, 5 when the launch did."""
+        """Plan this attempt, run run.yml (preflight, stage) and start the launchers: None once every
+        launcher started, 4 when staging failed, 5 when the launch did."""
         request, run, phases = self.request, self.run, self.phases
         for attempt in (1, 2):
             cluster = without(self.cluster, set(self.exclude))
@@ -109,15 +122,22 @@ class _Run:
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
             # No fact gathering: the plan was made from the cached facts, and the probe checks the
             # addresses it relies on.
+            starter = Starter(self.cluster, plan)
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
-                                   cached_facts=True)
-            phases.mark("run.yml (preflight, stage, launch)")
+                                   cached_facts=True, also=starter.on_event)
+            phases.mark("run.yml (preflight, stage)")
             if project:
                 record_pulls(run, result)
-            step = "launch" if result.ok else failed_step(result)
-            self.launched = step == "launch"
+            self.launched = starter.started or result.ok
             if result.ok:
-                return None
+                failed = starter.wait()
+                phases.mark("launch")
+                if not failed:
+                    return None
+                for host, why in failed.items():
+                    self.listener.node_failed(why if why.startswith(f"{host}: ") else f"{host}: {why}")
+                break
+            step = failed_step(result)
             if step == "preflight":
                 if attempt == 1 and any(h.facts.get("distrun_network_changed") for h in result.failures()):
                     self.listener.replanning()
@@ -246,9 +266,43 @@ class _Run:
         return code
 
 
+class Starter:
+    """Starts an attempt's launchers as soon as run.yml publishes that every node is staged
+    (STAGED_FACT, its last task), in a thread, so they start while ansible-playbook is ending."""
+
+    def __init__(self, cluster: Cluster, plan: JobPlan) -> None:
+        self.cluster, self.plan = cluster, plan
+        self.thread: threading.Thread | None = None
+        self.failed: dict[str, str] = {}
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    def on_event(self, event: PlaybookEvent) -> None:
+        facts = event.data.get("ansible_facts") if event.kind in ("ok", "changed") else None
+        if isinstance(facts, Mapping) and facts.get(STAGED_FACT) is True:
+            self.start()
+
+    def start(self) -> None:
+        if self.thread is None:
+            hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
+            self.thread = threading.Thread(target=lambda: self.failed.update(start_launchers(self.cluster, self.plan, hosts)),
+                                           daemon=True)
+            self.thread.start()
+
+    def wait(self) -> dict[str, str]:
+        """Host -> why, for the launchers that did not start (started now if run.yml succeeded
+        without publishing the fact)."""
+        self.start()
+        assert self.thread is not None
+        self.thread.join()
+        return self.failed
+
+
 def failed_step(result: PlaybookResult) -> str:
-    """The earliest step of run.yml a host failed in, as the hosts' distrun_step said: 'preflight',
-    'stage' or 'launch' (a host that failed before any step said so: 'preflight')."""
+    """The earliest step of run.yml a host failed in, as the hosts' distrun_step said: 'preflight'
+    or 'stage' (a host that failed before any step said so: 'preflight')."""
     steps = {h.failed_step or STEPS[0] for h in result.failures()}
     return next((step for step in STEPS if step in steps), STEPS[-1])
 

@@ -45,7 +45,7 @@ def _train_files(d: Path, run_id: str) -> None:
     _write(d, "commands.json", {"partition": partition, "launch": {HOSTS[0]: launch}})
     _write(d, "commands.txt", "# hostfile\n" + "".join(f"{h} slots=2\n" for h in HOSTS))
     _write(d, "timings.json", {"phases": [{"name": "load inventory", "s": 1.2}, {"name": "plan and bundle", "s": 0.03},
-                                          {"name": "run.yml (preflight, stage, launch)", "s": 21.4},
+                                          {"name": "run.yml (preflight, stage)", "s": 21.4},
                                           {"name": "follow (ranks run)", "s": 95.25}, {"name": "collect", "s": 0.8}],
                                "total_s": 118.68})
     _write(d, "launcher.log", "DISTRUN_RESULT {\"test_acc\": 0.812}\n")

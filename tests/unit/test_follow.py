@@ -127,3 +127,42 @@ def test_the_follower_reports_an_unenterable_run_dir_with_its_path(tmp_path):
     outcome = follow.follow(cluster, plan, ["n1"], lambda _: None)
     assert not outcome.lost and outcome.host == "n1" and outcome.rc != 0
     assert outcome.reason.startswith(f"n1: cannot enter the run directory {plan.run_dir}")
+
+
+def test_launch_starts_each_launch_script_detached_with_its_own_environment(tmp_path, monkeypatch):
+    cluster, plan = plan_in(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    for h in ("n1", "n2"):
+        # The launcher outlives the session that started it, in its own session, with its own env.
+        (run_dir / f"launch-{h}.sh").write_text(
+            f"sleep 0.5; ps -o sid= -p $$ > sid-{h}; env > env-{h}; echo 0 > exitcode-{h}\n")
+    monkeypatch.setenv("SSH_CONNECTION", "10.0.0.9 4000 10.0.0.1 22")
+    monkeypatch.setenv("LANG", "xx_YY.UTF-8")
+    assert follow.launch(cluster, plan, ["n1", "n2"]) == {}
+    for h in ("n1", "n2"):
+        assert not (run_dir / f"exitcode-{h}").exists(), "launch waited for the launcher"
+    for _ in range(100):
+        if all((run_dir / f"exitcode-{h}").exists() for h in ("n1", "n2")):
+            break
+        subprocess.run(["sleep", "0.1"], check=True)
+    for h in ("n1", "n2"):
+        env = dict(line.split("=", 1) for line in (run_dir / f"env-{h}").read_text().splitlines() if "=" in line)
+        assert env["LANG"] == "C.UTF-8" and env["USER"] == ME and "HOME" in env and "PATH" in env
+        assert "SSH_CONNECTION" not in env
+        assert int((run_dir / f"sid-{h}").read_text()) != os.getsid(0)
+
+
+def test_launch_names_the_host_whose_launch_script_is_missing(tmp_path):
+    cluster, plan = plan_in(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    (run_dir / "launch-n1.sh").write_text("echo 0 > exitcode-n1\n")
+    failed = follow.launch(cluster, plan, ["n1", "n3"])
+    assert failed == {"n3": f"n3: there is no launch script {run_dir}/launch-n3.sh"}
+
+
+def test_launch_names_the_host_whose_run_directory_is_missing(tmp_path):
+    cluster, plan = plan_in(tmp_path)
+    failed = follow.launch(cluster, plan, ["n2"])
+    assert list(failed) == ["n2"] and f"cannot enter the run directory {plan.run_dir}" in failed["n2"]

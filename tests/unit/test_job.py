@@ -55,13 +55,13 @@ def _result(*failures: tuple[str, str]) -> PlaybookResult:
     return PlaybookResult("playbooks/run.yml", 2, "failed", hosts, Path("."))
 
 
-@pytest.mark.parametrize("step", ["preflight", "stage", "launch"])
+@pytest.mark.parametrize("step", ["preflight", "stage"])
 def test_the_failed_step_is_the_one_the_host_published(step):
     assert train.failed_step(_result(("node2", step))) == step
 
 
 def test_the_earliest_failed_step_wins():
-    assert train.failed_step(_result(("node1", "launch"), ("node3", "preflight"))) == "preflight"
+    assert train.failed_step(_result(("node1", "stage"), ("node3", "preflight"))) == "preflight"
 
 
 def test_a_host_that_failed_before_any_step_failed_the_preflight():
@@ -80,10 +80,9 @@ def test_run_yml_publishes_each_step_before_the_role_that_does_it():
             if role:
                 seen.append(("role", role.get("tasks_from", role["name"])))
     assert tuple(name for kind, name in seen if kind == "step") == train.STEPS
-    # preflight -> role preflight, stage -> job's stage, launch -> job's launch: each step's name
-    # is published before its role starts, so a failure in it is blamed on that step.
-    assert seen == [("step", "preflight"), ("role", "preflight"), ("step", "stage"), ("role", "stage"),
-                    ("step", "launch"), ("role", "launch")]
+    # preflight -> role preflight, stage -> job's stage: each step's name is published before its
+    # role starts, so a failure in it is blamed on that step. The runner starts the launchers.
+    assert seen == [("step", "preflight"), ("role", "preflight"), ("step", "stage"), ("role", "stage")]
 
 
 def _event(kind: str, host: str, action: str = "ansible.builtin.set_fact", **res) -> dict:
