@@ -19,7 +19,7 @@ from typing import Any
 from . import judge_site, netjudge, sharedfs
 
 # Report order; also the rows of the human table.
-CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "slurm", "versions", "ports", "network", "ssh", "names",
+CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "slurm", "versions", "ports", "addresses", "network", "ssh", "names",
           "shared folder",
           "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
@@ -119,10 +119,13 @@ def verdict(
     log_dir: str = LOG_DIR,
     site: bool = False,
     env_prefix: str = "",
+    planned: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Report:
     """What the probes (host -> the probe's JSON) say, check -> node -> Item; ``seen`` (host ->
     what the search for the head's probe file printed) only in the full set. ``site``: the head
-    is the login node of a Slurm the user does not administer, and the fixes are the user's."""
+    is the login node of a Slurm the user does not administer, and the fixes are the user's.
+    ``planned``: host -> {iface, address} a run was planned with, checked against the addresses
+    each probe found (a node whose probe could not tell is not judged on it)."""
     seen = seen or {}
     report: Report = {c: {} for c in CHECKS}
     probes = dict(probes)
@@ -173,10 +176,32 @@ def verdict(
     if names:
         report["names"].update(compare_names(names, head, setup))
     report["shared folder"].update(_shared(probes, seen, head, shared_mode, shared_dir, setup))
+    report["addresses"].update(planned_addresses(probes, planned or {}))
     report["network"].update({h: Item(*f) for h, f in netjudge.verdict(probes, head=head).items()})
     if site:
         report = judge_site.site_fixes(report, probes, env_prefix=env_prefix, shared_dir=shared_dir)
     return {c: dict(sorted(items.items())) for c, items in report.items() if items}
+
+
+def planned_addresses(probes: Mapping[str, Mapping[str, Any]], planned: Mapping[str, Mapping[str, str]]) -> dict[str, Item]:
+    """Whether each planned interface still has the address the plan uses."""
+    out: dict[str, Item] = {}
+    for h, want in planned.items():
+        found = (probes.get(h) or {}).get("addresses")
+        if not isinstance(found, Mapping) or not isinstance(want, Mapping):
+            continue
+        iface, address = str(want.get("iface", "")), str(want.get("address", ""))
+        if address in (found.get(iface) or []):
+            out[h] = Item(True, f"{address} on {iface}, as planned")
+        else:
+            out[h] = Item(False, f"the plan expected {address} on {iface}; the node's network changed since its "
+                                 "facts were cached", "run 'distrun check' (it gathers the facts again) and train again")
+    return out
+
+
+def network_changed(report: Report) -> bool:
+    """Whether the verdict blames a node's network for having changed since the plan."""
+    return any(not item.ok for item in report.get("addresses", {}).values())
 
 
 def build_report(

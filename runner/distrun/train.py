@@ -22,7 +22,7 @@ from .errors import UserError
 from .follow import Outcome
 from .follow import launch as start_launchers
 from .inventory import Cluster
-from .judge import refusal
+from .judge import from_dicts, network_changed, refusal
 from .launchers import launcher_named
 from .listener import EventHandler, Listener
 from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
@@ -139,7 +139,7 @@ class _Run:
                 break
             step = failed_step(result)
             if step == "preflight":
-                if attempt == 1 and any(h.facts.get("distrun_network_changed") for h in result.failures()):
+                if attempt == 1 and network_changed(from_dicts(result.fact(PREFLIGHT_FACT))):
                     self.listener.replanning()
                     self.preflight(cluster)  # gathers the facts of the run's nodes again
                     self.cluster = load(request)

@@ -9,7 +9,7 @@ import pytest
 
 from distrun.errors import PlanError
 from distrun.inventory import Node, load_cluster
-from distrun.judge import Item, build_report, compare_names, compare_versions, report_json, verdict
+from distrun.judge import Item, build_report, compare_names, compare_versions, network_changed, report_json, verdict
 from distrun.plan import build_plan, check_gpu_slots, gpu_slot_mismatches
 
 SETUP = "distrun setup --inventory test"
@@ -227,3 +227,19 @@ def test_human_report_shows_marks_and_fix_lines(capsys):
     assert "✗ ports on node1: port 29500 in use by python3 (pid 42)" in out
     assert "fix: stop that process" in out
     assert "1 check(s) failed" in out
+
+
+def test_a_node_whose_planned_address_moved_is_blamed_and_the_runner_plans_again():
+    planned = {h: {"iface": "eth0", "address": f"10.0.0.{i + 1}"} for i, h in enumerate(NODES)}
+    probes = {h: probe(h, addresses={"lo": ["127.0.0.1"], "eth0": [planned[h]["address"]]}) for h in NODES}
+    probes["node3"]["addresses"] = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.99"]}
+    probes["node2"].pop("addresses")  # the probe could not tell: not judged on it
+    judged = verdict(probes, head="node1", shared_mode="sync", shared_dir="/srv/distrun", setup=SETUP, planned=planned)
+    assert {h: it.ok for h, it in judged["addresses"].items()} == {"node1": True, "node3": False}
+    assert judged["addresses"]["node3"].detail == (
+        "the plan expected 10.0.0.3 on eth0; the node's network changed since its facts were cached")
+    assert network_changed(judged) and not network_changed(verdict(
+        {h: probe(h) for h in NODES}, head="node1", shared_mode="sync", shared_dir="/srv/distrun", setup=SETUP,
+        planned=planned))
+    # 'distrun check' plans nothing: no such check.
+    assert "addresses" not in verdict(probes, head="node1", shared_mode="sync", shared_dir="/srv/distrun", setup=SETUP)
