@@ -381,6 +381,41 @@ class Bench:
                 "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}
 
 
+def plot(c: dict, path: Path) -> bool:
+    """Launch overhead per phase: for mpirun and torchrun, the hand-started run's median wall time
+    beside the last warm distrun run split into its phases (the run.yml steps inside run.yml)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    suites = [(name, c.get(key)) for name, key in (("mpirun", "launch"), ("torchrun", "torchrun"))]
+    suites = [(n, s) for n, s in suites if s and s.get("hand_median_s") and any(r.get("phases") for r in s.get("warm", []))]
+    if not suites:
+        return False
+    fig, axes = plt.subplots(1, len(suites), figsize=(6 * len(suites), 3.2), squeeze=False)
+    for ax, (name, s) in zip(axes[0], suites, strict=True):
+        last = next(r for r in reversed(s["warm"]) if r.get("phases"))
+        phases = {k: v for k, v in last["phases"].items() if not k.startswith("  ") and v > 0.005}
+        left = 0.0
+        for i, (label, secs) in enumerate(phases.items()):
+            ax.barh(["distrun"], [secs], left=left, color=plt.cm.tab20(i % 20), label=f"{label} {secs:.2f} s")
+            left += secs
+        ax.barh(["by hand"], [s["hand_median_s"]], color="0.6", label=f"by hand (median) {s['hand_median_s']:.2f} s")
+        ax.axvline(s["hand_median_s"] * 1.10, color="k", linestyle="--", linewidth=1, label="target: by hand x 1.10")
+        ax.set_title(f"{name}: ratio {s['distrun_median_s'] / s['hand_median_s']:.2f} (medians)")
+        ax.set_xlabel("seconds (10 s job, 3 nodes)")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+        ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")

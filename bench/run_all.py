@@ -176,6 +176,11 @@ def render_launch(c: dict) -> list[str]:
                    f"**{gap:.1f} s** over the hand-started run, ratio **{ratio:.2f}** — "
                    f"**{'met' if ratio <= LAUNCH_TARGET_RATIO else 'not met'}**.")
         out.append("")
+    if bench_module("cluster").plot(c, IMAGES / "launch-overhead.png"):
+        out += ["![Launch overhead per phase, mpirun and torchrun, against the runs started by hand]"
+                "(img/launch-overhead.png)", ""]
+    else:
+        say("launch: no plot (matplotlib missing: pip install -e '.[bench]')")
     cidr = L["cold"].get("cidr")
     out += ["distrun's own command line differs from the hand one only in flags that cost no time: `--prefix`, "
             "`--map-by slot`, `--output-filename <run dir>/ranks`" + (f", `--mca btl_tcp_if_include {cidr}` and "
