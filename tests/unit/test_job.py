@@ -195,3 +195,34 @@ def test_a_record_written_with_keys_this_version_lacks_is_still_listed(tmp_path,
     data = json.loads((run.dir / "meta.json").read_text())
     (run.dir / "meta.json").write_text(json.dumps({**data, "extra": {}}))
     assert [r.id for r in runs.list_runs()] == [run.id]
+
+
+def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch):
+    """run.yml's last task publishes distrun_staged: the launchers start then, while
+    ansible-playbook ends; not on any other fact, and only once."""
+    calls: list[list[str]] = []
+
+    def start(cluster, plan, hosts: list[str]) -> dict[str, str]:
+        calls.append(hosts)
+        return {}
+
+    monkeypatch.setattr(train, "start_launchers", start)
+    plan = type("P", (), {"launcher": "torchrun", "hosts": ()})()
+    starter = train.Starter(None, plan)  # type: ignore[arg-type]
+    monkeypatch.setattr(train, "launcher_named", lambda name: type("L", (), {
+        "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
+    starter.on_event(train.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"distrun_step": "stage"}}))
+    starter.on_event(train.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {train.STAGED_FACT: True}}))
+    assert not starter.started
+    for _ in range(2):
+        starter.on_event(train.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {train.STAGED_FACT: True}}))
+    assert starter.started and starter.wait() == {}
+    assert calls == [["node1", "node2"]]
+
+
+def test_run_yml_ends_with_the_staged_fact_and_launches_nothing_itself():
+    plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
+    last = plays[-1]["tasks"][-1]
+    assert last["ansible.builtin.set_fact"] == {train.STAGED_FACT: True} and last.get("run_once") is True
+    text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
+    assert "setsid" not in text and "tasks_from: launch" not in text
