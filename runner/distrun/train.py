@@ -62,6 +62,7 @@ class _Run:
         self.launched = False  # once every node was staged, ranks may run: stop and collect
         self.stopped = False  # the current attempt was stopped already
         self.left_running = False  # detached, or out of contact: nothing to stop or collect here
+        self.starter: Starter | None = None  # the current attempt's
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
                  limit: str | None = None, cached_facts: bool = False,
@@ -122,7 +123,7 @@ class _Run:
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
             # No fact gathering: the plan was made from the cached facts, and the probe checks the
             # addresses it relies on.
-            starter = Starter(self.cluster, plan)
+            starter = self.starter = Starter(self.cluster, plan)
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event)
             phases.mark("run.yml (preflight, stage)")
@@ -171,6 +172,8 @@ class _Run:
 
     def stop(self) -> None:
         if self.plan is not None and not self.stopped:
+            if self.starter is not None:
+                self.starter.join()  # a launcher still being started is stopped too, not left behind
             self.lost |= self.end.stop(self.plan, [h for h in self.limit if h not in self.lost])
             self.stopped = True
             self.phases.mark("stop")
@@ -295,9 +298,13 @@ class Starter:
         """Host -> why, for the launchers that did not start (started now if run.yml succeeded
         without publishing the fact)."""
         self.start()
-        assert self.thread is not None
-        self.thread.join()
+        self.join()
         return self.failed
+
+    def join(self) -> None:
+        """Wait for the launchers being started, if any (each start ends within its timeout)."""
+        if self.thread is not None:
+            self.thread.join()
 
 
 def failed_step(result: PlaybookResult) -> str:
