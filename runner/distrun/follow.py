@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .inventory import Cluster, Node
 from .plan import JobPlan
-from .remote import KEEPALIVE_S, as_user, shell_argv
+from .remote import KEEPALIVE_S, as_user, run_each, shell_argv
 
 EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
 # A remote step that failed says what failed, on which path; printed instead of an exit marker.
@@ -74,24 +74,13 @@ def launch(cluster: Cluster, plan: JobPlan, hosts: list[str], timeout_s: float =
     """Start the launcher on every launch host at once, each over its node's ssh connection (run.yml
     left it open); host -> why, for those where it did not start."""
     nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
-    procs = {h: subprocess.Popen(shell_argv(nodes[h], launch_command(plan, h)), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-             for h in dict.fromkeys(hosts)}
-    deadline = time.monotonic() + timeout_s
+    done = run_each(nodes, {h: launch_command(plan, h) for h in hosts}, timeout_s)
     failed: dict[str, str] = {}
-    for h, proc in procs.items():
-        try:
-            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            failed[h] = f"no answer in {timeout_s:.0f} s"
+    for h, d in done.items():
+        lines = [ln.strip() for ln in d.out.splitlines()]
+        if d.rc == 0 and "DISTRUN_LAUNCHED" in lines:
             continue
-        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-        if proc.returncode == 0 and "DISTRUN_LAUNCHED" in lines:
-            continue
-        error = next((m.group(1) for ln in lines if (m := ERROR_RE.match(ln))), None)
-        failed[h] = error or (lines[-1] if lines else f"exit {proc.returncode}")
+        failed[h] = next((m.group(1) for ln in lines if (m := ERROR_RE.match(ln))), None) or d.last_line()
     return failed
 
 
@@ -155,14 +144,7 @@ def session_ended(host: str, rc: int, output: list[str], over_ssh: bool) -> Outc
 
 def _stop_launchers(nodes: dict[str, Node], plan: JobPlan, hosts: list[str]) -> None:
     """End the launchers on hosts at once: none is left waiting on a rendezvous that is gone."""
-    procs = [subprocess.Popen(shell_argv(nodes[h], stop_command(plan, h)), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True) for h in hosts]
-    deadline = time.monotonic() + 15
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    run_each(nodes, {h: stop_command(plan, h) for h in hosts}, 15)
 
 
 def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Callable[[str], None]) -> Outcome:

@@ -8,11 +8,16 @@ one connection per node, not one per session.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from . import paths
 from .errors import UserError
@@ -78,11 +83,7 @@ def open_masters(nodes: Sequence[Node], wait_s: float = 3.0) -> None:
     for node in nodes:
         if node.connection not in ("ssh", "smart"):
             continue
-        try:
-            argv = shell_argv(node, "true", master=True)
-        except UserError:
-            continue
-        procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        procs.append(subprocess.Popen(shell_argv(node, "true", master=True), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, start_new_session=True))
     deadline = time.monotonic() + wait_s
     for proc in procs:
@@ -90,6 +91,46 @@ def open_masters(nodes: Sequence[Node], wait_s: float = 3.0) -> None:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             threading.Thread(target=proc.wait, daemon=True).start()  # reaped when it ends
+
+
+@dataclass(frozen=True)
+class Done:
+    """How one host's command ended: its exit code and output (stdout and stderr together), or
+    rc None and why when it could not start or did not end in time."""
+
+    rc: int | None
+    out: str = ""
+    why: str = ""
+
+    def last_line(self) -> str:
+        """Why it did not start or end in time, else its last line of output, else its exit code."""
+        lines = [ln.strip() for ln in self.out.splitlines() if ln.strip()]
+        return self.why or (lines[-1] if lines else f"exit {self.rc}")
+
+
+def run_each(nodes: Mapping[str, Node], commands: Mapping[str, str], timeout_s: float) -> dict[str, Done]:
+    """Run each host's command on its node (shell_argv: over its ssh connection), all at once,
+    each given timeout_s to end (killed after it); host -> how it ended."""
+
+    def one(host: str, command: str) -> Done:
+        try:
+            proc = subprocess.Popen(shell_argv(nodes[host], command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        except (OSError, UserError) as exc:
+            return Done(None, why=str(exc))
+        try:
+            out = proc.communicate(timeout=timeout_s)[0]
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: a local shell's children too
+            return Done(None, proc.communicate()[0], f"no answer in {timeout_s:.0f} s")
+        return Done(proc.returncode, out)
+
+    if not commands:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(commands))) as pool:
+        futures = {h: pool.submit(one, h, c) for h, c in commands.items()}
+    return {h: f.result() for h, f in futures.items()}
 
 
 def as_user(user: str, command: str) -> str:

@@ -10,15 +10,12 @@ stage step first copies the head's checkpoints to every node.
 from __future__ import annotations
 
 import shlex
-import subprocess
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .errors import UserError
 from .inventory import Cluster
 from .plan import JobPlan
-from .remote import as_user, shell_argv
+from .remote import as_user, run_each
 
 # What one attempt leaves in the run directory; a restart moves it to attempts/<n>/.
 ATTEMPT_FILES = ("launcher-*", "exitcode-*", "ranks", "torchrun", "started", "slurm-*.out")
@@ -76,16 +73,5 @@ def archive_command(plan: JobPlan, attempt: int) -> str:
 
 def archive(cluster: Cluster, plan: JobPlan, hosts: list[str], attempt: int) -> dict[str, str]:
     """Put the attempt's files aside on hosts, all at once; host -> why, for those that failed."""
-    nodes = {n.name: n for n in cluster.nodes}
-
-    def one(host: str) -> str | None:
-        try:
-            proc = subprocess.run(shell_argv(nodes[host], archive_command(plan, attempt)), capture_output=True,
-                                  text=True, timeout=60, stdin=subprocess.DEVNULL)
-        except (OSError, UserError, subprocess.TimeoutExpired) as exc:
-            return str(exc)
-        return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-        results = dict(zip(hosts, pool.map(one, hosts), strict=True))
-    return {h: why for h, why in results.items() if why}
+    done = run_each({n.name: n for n in cluster.nodes}, {h: archive_command(plan, attempt) for h in hosts}, 60)
+    return {h: d.last_line() for h, d in done.items() if d.rc != 0}

@@ -14,7 +14,7 @@ import pytest
 from distrun import follow
 from distrun.inventory import cluster_from_json
 from distrun.plan import build_plan
-from distrun.remote import as_user
+from distrun.remote import as_user, run_each
 
 ME = getpass.getuser()
 HOSTS = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(("n1", "n2", "n3"), 1)}
@@ -166,3 +166,21 @@ def test_launch_names_the_host_whose_run_directory_is_missing(tmp_path):
     cluster, plan = plan_in(tmp_path)
     failed = follow.launch(cluster, plan, ["n2"])
     assert list(failed) == ["n2"] and f"cannot enter the run directory {plan.run_dir}" in failed["n2"]
+
+
+def test_run_each_runs_every_hosts_command_at_once_and_says_how_each_ended(tmp_path):
+    cluster, _ = plan_in(tmp_path)
+    nodes = {n.name: n for n in cluster.nodes}
+    # Each command waits for the other's file: run one after the other, the first would time out.
+    a, b = tmp_path / "a", tmp_path / "b"
+    wait = "for i in $(seq 100); do [ -e {f} ] && break; sleep 0.1; done; [ -e {f} ]"
+    done = run_each(nodes, {"n1": f"touch {a}; {wait.format(f=b)} && echo one",
+                            "n2": f"touch {b}; {wait.format(f=a)} && {{ echo two >&2; exit 3; }}"}, 30)
+    assert (done["n1"].rc, done["n1"].out.strip()) == (0, "one")
+    assert done["n2"].rc == 3 and done["n2"].last_line() == "two"
+
+
+def test_run_each_kills_a_command_past_its_time_and_says_so(tmp_path):
+    cluster, _ = plan_in(tmp_path)
+    done = run_each({n.name: n for n in cluster.nodes}, {"n1": "echo begun; sleep 30"}, 1)["n1"]
+    assert done.rc is None and done.out.strip() == "begun" and done.last_line() == "no answer in 1 s"
