@@ -33,15 +33,12 @@ class HostProgress:
     skipped: int = 0
     unreachable: bool = False
     last_error: str = ""
-    # What the playbook published about this host: the public facts its tasks set (set_fact),
-    # among them distrun_step, the step the host is in. A playbook's steps say so themselves; the runner
-    # never reads a play's or a task's name.
+    # What the playbook published about this host: the public facts its tasks set (set_fact).
     facts: dict[str, Any] = field(default_factory=dict)
-    failed_step: str = ""  # the step the host failed in
-
-    @property
-    def step(self) -> str:
-        return str(self.facts.get(STEP_FACT, ""))
+    # The step the host failed in: the last distrun_step the play published before (its hosts go
+    # through the tasks together, so a step is the play's, and a run_once task may publish it).
+    # A playbook's steps say so themselves; the runner never reads a play's or a task's name.
+    failed_step: str = ""
 
     @property
     def state(self) -> str:
@@ -179,6 +176,7 @@ class EventReader:
         self.on_event = on_event
         self.hosts: dict[str, HostProgress] = {}
         self.task = ""
+        self.step = ""  # the last distrun_step any host published
 
     def host(self, name: str) -> HostProgress:
         return self.hosts.setdefault(name, HostProgress(name))
@@ -210,18 +208,19 @@ class EventReader:
             if str(data.get("task_action", "")).endswith("set_fact") and isinstance(facts, Mapping):
                 # What a step publishes: the public facts it sets (a leading _ marks a role's own).
                 h.facts.update({k: v for k, v in facts.items() if not str(k).startswith("_")})
+                self.step = str(facts.get(STEP_FACT, self.step))
             self.emit(PlaybookEvent("changed" if changed else "ok", name, task, data=res))
         elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
             h = self.host(name)
             h.failed += 1
             h.last_error = f"{task}: {_message(res)}"
-            h.failed_step = h.failed_step or h.step
+            h.failed_step = h.failed_step or self.step
             self.emit(PlaybookEvent("failed", name, task, _message(res), res))
         elif kind == "runner_on_unreachable" and name:
             h = self.host(name)
             h.unreachable = True
             h.last_error = f"{task}: {_message(res)}"
-            h.failed_step = h.failed_step or h.step
+            h.failed_step = h.failed_step or self.step
             self.emit(PlaybookEvent("unreachable", name, task, _message(res), res))
         elif kind == "runner_on_skipped" and name:
             self.host(name).skipped += 1
@@ -240,6 +239,7 @@ def run_playbook(
     on_event: Callable[[PlaybookEvent], None] | None = None,
     limit: str | None = None,
     tags: str | None = None,
+    skip_tags: str | None = None,
     check: bool = False,
     ident: str | None = None,
     cached_facts: bool = False,
@@ -274,6 +274,7 @@ def run_playbook(
         envvars=ansible_env(),
         limit=limit,
         tags=tags,
+        skip_tags=skip_tags,
         cmdline=" ".join(cmdline) or None,
         ident=ident,
         event_handler=events,

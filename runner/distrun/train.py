@@ -36,6 +36,9 @@ from .runs import Phases, new_run, new_run_id
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
 STEPS = ("preflight", "stage")
+# What run.yml never needs: the preflight's full set (the shared folder's probe file) is
+# 'distrun check''s. Skipped by tag, it costs nothing, not even a skipped task per node.
+RUN_SKIPS = "preflight_shared"
 # Published by run.yml's last task once every node of the run is staged.
 STAGED_FACT = "distrun_staged"
 # How long --detach waits for every rank to start before it lets the run go anyway.
@@ -66,7 +69,7 @@ class _Run:
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
                  limit: str | None = None, cached_facts: bool = False,
-                 also: EventHandler | None = None) -> PlaybookResult:
+                 also: EventHandler | None = None, skip_tags: str | None = None) -> PlaybookResult:
         """Run a playbook with progress; ``also`` sees every event too."""
         started = time.monotonic()
         with self.listener.playbook(title, hosts) as on_event:
@@ -78,7 +81,7 @@ class _Run:
                     also(event)
 
             result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
-                                  on_event=both, limit=limit, cached_facts=cached_facts)
+                                  on_event=both, limit=limit, cached_facts=cached_facts, skip_tags=skip_tags)
         # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight).
         if not result.ok and not (result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
@@ -125,7 +128,7 @@ class _Run:
             # addresses it relies on.
             starter = self.starter = Starter(self.cluster, plan)
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
-                                   cached_facts=True, also=starter.on_event)
+                                   cached_facts=True, also=starter.on_event, skip_tags=RUN_SKIPS)
             phases.mark("run.yml (preflight, stage)")
             if project:
                 record_pulls(run, result)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -12,7 +13,12 @@ import yaml
 
 from distrun import bundle, collect, logs, planning, train
 from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
+from distrun.check import preflight_vars
+from distrun.inventory import cluster_from_json
+from distrun.plan import build_plan
 from distrun.runs import new_run
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -93,16 +99,16 @@ def test_the_bridge_keeps_published_facts_and_the_step_a_host_failed_in():
     reader = EventReader()
     for event in (
         _event("runner_on_ok", "n1", "ansible.builtin.setup", ansible_facts={"distrun_step": "gathered, not set"}),
+        # A step is published once for the play (run_once): it is every host's step.
         _event("runner_on_ok", "n1", ansible_facts={"distrun_step": "preflight"}),
-        _event("runner_on_ok", "n2", ansible_facts={"distrun_step": "preflight"}),
+        _event("runner_on_unreachable", "n2", "ansible.builtin.command", msg="timed out"),
         _event("runner_on_ok", "n1", ansible_facts={"preflight_verdict": {"env": {}}, "_preflight_own": 1}),
         _event("runner_on_ok", "n1", ansible_facts={"distrun_step": "stage"}),
-        _event("runner_on_failed", "n1", "ansible.builtin.shell", msg="tar failed"),
-        _event("runner_on_unreachable", "n2", "ansible.builtin.command", msg="timed out"),
+        _event("runner_on_failed", "n3", "ansible.builtin.shell", msg="tar failed"),
     ):
         reader(event)
     result = PlaybookResult("playbooks/run.yml", 2, "failed", reader.hosts, Path("."))
-    assert reader.hosts["n1"].failed_step == "stage" and reader.hosts["n2"].failed_step == "preflight"
+    assert reader.hosts["n3"].failed_step == "stage" and reader.hosts["n2"].failed_step == "preflight"
     assert result.fact("preflight_verdict") == {"env": {}} and result.fact("_preflight_own") is None
     assert train.failed_step(result) == "preflight"
 
@@ -226,3 +232,53 @@ def test_run_yml_ends_with_the_staged_fact_and_launches_nothing_itself():
     assert last["ansible.builtin.set_fact"] == {train.STAGED_FACT: True} and last.get("run_once") is True
     text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
     assert "setsid" not in text and "tasks_from: launch" not in text
+
+
+def _spec_options(role: str, entry: str) -> dict:
+    specs = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    return specs["argument_specs"][entry]["options"]
+
+
+def _from_extravars(role: str, options: dict, extravars: dict) -> dict:
+    """The role's options as run.yml's extravars set them: directly, or through a default that
+    reads a distrun_* variable ('job_run_id: "{{ distrun_run_id | default(...) }}"')."""
+    defaults = yaml.safe_load((REPO / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+    out = {}
+    for name in options:
+        m = re.match(r"\{\{\s*\(*\s*(distrun_\w+)", str(defaults.get(name, "")))
+        source = name if name in extravars else m.group(1) if m else None
+        if source in extravars:
+            out[name] = extravars[source]
+    return out
+
+
+@pytest.mark.parametrize("workload,launcher,mode", [("gcn", "mpirun", "sync"), ("ddp", "torchrun", "sync"),
+                                                     ("gcn", "torchrun", "sshfs")])
+def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workload, launcher, mode):
+    """run.yml imports its roles without Ansible's per-node argument check (a task per node per
+    role on every run): the runner's variables are checked against the same specs here."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1}
+             for i, h in enumerate(("n1", "n2", "n3"), 1)}
+    inv = {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"], "vars": {"distrun_shared_fs_mode": mode}},
+           "head": {"hosts": ["n1"]}, "workers": {"hosts": list(hosts)}}
+    cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
+    plan = build_plan(cluster, run_id=run.id, launcher=launcher, workload=workload, np=3)
+    extravars = {**bundle.run_vars(plan, run, bundle.plan_files(plan), bundle.launch_scripts(plan), script=None, env={"K": "v"},
+                                   network=None, preflight=True),
+                 **preflight_vars("inv", run.dir), "preflight_ports": [29500]}
+    extravars["preflight_planned_network"] = extravars["distrun_planned_network"]  # run.yml's own mapping
+    checked = set()
+    for role, entry in (("job", "stage"), ("preflight", "main")):
+        options = _spec_options(role, entry)
+        given = _from_extravars(role, options, extravars)
+        spec = {k: {kk: vv for kk, vv in v.items() if kk in ("type", "elements", "choices")}
+                for k, v in options.items() if k in given}
+        result = ArgumentSpecValidator(spec).validate(given)
+        assert not result.error_messages, (role, entry, result.error_messages)
+        checked |= {f"{role}.{k}" for k in given}
+    # The check covers what a run passes: the bundle, the partition, the run dir, the needs.
+    for name in ("job.job_run_bundle", "job.job_partition_argv", "job.job_partition_parts", "job.job_run_id",
+                 "preflight.preflight_modules", "preflight.preflight_programs", "preflight.preflight_planned_network"):
+        assert name in checked, name
