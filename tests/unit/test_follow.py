@@ -171,11 +171,11 @@ def test_launch_names_the_host_whose_run_directory_is_missing(tmp_path):
 def test_run_each_runs_every_hosts_command_at_once_and_says_how_each_ended(tmp_path):
     cluster, _ = plan_in(tmp_path)
     nodes = {n.name: n for n in cluster.nodes}
-    # Each command waits for the other's file: run one after the other, the first would time out.
+    # Each command waits up to 60 s for the other's file: run one after the other, the first fails.
     a, b = tmp_path / "a", tmp_path / "b"
-    wait = "for i in $(seq 100); do [ -e {f} ] && break; sleep 0.1; done; [ -e {f} ]"
+    wait = "for i in $(seq 600); do [ -e {f} ] && break; sleep 0.1; done; [ -e {f} ]"
     done = run_each(nodes, {"n1": f"touch {a}; {wait.format(f=b)} && echo one",
-                            "n2": f"touch {b}; {wait.format(f=a)} && {{ echo two >&2; exit 3; }}"}, 30)
+                            "n2": f"touch {b}; {wait.format(f=a)} && {{ echo two >&2; exit 3; }}"}, 120)
     assert (done["n1"].rc, done["n1"].out.strip()) == (0, "one")
     assert done["n2"].rc == 3 and done["n2"].last_line() == "two"
 
