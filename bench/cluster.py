@@ -174,8 +174,9 @@ class Bench:
     # ------------------------------------------------------------------ launch
     def phases(self, run_dir: Path, t_start: float, t_end: float) -> dict:
         """Where one run's wall time went: the runner's own steps (timings.json of the run
-        record) and, inside run.yml, each step (from the event that publishes its distrun_step to
-        the last event before the next one), from ansible-runner's job events."""
+        record) and, inside run.yml, each step (the play starts in the preflight step; a later step
+        from the event that publishes its distrun_step to the last event before the next one),
+        from ansible-runner's job events."""
         out: dict[str, float] = {}
         timings = run_dir / "timings.json"
         if not timings.exists():
@@ -203,14 +204,12 @@ class Bench:
                 events.append((int(event.get("counter", 0)), ts, step))
         events.sort()
         spans: dict[str, list[float]] = {}
-        step = "start"
+        step = "preflight"
         for _, ts, published in events:
             step = published or step
             spans.setdefault(step, []).append(ts)
         inside = 0.0
         for name, times in spans.items():
-            if name == "start":
-                continue  # the play's start, before the first step publishes its name
             inside += max(times) - min(times)
             out[f"  run.yml step: {name}"] = round(max(times) - min(times), 2)
         run_yml = out.get("run.yml (preflight, stage)")

@@ -256,6 +256,18 @@ def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, 
     }
 
 
+def needs_stage_steps(extravars: Mapping[str, Any], shared_fs_mode: str) -> bool:
+    """Whether any node of a run has a step of role job's stage_steps.yml to do (partitioning on
+    the head, pulling parts, checkpoints or the workdir from it in sync mode, compiling Jittor).
+    Each step there also says for itself which nodes it applies to; a run that needs none of them
+    skips the file by its tag (job_stage_steps) and pays for no task at all."""
+    pulls = (bool(extravars.get("distrun_partition_dir"))
+             or bool(extravars.get("distrun_pull_checkpoints") and extravars.get("distrun_checkpoint_dir"))
+             or bool(extravars.get("distrun_workdir_pull_argv")))
+    return (bool(extravars.get("distrun_partition_argv")) or bool(extravars.get("distrun_jittor_warm"))
+            or (shared_fs_mode == "sync" and pulls))
+
+
 # Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
 WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
     "gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",), "gcn-torch": ("torch", "pymetis"),

@@ -1,5 +1,9 @@
 """One run at a time on a host: a run claims its hosts before it stages anything.
 
+A run takes its claim while ansible-playbook starts (``Pending``): run.yml's stage step waits for
+its answer, which the controller writes to a gate file, so nothing is staged on a host the run
+does not hold, and the answer costs the run no time of its own.
+
 A host is busy for a new run when another run's controller holds the host's claim, or when
 processes of another run live there. Neither can go stale. The claim is a lock held by an ssh
 session of the controller that took it: it ends with that session, when the controller exits or
@@ -10,17 +14,19 @@ processes are the run itself: every process of a run carries its tag (DISTRUN_RU
 
 from __future__ import annotations
 
+import os
 import queue
 import shlex
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import UserError
 from .inventory import Cluster
 from .planning import JobRequest, make_plan
-from .remote import as_user, shell_argv
+from .remote import as_user, open_masters, shell_argv
 from .runs import RUN_ID_RE
 
 HEARTBEAT_S = 5
@@ -28,6 +34,8 @@ HEARTBEAT_S = 5
 HOLD_S = 20
 ANSWER_TIMEOUT_S = 30
 BUSY_EXIT = 2
+# What the gate file says: the run holds its hosts, or may run beside others (--allow-concurrent).
+GATE_OPEN = ("held", "allowed")
 
 
 def claim_command(host: str, run_id: str, user: str) -> str:
@@ -174,10 +182,69 @@ def _end(proc: subprocess.Popen[str]) -> None:
         pass
 
 
-def claim_request(request: JobRequest, cluster: Cluster, run_id: str) -> Claim | None:
-    """Hold a request's hosts (the head and the rank hosts its plan would use) unless it allows
-    another run on them (--allow-concurrent). A plan error is refused here, before any record."""
-    if request.allow_concurrent:
-        return None
+def claim_hosts(request: JobRequest, cluster: Cluster, run_id: str) -> list[str]:
+    """The hosts a request's run would hold: the head and the rank hosts of its plan. A plan
+    error is refused here, before any record."""
     plan = make_plan(request, cluster, run_id, None)
-    return claim(cluster, [cluster.head.name, *plan.reached_hosts], run_id)
+    return list(dict.fromkeys([cluster.head.name, *plan.reached_hosts]))
+
+
+class Pending:
+    """A run's claim, taken in the background while the run starts: the nodes' ssh masters are
+    opened first (the claim, run.yml and the followers ride on them), then every host is claimed
+    at once. ``gate(path)`` names the file the answer goes to ("held", "allowed" or "refused"),
+    which run.yml waits for before it stages anything; ``wait()`` gives the answer here, raising
+    the refusal."""
+
+    def __init__(self, cluster: Cluster, hosts: list[str], run_id: str, *, allow: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._gate: Path | None = None
+        self._held: Claim | None = None
+        self._error: UserError | None = None
+        self._allow = allow
+        self._thread = threading.Thread(target=self._take, args=(cluster, hosts, run_id), daemon=True)
+        self._thread.start()
+
+    def _take(self, cluster: Cluster, hosts: list[str], run_id: str) -> None:
+        try:
+            open_masters(cluster.nodes)
+            if not self._allow:
+                self._held = claim(cluster, hosts, run_id)
+        except UserError as exc:
+            self._error = exc
+        except Exception as exc:  # noqa: BLE001 - any failure closes the gate, with its reason
+            self._error = UserError(f"could not claim the run's hosts: {type(exc).__name__}: {exc}")
+        with self._lock:  # the gate file is written before anyone is told the answer
+            if self._gate is not None:
+                self._write(self._gate)
+            self._done.set()
+
+    @property
+    def refused(self) -> bool:
+        return self._done.is_set() and self._error is not None
+
+    def gate(self, path: Path) -> None:
+        """Write the answer to path once it is known (now, if it is)."""
+        with self._lock:
+            self._gate = path
+            if self._done.is_set():
+                self._write(path)
+
+    def _write(self, path: Path) -> None:
+        answer = "refused" if self._error is not None else ("allowed" if self._allow else "held")
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(answer + "\n")
+        os.replace(tmp, path)  # the stage step never reads half an answer
+
+    def wait(self) -> None:
+        """Block until the answer is known; raise the refusal (busy hosts name their runs)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def release(self) -> None:
+        """Let the hosts go (after the claim's answer, which comes within its own timeouts)."""
+        self._done.wait()
+        if self._held is not None:
+            self._held.release()

@@ -6,14 +6,15 @@ restarts are left, stop and collect, summarise. Prints nothing: it reports throu
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
-from .bundle import launch_scripts, plan_files, record_plan, render_env_file, run_vars, stage_vars
-from .busy import claim_request
+from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
+from .busy import Pending, claim_hosts
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
 from .collect import collect_hosts
 from .diagnosis import failed_host
@@ -29,16 +30,18 @@ from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
 from .project import commands, load_project, make_ready, pull_command, record_pulls
-from .remote import open_masters
 from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
 
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
 STEPS = ("preflight", "stage")
-# What run.yml never needs: the preflight's full set (the shared folder's probe file) is
-# 'distrun check''s. Skipped by tag, it costs nothing, not even a skipped task per node.
-RUN_SKIPS = "preflight_shared"
+# What run.yml never needs, skipped by tag (it costs nothing, not even a skipped task per node):
+# the preflight's full set (the shared folder's probe file) and its per-node failures are 'distrun
+# check''s (run.yml's stage gate fails on the verdict at once).
+RUN_SKIPS = ("preflight_shared", "preflight_blame")
+# The file in the run record the claim's answer goes to; run.yml waits for it before staging.
+CLAIM_GATE = "claim"
 # Published by run.yml's last task once every node of the run is staged.
 STAGED_FACT = "distrun_staged"
 # How long --detach waits for every rank to start before it lets the run go anyway.
@@ -49,8 +52,10 @@ class _Run:
     """The steps of one run, with what they share: the request, the record, the listener, and
     what the attempts so far did (the plan, the hosts used and lost, restarts)."""
 
-    def __init__(self, request: JobRequest, listener: Listener, phases: Phases, cluster: Cluster) -> None:
+    def __init__(self, request: JobRequest, listener: Listener, phases: Phases, cluster: Cluster,
+                 claim: Pending | None = None) -> None:
         self.request = request
+        self.claim = claim  # None: nothing claimed (a partition alone)
         self.listener = listener
         self.phases = phases
         self.run = phases.run
@@ -96,7 +101,14 @@ class _Run:
         if not result.ok:
             self.refuse_preflight(result)
 
+    def claimed(self) -> None:
+        """Wait for the claim's answer: busy hosts refuse the run before anything else is said
+        about it (a port the other run holds would otherwise fail the preflight first)."""
+        if self.claim is not None:
+            self.claim.wait()
+
     def refuse_preflight(self, result: PlaybookResult) -> None:
+        self.claimed()
         self.run.finish(3, "preflight failed")
         raise UserError(preflight_refusal(result, str(self.request.inventory)), exit_code=3)
 
@@ -118,9 +130,13 @@ class _Run:
             extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=env, network=net,
                                     preflight=request.preflight,
                                     workdir_pull=pull_command(cluster, plan, project) if project else None),
-                         **self.preflight_vars()}
+                         **self.preflight_vars(),
+                         "distrun_claim_gate": str(run.dir / CLAIM_GATE) if self.claim is not None else ""}
+            mode = str(cluster.group_vars.get("distrun_shared_fs_mode", "sync"))
+            skips = RUN_SKIPS if needs_stage_steps(extravars, mode) else (*RUN_SKIPS, "job_stage_steps")
             phases.mark("plan and bundle")
             if project and attempt == 1 and self.restart == 0:
+                self.claimed()  # the workdir is written on the run's hosts: they must be the run's
                 make_ready(cluster, plan, project, render_env_file(env), run, self.listener)
                 phases.mark("workdir sync and prepare")
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
@@ -128,11 +144,13 @@ class _Run:
             # addresses it relies on.
             starter = self.starter = Starter(self.cluster, plan)
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
-                                   cached_facts=True, also=starter.on_event, skip_tags=RUN_SKIPS)
+                                   cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
             if project:
                 record_pulls(run, result)
             self.launched = starter.started or result.ok
+            if not result.ok:
+                self.claimed()
             if result.ok:
                 failed = starter.wait()
                 phases.mark("launch")
@@ -338,16 +356,21 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
     launcher_named(request.launcher).require_ready(cluster)
     collect_limits()  # a bad limit is refused before anything starts
     run_id = new_run_id("train")
-    open_masters(cluster.nodes)  # the claim, run.yml and the followers share one connection per node
-    held = claim_request(request, cluster, run_id)  # busy hosts, or a plan error, leave no record either
+    hosts = claim_hosts(request, cluster, run_id)  # a plan error leaves no record either
+    # Claimed while ansible-playbook starts; run.yml stages nothing before the answer (its gate).
+    claim = Pending(cluster, hosts, run_id, allow=request.allow_concurrent)
     try:
         phases = Phases(new_run("train", request.inventory, run_id), t0)
+        claim.gate(phases.run.dir / CLAIM_GATE)
         phases.run.meta.max_restarts = request.max_restarts
         phases.run.meta.collected = False
         phases.run.save()
         try:
-            return _Run(request, listener or Listener(), phases, cluster).execute()
+            return _Run(request, listener or Listener(), phases, cluster, claim).execute()
         except UserError as exc:
+            if claim.refused:  # busy hosts leave no record: nothing ran, nothing was staged
+                shutil.rmtree(phases.run.dir, ignore_errors=True)
+                raise UserError(f"{exc} (run {run_id} did not start)", exit_code=exc.exit_code) from None
             if phases.run.meta.status == "running":  # the record says why
                 phases.run.finish(exc.exit_code, str(exc))
             raise
@@ -356,10 +379,10 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
                 phases.run.finish(1, f"internal error: {type(exc).__name__}: {exc}")
             raise
         finally:
-            phases.save()
+            if phases.run.dir.is_dir():
+                phases.save()
     finally:
-        if held is not None:
-            held.release()
+        claim.release()
 
 
 def run_partition_only(request: JobRequest, listener: Listener | None = None) -> int:

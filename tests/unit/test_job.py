@@ -85,10 +85,11 @@ def test_run_yml_publishes_each_step_before_the_role_that_does_it():
             role = task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role")
             if role:
                 seen.append(("role", role.get("tasks_from", role["name"])))
-    assert tuple(name for kind, name in seen if kind == "step") == train.STEPS
-    # preflight -> role preflight, stage -> job's stage: each step's name is published before its
-    # role starts, so a failure in it is blamed on that step. The runner starts the launchers.
-    assert seen == [("step", "preflight"), ("role", "preflight"), ("step", "stage"), ("role", "stage")]
+    # The play starts in the first step (preflight, role preflight); each later step's name is
+    # published before its role starts (stage -> job's stage), so a failure in it is blamed on
+    # that step, and one before it on the step before. The runner starts the launchers.
+    assert tuple(name for kind, name in seen if kind == "step") == train.STEPS[1:]
+    assert seen == [("role", "preflight"), ("step", "stage"), ("role", "stage")]
 
 
 def _event(kind: str, host: str, action: str = "ansible.builtin.set_fact", **res) -> dict:
@@ -282,3 +283,75 @@ def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workl
     for name in ("job.job_run_bundle", "job.job_partition_argv", "job.job_partition_parts", "job.job_run_id",
                  "preflight.preflight_modules", "preflight.preflight_programs", "preflight.preflight_planned_network"):
         assert name in checked, name
+
+
+def _gate_task() -> dict:
+    plays = yaml.safe_load((REPO / "playbooks" / "run.yml").read_text())
+    return next(t for t in plays[0]["tasks"] if (t.get("ansible.builtin.set_fact") or {}).get("distrun_step") == "stage")
+
+
+@pytest.mark.parametrize(("claim", "blamed", "ok"), [
+    ("held", False, True),
+    ("allowed", False, True),
+    ("refused", False, False),
+    ("late", False, True),  # the controller answers while the task waits
+    (None, True, False),  # a blamed node fails the play at once: the claim's answer is not awaited
+])
+def test_run_yml_stages_nothing_before_the_preflight_passed_and_the_run_holds_its_hosts(tmp_path, monkeypatch, claim, blamed, ok):
+    """run.yml's stage gate for real, on local hosts: what the verdict, the claim's gate file and
+    the nodes in play let through."""
+    import json
+    import os
+    import sys
+    import threading
+
+    from distrun import ansible_bridge
+
+    gate = tmp_path / "claim"
+    if claim in ("held", "allowed", "refused"):
+        gate.write_text(claim + "\n")
+    elif claim == "late":
+        threading.Timer(0.5, lambda: gate.write_text("held\n")).start()
+    verdict = {"versions": {"node2": {"ok": not blamed, "detail": "differ", "fix": "setup"}, "node1": {"ok": True, "detail": "", "fix": ""}}}
+    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                  "distrun_rank_hosts": ["node1", "node2"], "preflight_verdict": verdict,
+                                  "distrun_claim_gate": str(gate)},
+                         "children": {"head": {"hosts": {"node1": None}}, "workers": {"hosts": {"node1": None, "node2": None}}}}}
+    (tmp_path / "hosts.yml").write_text(json.dumps(inventory))
+    play = [{"name": "The gate", "hosts": "head:workers", "gather_facts": False, "roles": [{"role": "distrun"}],
+             "tasks": [_gate_task()]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    result = ansible_bridge.run_playbook(str(tmp_path / "play.yml"), tmp_path / "hosts.yml", tmp_path / "run")
+    assert result.ok == ok, [h.last_error for h in result.failures()]
+    assert (result.fact("distrun_step") == "stage") == ok
+    # No answer ever comes in the blamed case: the gate must fail on the verdict, not on the wait.
+    assert not any("no answer" in h.last_error for h in result.failures()), [h.last_error for h in result.failures()]
+
+
+@pytest.mark.parametrize(("extravars", "mode", "needed"), [
+    ({}, "sync", False),  # a --script run: run.yml skips stage_steps.yml by its tag
+    ({"distrun_partition_argv": ["python", "partition.py"], "distrun_partition_dir": "/p"}, "nfs", True),
+    ({"distrun_partition_dir": "/p"}, "sync", True),  # parts pulled from the head
+    ({"distrun_partition_dir": "/p"}, "nfs", False),  # every node reads the head's folder
+    ({"distrun_pull_checkpoints": True, "distrun_checkpoint_dir": "/c"}, "sync", True),  # a restart
+    ({"distrun_pull_checkpoints": True, "distrun_checkpoint_dir": "/c"}, "sshfs", False),
+    ({"distrun_workdir_pull_argv": ["rsync"]}, "sync", True),
+    ({"distrun_jittor_warm": True}, "nfs", True),
+])
+def test_a_run_skips_the_stage_steps_only_when_no_node_has_one_to_do(extravars, mode, needed):
+    assert bundle.needs_stage_steps(extravars, mode) is needed
+
+
+def test_each_stage_step_applies_only_where_the_runner_says_some_step_is_needed():
+    """stage_steps.yml's steps and what makes each apply: every variable a step's condition reads
+    is one needs_stage_steps weighs, so skipping the file never skips a step a run needs."""
+    steps = yaml.safe_load((REPO / "roles" / "job" / "tasks" / "stage_steps.yml").read_text())
+    weighed = {"job_partition_argv", "job_partition_dir", "job_pull_checkpoints", "job_checkpoint_dir",
+               "job_workdir_pull_argv", "job_jittor_warm", "job_shared_fs_mode", "_job_is_head",
+               "_job_workdir_pull"}  # the last: a step's own result, set by the step before it
+    for step in steps:
+        when = step.get("when") or []
+        text = " ".join(when if isinstance(when, list) else [when])
+        names = set(re.findall(r"\b_?job_[a-z_]+", text))
+        assert names <= weighed, f"{step['name']}: its condition reads {sorted(names - weighed)}, which needs_stage_steps does not weigh"

@@ -328,6 +328,33 @@ def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
         f.unlink()
 
 
+def test_a_pending_claim_opens_the_gate_or_refuses_and_says_so_in_the_gate_file(tmp_path):
+    """The claim a run takes while ansible-playbook starts: its answer reaches run.yml's gate file
+    whether the gate is named before or after it is known, and a refusal is raised here too."""
+    host = f"unit-{os.getpid()}-p"
+    cluster = local_cluster((host,))
+    first = busy.Pending(cluster, [host], "20260101-000000-train-eee5")
+    first.gate(tmp_path / "first")  # named before the answer is known
+    try:
+        first.wait()
+        assert (tmp_path / "first").read_text() == "held\n"
+        second = busy.Pending(cluster, [host], "20260101-000000-train-fff6")
+        with pytest.raises(UserError, match=f"{host} is busy with run 20260101-000000-train-eee5"):
+            second.wait()
+        assert second.refused
+        second.gate(tmp_path / "second")  # named after: written at once
+        assert (tmp_path / "second").read_text() == "refused\n"
+        second.release()
+        beside = busy.Pending(cluster, [host], "20260101-000000-train-aab7", allow=True)  # --allow-concurrent
+        beside.gate(tmp_path / "beside")
+        beside.wait()
+        assert (tmp_path / "beside").read_text() == "allowed\n" and not beside.refused
+    finally:
+        first.release()
+    for f in (Path(os.path.expanduser(f"~{ME}")) / ".cache" / "distrun").glob(f"busy-{host}.*"):
+        f.unlink()
+
+
 # ------------------------------------------------------------------ restarts
 
 @pytest.mark.parametrize(("np", "failed", "lost", "exclude_failed", "expect"), [

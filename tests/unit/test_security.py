@@ -476,6 +476,16 @@ def test_staging_writes_the_env_file_0600_in_a_private_run_dir_and_never_follows
     assert not (shared / "runs" / "r2" / "env.sh").exists()
 
 
+@pytest.mark.parametrize(("run_id", "safe"), [
+    ("20261125-101010-train-ab12", True), ("r1", True), ("", False), ("..", False), (".", False),
+    ("a/../../etc", False), ("x y", False), ("$(id)", False),
+])
+def test_staging_refuses_a_run_id_that_is_not_one_plain_folder_name(run_id, safe):
+    """The run's folder is runs/<run id> under the shared folder: an id with a slash, or dots
+    alone, would put the run's files (and its env file) anywhere."""
+    assert _role_module("job", "distrun_stage").safe_run_id(run_id) is safe
+
+
 def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     from distrun import paths

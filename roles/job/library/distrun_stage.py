@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 import tempfile
 
@@ -24,6 +25,7 @@ description:
     the run folder, copies the reference workloads into the shared folder unless the same digest
     is there, and writes the run's variables to env.sh (mode 0600).
 options:
+  run_id: {description: The run's id (letters, digits, '.', '_', '-'; not dots alone)., type: str, required: true}
   bundle: {description: Base64 of the run's tar.gz (run/ and workloads/)., type: str, required: true}
   env: {description: Text of env.sh; empty for none., type: str, default: ''}
   run_dir: {description: The run's folder., type: path, required: true}
@@ -50,6 +52,11 @@ def _write_env(path: str, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text if text.endswith("\n") else text + "\n")
     os.replace(tmp, path)
+
+
+def safe_run_id(run_id: str) -> bool:
+    """A run id names a folder under the shared folder's runs/: one plain path component."""
+    return bool(re.fullmatch(r"[A-Za-z0-9._-]+", run_id)) and set(run_id) != {"."}
 
 
 def stage(p: dict) -> bool:
@@ -81,6 +88,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             # no_log: the bundle only to keep ~100 kB per host out of every event; env for its secrets.
+            "run_id": {"type": "str", "required": True},
             "bundle": {"type": "str", "required": True, "no_log": True},
             "env": {"type": "str", "default": "", "no_log": True},
             "run_dir": {"type": "path", "required": True},
@@ -90,6 +98,8 @@ def main() -> None:
         },
         supports_check_mode=False,
     )
+    if not safe_run_id(module.params["run_id"]):
+        module.fail_json(msg=f"distrun_run_id={module.params['run_id']} is empty or unsafe; runs are staged by 'distrun train'")
     try:
         updated = stage(module.params)
     except subprocess.CalledProcessError as exc:
