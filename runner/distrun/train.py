@@ -37,9 +37,8 @@ __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partiti
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
 STEPS = ("preflight", "stage")
 # What run.yml never needs, skipped by tag (it costs nothing, not even a skipped task per node):
-# the preflight's full set (the shared folder's probe file) and its per-node failures are 'distrun
-# check''s (run.yml's stage gate fails on the verdict at once).
-RUN_SKIPS = ("preflight_shared", "preflight_blame")
+# the preflight's full set (the shared folder's probe file) is 'distrun check''s.
+RUN_SKIPS = ("preflight_shared",)
 # The file in the run record the claim's answer goes to; run.yml waits for it before staging.
 CLAIM_GATE = "claim"
 # Published by run.yml's last task once every node of the run is staged.

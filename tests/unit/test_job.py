@@ -290,16 +290,16 @@ def _gate_task() -> dict:
     return next(t for t in plays[0]["tasks"] if (t.get("ansible.builtin.set_fact") or {}).get("distrun_step") == "stage")
 
 
-@pytest.mark.parametrize(("claim", "blamed", "ok"), [
+@pytest.mark.parametrize(("claim", "missing", "ok"), [
     ("held", False, True),
     ("allowed", False, True),
     ("refused", False, False),
     ("late", False, True),  # the controller answers while the task waits
-    (None, True, False),  # a blamed node fails the play at once: the claim's answer is not awaited
+    (None, True, False),  # a rank host out of play fails the play at once: no wait for the claim
 ])
-def test_run_yml_stages_nothing_before_the_preflight_passed_and_the_run_holds_its_hosts(tmp_path, monkeypatch, claim, blamed, ok):
-    """run.yml's stage gate for real, on local hosts: what the verdict, the claim's gate file and
-    the nodes in play let through."""
+def test_run_yml_stages_nothing_before_every_node_is_in_play_and_the_run_holds_them(tmp_path, monkeypatch, claim, missing, ok):
+    """run.yml's stage gate for real, on local hosts: what the claim's gate file and the nodes in
+    play let through."""
     import json
     import os
     import sys
@@ -312,10 +312,9 @@ def test_run_yml_stages_nothing_before_the_preflight_passed_and_the_run_holds_it
         gate.write_text(claim + "\n")
     elif claim == "late":
         threading.Timer(0.5, lambda: gate.write_text("held\n")).start()
-    verdict = {"versions": {"node2": {"ok": not blamed, "detail": "differ", "fix": "setup"}, "node1": {"ok": True, "detail": "", "fix": ""}}}
+    ranks = ["node1", "node2"] + (["node3"] if missing else [])  # node3 is in no group of the play
     inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                                  "distrun_rank_hosts": ["node1", "node2"], "preflight_verdict": verdict,
-                                  "distrun_claim_gate": str(gate)},
+                                  "distrun_rank_hosts": ranks, "distrun_claim_gate": str(gate)},
                          "children": {"head": {"hosts": {"node1": None}}, "workers": {"hosts": {"node1": None, "node2": None}}}}}
     (tmp_path / "hosts.yml").write_text(json.dumps(inventory))
     play = [{"name": "The gate", "hosts": "head:workers", "gather_facts": False, "roles": [{"role": "distrun"}],
@@ -325,7 +324,7 @@ def test_run_yml_stages_nothing_before_the_preflight_passed_and_the_run_holds_it
     result = ansible_bridge.run_playbook(str(tmp_path / "play.yml"), tmp_path / "hosts.yml", tmp_path / "run")
     assert result.ok == ok, [h.last_error for h in result.failures()]
     assert (result.fact("distrun_step") == "stage") == ok
-    # No answer ever comes in the blamed case: the gate must fail on the verdict, not on the wait.
+    # No answer ever comes in the missing case: the gate must fail on the missing node, not the wait.
     assert not any("no answer" in h.last_error for h in result.failures()), [h.last_error for h in result.failures()]
 
 

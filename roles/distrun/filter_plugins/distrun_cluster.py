@@ -63,12 +63,6 @@ def preflight_problems(verdict: object, host: str) -> list[str]:
     return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
-def preflight_blamed(verdict: object, hosts: object) -> list[str]:
-    """The hosts the verdict finds anything wrong with."""
-    report = judge.from_dicts(verdict)  # type: ignore[arg-type]
-    return [str(h) for h in hosts if judge.problems(report, str(h))]  # type: ignore[attr-defined]
-
-
 def shared_fs_external(findings: object, **options: object) -> dict:
     """external mode at setup: host -> what is wrong with the shared filesystem there, with the fix."""
     return sharedfs.external_setup(findings, **options)  # type: ignore[arg-type]
@@ -91,7 +85,6 @@ class FilterModule:
             "distrun_hostfile": hostfile,
             "distrun_preflight_report": preflight_report,
             "distrun_preflight_problems": preflight_problems,
-            "distrun_preflight_blamed": preflight_blamed,
             "distrun_shared_fs_external": shared_fs_external,
             "distrun_slurm_node_name": slurm_node_name,
         }
