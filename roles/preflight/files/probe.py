@@ -8,6 +8,8 @@ connections between the nodes (netprobe.py). It changes nothing except the share
 file, which the role removes again. Standard library only.
 """
 
+import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -23,6 +25,8 @@ CFG = json.loads(sys.argv[1])
 USER = CFG["user"]
 PREFIX = CFG["env_prefix"].rstrip("/")
 TIMEOUT = int(CFG.get("ssh_timeout", 5))
+# Where the node's files are read for the ssh fingerprint: / (a test points it at a folder).
+ROOT = CFG.get("ssh_fingerprint_root") or "/"
 
 # Run by the env's Python as the training user: versions by package metadata (importing torch or
 # jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
@@ -105,8 +109,93 @@ def probe_ssh(target):
     proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
                    timeout=TIMEOUT + 10)
     if proc.returncode == 0:
-        return {"ok": True, "detail": "ssh in batch mode works"}
-    return {"ok": False, "detail": _last_line(proc.stderr) or f"ssh exited {proc.returncode}"}
+        return {"ok": True, "check": "login", "detail": "ssh in batch mode works"}
+    return {"ok": False, "check": "login", "detail": _last_line(proc.stderr) or f"ssh exited {proc.returncode}"}
+
+
+def probe_banner(target):
+    """The cheap check, once a login from here to target was verified and nothing it depends on
+    changed: target's sshd answers with its SSH banner where the training user's ssh would connect
+    (``ssh -G`` resolves the host and port from the user's config without connecting). A target
+    reached through a proxy, or whose config ssh cannot read, gets the full login instead."""
+    conf = {}
+    proc = as_user(["ssh", "-G", "--", target], timeout=TIMEOUT + 10)
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        conf.setdefault(key.lower(), value.strip())
+    if (proc.returncode != 0 or "hostname" not in conf or not conf.get("port", "22").isdigit()
+            or conf.get("proxycommand", "none") != "none" or conf.get("proxyjump", "none") != "none"):
+        return probe_ssh(target)
+    host, port = conf["hostname"], int(conf.get("port", "22"))
+    try:
+        with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+            sock.settimeout(TIMEOUT)
+            first = sock.makefile("rb").readline(256)
+            if first.startswith(b"SSH-"):
+                # A client's identification before closing: sshd logs a closed connection, not a
+                # missing identification string (which intrusion filters may count against the head).
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"SSH-2.0-distrun-preflight\r\n")
+    except socket.timeout:
+        return {"ok": False, "check": "banner", "detail": f"sshd does not answer on {host}:{port} within {TIMEOUT}s"}
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return {"ok": False, "check": "banner", "detail": f"sshd does not answer on {host}:{port}: {why}"}
+    if not first.startswith(b"SSH-"):
+        shown = first.decode("ascii", "replace").strip()[:40] or "nothing"
+        return {"ok": False, "check": "banner", "detail": f"{host}:{port} answers {shown!r}, not an SSH banner"}
+    return {"ok": True, "check": "banner", "detail": "sshd answers"}
+
+
+def _fingerprint_files(home):
+    """What a login as the training user between two nodes depends on, on this node: the user's
+    ssh files (private keys by name, size and time only: their contents never leave them), the
+    system's ssh client and server configuration, host keys and the names in /etc/hosts."""
+    def under(pattern):
+        return sorted(glob.glob(os.path.join(ROOT, pattern.lstrip("/"))))
+
+    ssh = os.path.join(home, ".ssh")
+    named = [os.path.join(ssh, f) for f in ("authorized_keys", "authorized_keys2", "known_hosts", "config")]
+    public = under(f"{ssh}/id_*.pub")
+    private = [p[:-4] for p in public] + [p for p in under(f"{ssh}/id_*") if not p.endswith(".pub")]
+    system = ["/etc/ssh/sshd_config", "/etc/ssh/ssh_config", "/etc/ssh/ssh_known_hosts", "/etc/hosts",
+              "/proc/sys/kernel/random/boot_id"]
+    contents = [os.path.join(ROOT, p.lstrip("/")) for p in named + system] + public
+    contents += under("/etc/ssh/sshd_config.d/*") + under("/etc/ssh/ssh_config.d/*") + under("/etc/ssh/ssh_host_*_key.pub")
+    # sshd refuses keys in a home or .ssh others may write to: their owner and mode count too.
+    modes = [os.path.join(ROOT, p.lstrip("/")) for p in (home, ssh, os.path.join(ssh, "authorized_keys"))]
+    return sorted(set(contents)), sorted(set(private)), modes
+
+
+def ssh_fingerprint():
+    """A digest of everything on this node a login as the training user depends on (the user's
+    passwd entry, ssh files, sshd's configuration and host keys, and the boot: a reboot counts as
+    a change). Missing or unreadable files count as such. Local reads only, no process started."""
+    pw = pwd.getpwnam(USER)
+    h = hashlib.sha256(f"user {pw.pw_uid} {pw.pw_gid} {pw.pw_dir} {pw.pw_shell}\0".encode())
+    contents, private, modes = _fingerprint_files(pw.pw_dir)
+    for path in contents:
+        try:
+            with open(path, "rb") as fh:
+                h.update(f"file {path}\0".encode() + fh.read() + b"\0")
+        except FileNotFoundError:
+            h.update(f"missing {path}\0".encode())
+        except OSError as exc:
+            h.update(f"unreadable {path} {exc.errno}\0".encode())
+    for path in private:
+        h.update(f"key {path} {_stat_line(path, size=True)}\0".encode())
+    for path in modes:
+        h.update(f"dir {path} {_stat_line(path)}\0".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _stat_line(path, size=False):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    line = f"{st.st_uid} {st.st_mode:o}"
+    return f"{line} {st.st_size} {st.st_mtime_ns}" if size else line
 
 
 def probe_writable(path):
@@ -321,6 +410,8 @@ def body(report):
         # Nothing below means anything without the training user: the node was never set up.
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no user {USER}"}
         return
+    STEP = "ssh fingerprint"
+    report["ssh_fingerprint"] = ssh_fingerprint()
     if not os.path.exists(f"{PREFIX}/bin/python"):
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no env {PREFIX}"}
         return
@@ -333,7 +424,8 @@ def body(report):
         env_f = pool.submit(probe_env)
         ompi_f = pool.submit(probe_openmpi)
         writable_f = pool.submit(probe_writable, CFG["shared_dir"])
-        ssh_f = {t: pool.submit(probe_ssh, t) for t in CFG.get("ssh_targets", [])}
+        check_ssh = probe_banner if CFG.get("ssh_mode") == "banner" else probe_ssh
+        ssh_f = {t: pool.submit(check_ssh, t) for t in CFG.get("ssh_targets", [])}
         names_f = {n: pool.submit(resolve, n) for n in CFG.get("names", [])}
         env, versions = env_f.result()
         report["env"] = env
