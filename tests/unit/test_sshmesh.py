@@ -1,7 +1,7 @@
 """The head's ssh check before a run: a full login only when something a login depends on changed
 since one was proved, otherwise sshd's banner; a broken mesh still refuses the run.
 
-The mode, the judge and the kept baseline, on fake probes through the role's
+The mode, the judge, the kept baseline and the runner's retry, on fake probes through the role's
 filters (the probe's own side is in test_probe_ssh.py); the role's judge step runs for real.
 """
 
@@ -14,11 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from distrun import sshmesh
+from distrun import sshmesh, train
+from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.errors import UserError
+from distrun.inventory import cluster_from_json
 from distrun.judge import refusal, verdict
+from distrun.listener import Listener
+from distrun.planning import JobRequest
+from distrun.runs import Phases, new_run
 
 from .test_check import NODES, SETUP
-from .test_one_judge import plugin, probe
+from .test_one_judge import OPTIONS, plugin, probe
 
 FP = {"node1": "sha256:aa", "node2": "sha256:bb", "node3": "sha256:cc"}
 SSH_FIX = f"run '{SETUP} --tags ssh_mesh' (add base if names do not resolve)"
@@ -114,6 +120,96 @@ def test_logins_to_some_nodes_add_to_the_kept_ones_unless_the_head_changed(tmp_p
     sshmesh.remember(inv, login_mesh({"node1": "sha256:a2", "node2": "sha256:b2"}))
     # node3 was proved from the head as it was: not from the head as it is now.
     assert sshmesh.baseline(inv, "node1") == {"node1": "sha256:a2", "node2": "sha256:b2"}
+
+
+# The runner: run.yml with banners, again with logins when a node changed, the baseline kept after.
+
+class FakeRole:
+    """run.yml as the runner sees it: role preflight's judge on probes whose ssh results follow
+    the mode the baseline given makes the role pick; staging always passes."""
+
+    def __init__(self, fingerprints: dict[str, str], login: dict | None = None, banner: dict | None = None) -> None:
+        self.fingerprints, self.login, self.banner = fingerprints, login or {}, banner or {}
+        self.baselines: list[dict] = []
+        self.filters = plugin()
+
+    def __call__(self, playbook: str, inventory: Path, run_dir: Path, extravars: dict, **_: object) -> PlaybookResult:
+        baseline = extravars["preflight_ssh_baseline"]
+        self.baselines.append(baseline)
+        how = self.filters["distrun_ssh_mode"](baseline, "node1", ["node2", "node3"])
+        probes = {h: probe(h, ssh_fingerprint=self.fingerprints[h]) for h in NODES}
+        ok = {"ok": True, "check": how, "detail": "sshd answers" if how == "banner" else "ssh in batch mode works"}
+        probes["node1"]["ssh"] = {t: {**ok, **(self.banner if how == "banner" else self.login).get(t, {})}
+                                  for t in ("node2", "node3")}
+        found = self.filters["distrun_preflight_report"](probes, **OPTIONS, ssh_baseline=baseline)
+        hosts = {}
+        for h in NODES:
+            problems = self.filters["distrun_preflight_problems"](found, h)
+            hosts[h] = HostProgress(h, ok=3, failed=int(bool(problems)), failed_step="preflight" if problems else "",
+                                    last_error=" | ".join(problems))
+        hosts["node1"].facts = {"preflight_verdict": found,
+                                sshmesh.FACT: self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline)}
+        failed = any(h.failed for h in hosts.values())
+        return PlaybookResult(playbook, 2 if failed else 0, "failed" if failed else "successful", hosts, run_dir)
+
+
+def launch(tmp_path: Path, monkeypatch, role: FakeRole) -> int | None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(NODES, 1)}
+    cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
+                                      "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
+    monkeypatch.setattr(train, "run_playbook", role)
+    monkeypatch.setattr(train, "start_launchers", lambda cluster, plan, hosts: {})
+    request = JobRequest(inventory=inv, launcher="torchrun", workload="ddp", np=3)
+    return train._Run(request, Listener(), Phases(new_run("train", inv)), cluster).launch()
+
+
+def test_a_run_with_nothing_changed_checks_banners_once(tmp_path, monkeypatch):
+    sshmesh.remember(tmp_path / "hosts.yml", login_mesh(FP))
+    role = FakeRole(FP)
+    assert launch(tmp_path, monkeypatch, role) is None
+    assert role.baselines == [FP]
+
+
+def test_a_changed_node_makes_the_run_log_in_again_and_keep_what_it_proved(tmp_path, monkeypatch):
+    inv = tmp_path / "hosts.yml"
+    sshmesh.remember(inv, login_mesh(FP))
+    now = {**FP, "node3": "sha256:new"}
+    role = FakeRole(now)
+    assert launch(tmp_path, monkeypatch, role) is None  # launched
+    assert role.baselines == [FP, {}]  # banners, then logins
+    assert sshmesh.baseline(inv, "node1") == now
+
+
+def test_a_changed_node_whose_login_fails_refuses_the_run_with_the_ssh_error(tmp_path, monkeypatch):
+    inv = tmp_path / "hosts.yml"
+    sshmesh.remember(inv, login_mesh(FP))
+    role = FakeRole({**FP, "node3": "sha256:new"},
+                    login={"node3": {"ok": False, "detail": "distrun@node3: Permission denied (publickey)."}})
+    with pytest.raises(UserError) as refused:
+        launch(tmp_path, monkeypatch, role)
+    assert refused.value.exit_code == 3
+    assert (f"ssh: node1 -> node3: distrun@node3: Permission denied (publickey). on node1: {SSH_FIX}"
+            in str(refused.value))
+    assert role.baselines == [FP, {}]
+    assert sshmesh.baseline(inv, "node1") == {}  # the next run logs in too
+
+
+def test_an_sshd_that_does_not_answer_refuses_at_once(tmp_path, monkeypatch):
+    sshmesh.remember(tmp_path / "hosts.yml", login_mesh(FP))
+    role = FakeRole(FP, banner={"node2": {"ok": False, "detail": "sshd does not answer on 10.0.0.12:22: Connection refused"}})
+    with pytest.raises(UserError) as refused:
+        launch(tmp_path, monkeypatch, role)
+    assert "ssh: node1 -> node2: sshd does not answer on 10.0.0.12:22: Connection refused on node1" in str(refused.value)
+    assert role.baselines == [FP]  # no second try: a login would not get further
+
+
+def test_a_first_run_logs_in_and_the_next_one_checks_banners(tmp_path, monkeypatch):
+    role = FakeRole(FP)
+    assert launch(tmp_path, monkeypatch, role) is None
+    assert launch(tmp_path, monkeypatch, role) is None
+    assert role.baselines == [{}, FP]
 
 
 JUDGE_PLAY = """\
