@@ -13,6 +13,7 @@ The role calls the pure functions through role distrun's filter plugin.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -117,7 +118,8 @@ def remember(inventory: Path, mesh: Mapping[str, Any] | None) -> None:
         return
     head, found = str(mesh.get("head", "")), dict(mesh.get("fingerprints") or {})
     if not mesh.get("passed"):
-        _file(inventory).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            _file(inventory).unlink(missing_ok=True)
         return
     if head not in found:
         return
