@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from . import paths, sshmesh
 from .ansible_bridge import PlaybookResult, run_playbook
 from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
 from .judge import Item, Report, build_report, from_dicts, report_json
@@ -81,6 +81,7 @@ def run_check(inventory: Path, label: str,
             "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
             extravars={"preflight_full": True, **preflight_vars(label, run.dir)},
         )
+    sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # every node logged in to every other
     hosts = host_states(result, names)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
     reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]

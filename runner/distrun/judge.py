@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import judge_site, netjudge, sharedfs
+from . import judge_site, netjudge, sharedfs, sshmesh
 
 # Report order; also the rows of the human table.
 CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "slurm", "versions", "ports", "addresses", "network", "ssh", "names",
@@ -120,12 +120,14 @@ def verdict(
     site: bool = False,
     env_prefix: str = "",
     planned: Mapping[str, Mapping[str, str]] | None = None,
+    ssh_baseline: Mapping[str, str] | None = None,
 ) -> Report:
     """What the probes (host -> the probe's JSON) say, check -> node -> Item; ``seen`` (host ->
     what the search for the head's probe file printed) only in the full set. ``site``: the head
     is the login node of a Slurm the user does not administer, and the fixes are the user's.
     ``planned``: host -> {iface, address} a run was planned with, checked against the addresses
-    each probe found (a node whose probe could not tell is not judged on it)."""
+    each probe found (a node whose probe could not tell is not judged on it). ``ssh_baseline``:
+    node -> the ssh fingerprint a login was proved with, which a banner check stands on."""
     seen = seen or {}
     report: Report = {c: {} for c in CHECKS}
     probes = dict(probes)
@@ -168,7 +170,7 @@ def verdict(
             report["ssh"][h] = Item(False, "; ".join(f"{h} -> {t}: {r['detail']}" for t, r in sorted(ssh_fail.items())),
                                     f"run '{setup} --tags ssh_mesh' (add base if names do not resolve)")
         elif p.get("ssh"):
-            report["ssh"][h] = Item(True, "reaches " + ",".join(sorted(p["ssh"])))
+            report["ssh"][h] = Item(*sshmesh.finding(probes, h, ssh_baseline))
     versions = {h: p["versions"] for h, p in probes.items() if (p.get("env") or {}).get("ok") and "versions" in p}
     if versions:
         report["versions"].update(compare_versions(versions, head, setup))

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict
 
+from . import sshmesh
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
@@ -97,6 +98,7 @@ class _Run:
     def preflight(self, cluster: Cluster) -> None:
         names = [n.name for n in cluster.nodes]  # --hosts/--exclude: only the run's nodes
         result = self.playbook("preflight", "playbooks/preflight.yml", names, self.preflight_vars(), limit=",".join(names))
+        sshmesh.remember(self.request.inventory, result.fact(sshmesh.FACT))
         if not result.ok:
             self.refuse_preflight(result)
 
@@ -115,6 +117,7 @@ class _Run:
         """Plan this attempt, run run.yml (preflight, stage) and start the launchers: None once every
         launcher started, 4 when staging failed, 5 when the launch did."""
         request, run, phases = self.request, self.run, self.phases
+        login = False  # the head logs in to every node even where a login was proved before
         for attempt in (1, 2):
             cluster = without(self.cluster, set(self.exclude))
             net = network(cluster)
@@ -130,6 +133,7 @@ class _Run:
                                     preflight=request.preflight,
                                     workdir_pull=pull_command(cluster, plan, project) if project else None),
                          **self.preflight_vars(),
+                         "preflight_ssh_baseline": {} if login else sshmesh.baseline(request.inventory, cluster.head.name),
                          "distrun_claim_gate": str(run.dir / CLAIM_GATE) if self.claim is not None else ""}
             mode = str(cluster.group_vars.get("distrun_shared_fs_mode", "sync"))
             skips = RUN_SKIPS if needs_stage_steps(extravars, mode) else (*RUN_SKIPS, "job_stage_steps")
@@ -145,6 +149,7 @@ class _Run:
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
+            sshmesh.remember(request.inventory, result.fact(sshmesh.FACT))
             if project:
                 record_pulls(run, result)
             self.launched = starter.started or result.ok
@@ -164,6 +169,9 @@ class _Run:
                     self.listener.replanning()
                     self.preflight(cluster)  # gathers the facts of the run's nodes again
                     self.cluster = load(request)
+                    continue
+                if attempt == 1 and sshmesh.unverified(result.fact(sshmesh.FACT)):
+                    login = True  # a node's ssh setup changed: prove the login again, or refuse on it
                     continue
                 self.refuse_preflight(result)
             if step == "stage":

@@ -268,7 +268,7 @@ def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workl
     plan = build_plan(cluster, run_id=run.id, launcher=launcher, workload=workload, np=3)
     extravars = {**bundle.run_vars(plan, run, bundle.plan_files(plan), bundle.launch_scripts(plan), script=None, env={"K": "v"},
                                    network=None, preflight=True),
-                 **preflight_vars("inv", run.dir), "preflight_ports": [29500]}
+                 **preflight_vars("inv", run.dir), "preflight_ports": [29500], "preflight_ssh_baseline": {"n1": "sha256:aa"}}
     extravars["preflight_planned_network"] = extravars["distrun_planned_network"]  # run.yml's own mapping
     checked = set()
     for role, entry in (("job", "stage"), ("preflight", "main")):
@@ -281,7 +281,8 @@ def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workl
         checked |= {f"{role}.{k}" for k in given}
     # The check covers what a run passes: the bundle, the partition, the run dir, the needs.
     for name in ("job.job_run_bundle", "job.job_partition_argv", "job.job_partition_parts", "job.job_run_id",
-                 "preflight.preflight_modules", "preflight.preflight_programs", "preflight.preflight_planned_network"):
+                 "preflight.preflight_modules", "preflight.preflight_programs", "preflight.preflight_planned_network",
+                 "preflight.preflight_ssh_baseline"):
         assert name in checked, name
 
 

@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 try:
-    from distrun import judge, rules, sharedfs
+    from distrun import judge, rules, sharedfs, sshmesh
 except ImportError:  # ansible-playbook from another Python: use the package beside the roles
     _here = Path(__file__).resolve()
     for _candidate in (_here.parents[3] / "runner", _here.parents[5]):
         if (_candidate / "distrun" / "rules.py").is_file():
             sys.path.insert(0, str(_candidate))
             break
-    from distrun import judge, rules, sharedfs
+    from distrun import judge, rules, sharedfs, sshmesh
 
 from ansible.errors import AnsibleFilterError
 
@@ -63,6 +63,16 @@ def preflight_problems(verdict: object, host: str) -> list[str]:
     return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
+def ssh_mode(baseline: dict | None, head: str, targets: list | None) -> str:
+    """How the head checks ssh to its targets: 'banner' once logins to all were proved, else 'login'."""
+    return sshmesh.mode({str(k): str(v) for k, v in (baseline or {}).items()}, str(head), [str(t) for t in targets or []])
+
+
+def ssh_mesh(probes: object, **options: object) -> dict:
+    """What the runner keeps or re-verifies of the head's ssh checks (published beside the verdict)."""
+    return sshmesh.summary(probes, **options)  # type: ignore[arg-type]
+
+
 def shared_fs_external(findings: object, **options: object) -> dict:
     """external mode at setup: host -> what is wrong with the shared filesystem there, with the fix."""
     return sharedfs.external_setup(findings, **options)  # type: ignore[arg-type]
@@ -86,5 +96,7 @@ class FilterModule:
             "distrun_preflight_report": preflight_report,
             "distrun_preflight_problems": preflight_problems,
             "distrun_shared_fs_external": shared_fs_external,
+            "distrun_ssh_mode": ssh_mode,
+            "distrun_ssh_mesh": ssh_mesh,
             "distrun_slurm_node_name": slurm_node_name,
         }

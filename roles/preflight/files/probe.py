@@ -8,12 +8,14 @@ connections between the nodes (netprobe.py). It changes nothing except the share
 file, which the role removes again. Standard library only.
 """
 
+import contextlib
 import hashlib
 import json
 import os
 import pwd
 import re
 import socket
+import stat
 import subprocess
 import sys
 import uuid
@@ -23,6 +25,8 @@ CFG = json.loads(sys.argv[1])
 USER = CFG["user"]
 PREFIX = CFG["env_prefix"].rstrip("/")
 TIMEOUT = int(CFG.get("ssh_timeout", 5))
+# Where the node's files are read for the ssh fingerprint: / (a test points it at a folder).
+ROOT = CFG.get("ssh_fingerprint_root") or "/"
 
 # Run by the env's Python as the training user: versions by package metadata (importing torch or
 # jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
@@ -105,8 +109,134 @@ def probe_ssh(target):
     proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
                    timeout=TIMEOUT + 10)
     if proc.returncode == 0:
-        return {"ok": True, "detail": "ssh in batch mode works"}
-    return {"ok": False, "detail": _last_line(proc.stderr) or f"ssh exited {proc.returncode}"}
+        return {"ok": True, "check": "login", "detail": "ssh in batch mode works"}
+    return {"ok": False, "check": "login", "detail": _last_line(proc.stderr) or f"ssh exited {proc.returncode}"}
+
+
+def probe_banner(target):
+    """The cheap check, once a login from here to target was verified and nothing it depends on
+    changed: target's sshd answers with its SSH banner where the training user's ssh would connect
+    (``ssh -G`` resolves the host and port from the user's config without connecting). A target
+    reached through a proxy, or whose config ssh cannot read, gets the full login instead."""
+    conf = {}
+    proc = as_user(["ssh", "-G", "--", target], timeout=TIMEOUT + 10)
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        conf.setdefault(key.lower(), value.strip())
+    if (proc.returncode != 0 or "hostname" not in conf or not conf.get("port", "22").isdigit()
+            or conf.get("proxycommand", "none") != "none" or conf.get("proxyjump", "none") != "none"):
+        return probe_ssh(target)
+    host, port = conf["hostname"], int(conf.get("port", "22"))
+    try:
+        with socket.create_connection((host, port), timeout=TIMEOUT) as sock:
+            sock.settimeout(TIMEOUT)
+            first = sock.makefile("rb").readline(256)
+            if first.startswith(b"SSH-"):
+                # A client's identification before closing: sshd logs a closed connection, not a
+                # missing identification string (which intrusion filters may count against the head).
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"SSH-2.0-distrun-preflight\r\n")
+    except socket.timeout:
+        return {"ok": False, "check": "banner", "detail": f"sshd does not answer on {host}:{port} within {TIMEOUT}s"}
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        return {"ok": False, "check": "banner", "detail": f"sshd does not answer on {host}:{port}: {why}"}
+    if not first.startswith(b"SSH-"):
+        shown = first.decode("ascii", "replace").strip()[:40] or "nothing"
+        return {"ok": False, "check": "banner", "detail": f"{host}:{port} answers {shown!r}, not an SSH banner"}
+    return {"ok": True, "check": "banner", "detail": "sshd answers"}
+
+
+# At most this much of each file counts: a file a job made huge costs the probe nothing.
+FINGERPRINT_READ = 1 << 20
+
+
+def _plain(name, dir_fd=None):
+    """What a file is, for the fingerprint: its bytes if it is a regular file (at most
+    FINGERPRINT_READ), else a marker. Never through a link, and never blocking on a FIFO: the
+    probe runs as root, and the training user's files are a job's to plant."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return b"missing"
+    except OSError as exc:  # ELOOP: a link
+        return f"unreadable {exc.errno}".encode()
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return f"not a file {stat.S_IFMT(st.st_mode):o}".encode()
+        chunks, left = [], FINGERPRINT_READ
+        while left > 0:
+            chunk = os.read(fd, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"file " + f"{st.st_uid} {st.st_mode:o} ".encode() + b"".join(chunks)
+    except OSError as exc:
+        return f"unreadable {exc.errno}".encode()
+    finally:
+        os.close(fd)
+
+
+def _meta(name, dir_fd=None, size=False):
+    """Owner and mode (and size and time) of a path itself, never of what a link points at."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return "missing"
+    line = f"{st.st_uid} {st.st_mode:o}"
+    return f"{line} {st.st_size} {st.st_mtime_ns}" if size else line
+
+
+def _user_ssh(h, home):
+    """The training user's side, read from a descriptor of ~/.ssh opened without following a link:
+    authorized keys, known hosts, config and public keys by content, private keys by name, size
+    and time only (their contents are never read), and the owner and mode of home, ~/.ssh and
+    authorized_keys (sshd refuses keys others may write to)."""
+    h.update(f"home {_meta(home)}\0".encode())
+    try:
+        ssh_fd = os.open(os.path.join(home, ".ssh"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        h.update(f"no .ssh {exc.errno}\0".encode())
+        return
+    try:
+        h.update(f".ssh {_meta(os.path.join(home, '.ssh'))}\0".encode())
+        names = sorted(os.listdir(ssh_fd))
+        for name in ("authorized_keys", "authorized_keys2", "known_hosts", "config"):
+            h.update(f"file {name}\0".encode() + _plain(name, ssh_fd) + b"\0")
+        for name in names:
+            if name.startswith("id_") and name.endswith(".pub"):
+                h.update(f"public {name}\0".encode() + _plain(name, ssh_fd) + b"\0")
+            elif name.startswith("id_"):
+                h.update(f"key {name} {_meta(name, ssh_fd, size=True)}\0".encode())
+    finally:
+        os.close(ssh_fd)
+
+
+def ssh_fingerprint():
+    """A digest of everything on this node a login as the training user depends on (the user's
+    passwd entry, ssh files, the system's ssh client and server configuration, host keys, the
+    names in /etc/hosts, and the boot: a reboot counts as a change). Missing or unreadable files
+    count as such. Local reads only, no process started."""
+    pw = pwd.getpwnam(USER)
+    h = hashlib.sha256(f"user {pw.pw_uid} {pw.pw_gid} {pw.pw_dir} {pw.pw_shell}\0".encode())
+    _user_ssh(h, os.path.join(ROOT, pw.pw_dir.lstrip("/")))
+    system = ["/etc/ssh/sshd_config", "/etc/ssh/ssh_config", "/etc/ssh/ssh_known_hosts", "/etc/hosts",
+              "/proc/sys/kernel/random/boot_id"]
+    system += [p for d in ("/etc/ssh/sshd_config.d", "/etc/ssh/ssh_config.d") for p in _listed(d)]
+    system += [p for p in _listed("/etc/ssh") if p.rsplit("/", 1)[-1].startswith("ssh_host_") and p.endswith("_key.pub")]
+    for path in sorted(set(system)):
+        h.update(f"system {path}\0".encode() + _plain(os.path.join(ROOT, path.lstrip("/"))) + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def _listed(folder):
+    """The paths of a system folder's entries (as seen from /), sorted; none when it is missing."""
+    try:
+        return sorted(f"{folder}/{n}" for n in os.listdir(os.path.join(ROOT, folder.lstrip("/"))))
+    except OSError:
+        return []
 
 
 def probe_writable(path):
@@ -321,6 +451,8 @@ def body(report):
         # Nothing below means anything without the training user: the node was never set up.
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no user {USER}"}
         return
+    STEP = "ssh fingerprint"
+    report["ssh_fingerprint"] = ssh_fingerprint()
     if not os.path.exists(f"{PREFIX}/bin/python"):
         report["setup"] = {"ok": False, "detail": f"distrun never set up {CFG['host']}: no env {PREFIX}"}
         return
@@ -333,7 +465,8 @@ def body(report):
         env_f = pool.submit(probe_env)
         ompi_f = pool.submit(probe_openmpi)
         writable_f = pool.submit(probe_writable, CFG["shared_dir"])
-        ssh_f = {t: pool.submit(probe_ssh, t) for t in CFG.get("ssh_targets", [])}
+        check_ssh = probe_banner if CFG.get("ssh_mode") == "banner" else probe_ssh
+        ssh_f = {t: pool.submit(check_ssh, t) for t in CFG.get("ssh_targets", [])}
         names_f = {n: pool.submit(resolve, n) for n in CFG.get("names", [])}
         env, versions = env_f.result()
         report["env"] = env

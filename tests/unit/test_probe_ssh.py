@@ -1,0 +1,167 @@
+"""The probe's side of the head's ssh check, run for real: each node's ssh fingerprint (read
+under a folder standing in for /) and the banner check against a local TCP server that answers
+as sshd, as something else, or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files" / "probe.py"
+HOME = pwd.getpwnam("root").pw_dir.strip("/")  # the probes below check as root: its home, under the folder
+
+
+def run_probe(**cfg) -> dict:
+    base = {"host": "here", "user": "root", "env_prefix": "/nonexistent", "mpi_prefix": "", "shared_dir": "/tmp",
+            "ssh_timeout": 2}
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps({**base, **cfg})], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# The fingerprint: what a login as the training user depends on, read under a folder standing in for /.
+
+@pytest.fixture()
+def node(tmp_path) -> Path:
+    root = tmp_path / "node"
+    for path, text in {f"{HOME}/.ssh/authorized_keys": "ssh-ed25519 AAAA head\n", f"{HOME}/.ssh/id_ed25519": "PRIVATE-1\n",
+                       f"{HOME}/.ssh/id_ed25519.pub": "ssh-ed25519 AAAA head\n", f"{HOME}/.ssh/known_hosts": "node2 ssh-ed25519 BBBB\n",
+                       "etc/ssh/ssh_host_ed25519_key.pub": "ssh-ed25519 HOST1\n", "etc/ssh/sshd_config": "Port 22\n",
+                       "proc/sys/kernel/random/boot_id": "boot-1\n"}.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root
+
+
+def fingerprint(root: Path) -> str:
+    found = run_probe(ssh_fingerprint_root=str(root))
+    assert found["setup"]["ok"] is False  # the probe stops at the missing env; the fingerprint comes first
+    return found["ssh_fingerprint"]
+
+
+def test_the_fingerprint_is_stable_while_nothing_changes(node):
+    first = fingerprint(node)
+    assert first.startswith("sha256:") and len(first) == len("sha256:") + 64
+    assert fingerprint(node) == first
+
+
+@pytest.mark.parametrize("path,text", [(f"{HOME}/.ssh/authorized_keys", "ssh-ed25519 OTHER head\n"),
+                                       ("etc/ssh/ssh_host_ed25519_key.pub", "ssh-ed25519 HOST2\n"),
+                                       ("proc/sys/kernel/random/boot_id", "boot-2\n"),
+                                       ("etc/ssh/sshd_config.d/10-local.conf", "PubkeyAuthentication no\n"),
+                                       (f"{HOME}/.ssh/config", "Host node2\n  Port 2222\n")])
+def test_the_fingerprint_changes_with_what_a_login_depends_on(node, path, text):
+    before = fingerprint(node)
+    (node / path).parent.mkdir(parents=True, exist_ok=True)
+    (node / path).write_text(text)
+    assert fingerprint(node) != before
+
+
+def test_a_missing_authorized_keys_and_an_open_ssh_folder_change_the_fingerprint(node):
+    before = fingerprint(node)
+    (node / f"{HOME}/.ssh/authorized_keys").unlink()
+    assert fingerprint(node) != before
+    (node / f"{HOME}/.ssh/authorized_keys").write_text("ssh-ed25519 AAAA head\n")
+    assert fingerprint(node) == before
+    (node / f"{HOME}/.ssh").chmod(0o777)  # sshd's StrictModes refuses the keys then
+    assert fingerprint(node) != before
+
+
+def test_a_private_keys_contents_are_never_read(node):
+    key = node / f"{HOME}/.ssh/id_ed25519"
+    before, st = fingerprint(node), key.stat()
+    key.write_text("PRIVATE-2\n")  # same size, same time: only the contents differ
+    os.utime(key, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fingerprint(node) == before
+    key.write_text("PRIVATE-22\n")  # a new key is noticed by its size and time
+    assert fingerprint(node) != before
+
+
+# The banner check: a local server answers as sshd, as something else, or not at all.
+
+@pytest.fixture()
+def server() -> Iterator:
+    servers: list[socket.socket] = []
+    heard: list[bytes] = []
+
+    def start(greeting: bytes) -> int:
+        sock = socket.create_server(("127.0.0.1", 0))
+        servers.append(sock)
+
+        def serve() -> None:
+            conn, _ = sock.accept()
+            with conn:
+                conn.sendall(greeting)
+                conn.settimeout(2)
+                try:
+                    heard.append(conn.recv(100))
+                except OSError:
+                    pass
+
+        threading.Thread(target=serve, daemon=True).start()
+        return sock.getsockname()[1]
+
+    start.heard = heard  # type: ignore[attr-defined]
+    yield start
+    for s in servers:
+        s.close()
+
+
+def banner(target: str) -> dict:
+    found = run_probe(env_prefix=sys.prefix, ssh_mode="banner", ssh_targets=[target])
+    return found["ssh"][target]
+
+
+def test_an_sshd_banner_passes_and_the_probe_says_who_it_is(server):
+    port = server(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    assert banner(f"ssh://127.0.0.1:{port}") == {"ok": True, "check": "banner", "detail": "sshd answers"}
+    assert server.heard == [b"SSH-2.0-distrun-preflight\r\n"]
+
+
+def test_something_else_on_the_port_fails_the_banner_check(server):
+    port = server(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    assert banner(f"ssh://127.0.0.1:{port}") == {
+        "ok": False, "check": "banner", "detail": f"127.0.0.1:{port} answers 'HTTP/1.1 400 Bad Request', not an SSH banner"}
+
+
+def test_a_closed_port_fails_the_banner_check():
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        port = sock.getsockname()[1]
+    found = banner(f"ssh://127.0.0.1:{port}")
+    assert found == {"ok": False, "check": "banner", "detail": f"sshd does not answer on 127.0.0.1:{port}: Connection refused"}
+
+
+def test_without_a_baseline_the_head_logs_in():
+    found = run_probe(env_prefix=sys.prefix, ssh_targets=["ssh://127.0.0.1:1"])
+    assert found["ssh"]["ssh://127.0.0.1:1"]["check"] == "login"
+
+
+def test_the_probe_running_as_root_never_follows_a_link_or_waits_on_a_fifo_in_the_users_home(node, tmp_path):
+    """A job runs as the training user and may plant anything in its home: a link to a root-only
+    file is fingerprinted as a link (its target's contents never read), a FIFO does not hang the
+    probe, and ~/.ssh itself replaced by a link is not followed either."""
+    secret = tmp_path / "root-only"
+    secret.write_text("first\n")
+    (node / f"{HOME}/.ssh/config").symlink_to(secret)
+    os.mkfifo(node / f"{HOME}/.ssh/known_hosts2")
+    (node / f"{HOME}/.ssh/authorized_keys").unlink()
+    os.mkfifo(node / f"{HOME}/.ssh/authorized_keys")
+    before = fingerprint(node)  # returns: the FIFO was not opened for a blocking read
+    secret.write_text("second\n")
+    assert fingerprint(node) == before, "the link's target was read"
+    elsewhere = tmp_path / "elsewhere"
+    (node / f"{HOME}/.ssh").rename(elsewhere)
+    (node / f"{HOME}/.ssh").symlink_to(elsewhere)
+    linked = fingerprint(node)
+    (elsewhere / "id_ed25519.pub").write_text("ssh-ed25519 CHANGED head\n")
+    assert fingerprint(node) == linked, "~/.ssh as a link was followed"
