@@ -14,7 +14,6 @@ processes are the run itself: every process of a run carries its tag (DISTRUN_RU
 
 from __future__ import annotations
 
-import os
 import queue
 import shlex
 import subprocess
@@ -28,6 +27,7 @@ from .inventory import Cluster
 from .planning import JobRequest, make_plan
 from .remote import as_user, open_masters, shell_argv
 from .runs import RUN_ID_RE
+from .staging import write_gate
 
 HEARTBEAT_S = 5
 # Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
@@ -203,12 +203,16 @@ class Pending:
         self._held: Claim | None = None
         self._error: UserError | None = None
         self._allow = allow
+        self.masters = threading.Event()  # set once the ssh masters are open (or given up on)
         self._thread = threading.Thread(target=self._take, args=(cluster, hosts, run_id), daemon=True)
         self._thread.start()
 
     def _take(self, cluster: Cluster, hosts: list[str], run_id: str) -> None:
         try:
-            open_masters(cluster.nodes)
+            try:
+                open_masters(cluster.nodes)
+            finally:
+                self.masters.set()
             if not self._allow:
                 self._held = claim(cluster, hosts, run_id)
         except UserError as exc:
@@ -232,10 +236,7 @@ class Pending:
                 self._write(path)
 
     def _write(self, path: Path) -> None:
-        answer = "refused" if self._error is not None else ("allowed" if self._allow else "held")
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(answer + "\n")
-        os.replace(tmp, path)  # the stage step never reads half an answer
+        write_gate(path, "refused" if self._error is not None else ("allowed" if self._allow else "held"))
 
     def wait(self) -> None:
         """Block until the answer is known; raise the refusal (busy hosts name their runs)."""

@@ -108,18 +108,22 @@ class Done:
         return self.why or (lines[-1] if lines else f"exit {self.rc}")
 
 
-def run_each(nodes: Mapping[str, Node], commands: Mapping[str, str], timeout_s: float) -> dict[str, Done]:
+def run_each(nodes: Mapping[str, Node], commands: Mapping[str, str], timeout_s: float,
+             inputs: Mapping[str, str] | None = None) -> dict[str, Done]:
     """Run each host's command on its node (shell_argv: over its ssh connection), all at once,
-    each given timeout_s to end (killed after it); host -> how it ended."""
+    each given timeout_s to end (killed after it); host -> how it ended. ``inputs``: a host's
+    command reads its text on stdin (what must stay out of an argv); the others read nothing."""
 
     def one(host: str, command: str) -> Done:
+        text = (inputs or {}).get(host)
         try:
-            proc = subprocess.Popen(shell_argv(nodes[host], command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            proc = subprocess.Popen(shell_argv(nodes[host], command),
+                                    stdin=subprocess.PIPE if text is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         except (OSError, UserError) as exc:
             return Done(None, why=str(exc))
         try:
-            out = proc.communicate(timeout=timeout_s)[0]
+            out = proc.communicate(text, timeout=timeout_s)[0]
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # its own session: a local shell's children too

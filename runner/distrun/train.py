@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 
 from . import sshmesh
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
@@ -33,6 +34,7 @@ from .planning import JobRequest, environment, facts_unusable, load, make_plan, 
 from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
+from .staging import Upload, discard, stage_hosts
 
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
@@ -137,6 +139,12 @@ class _Run:
                          "distrun_claim_gate": str(run.dir / CLAIM_GATE) if self.claim is not None else ""}
             mode = str(cluster.group_vars.get("distrun_shared_fs_mode", "sync"))
             skips = RUN_SKIPS if needs_stage_steps(extravars, mode) else (*RUN_SKIPS, "job_stage_steps")
+            # The run's files go to the nodes that stage them while ansible-playbook starts.
+            staged_on = extravars["distrun_stage_hosts"] = stage_hosts(cluster, self.limit)
+            gate = run.dir / f"upload-{self.restart}-{attempt}"
+            extravars["distrun_upload_gate"] = str(gate)
+            upload = Upload(cluster, staged_on, run.id, Path(extravars["distrun_run_bundle"]), extravars["distrun_env_file"],
+                            gate, after=self.claim.masters if self.claim is not None else None)
             phases.mark("plan and bundle")
             if project and attempt == 1 and self.restart == 0:
                 self.claimed()  # the workdir is written on the run's hosts: they must be the run's
@@ -149,6 +157,9 @@ class _Run:
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
+            upload.join()
+            if not result.ok:
+                discard(cluster, staged_on, run.id)  # a node the stage step did not reach keeps none
             sshmesh.remember(request.inventory, result.fact(sshmesh.FACT))
             if project:
                 record_pulls(run, result)
@@ -402,8 +413,13 @@ def run_partition_only(request: JobRequest, listener: Listener | None = None) ->
     run = new_run("partition", request.inventory, run_id)
     try:
         steps = _Run(request, listener or Listener(), Phases(run), cluster)
-        result = steps.playbook("partition", "playbooks/stage.yml", [cluster.head.name],
-                                stage_vars(plan, run, {}, {}, None, jittor_warm=False), limit=cluster.head.name)
+        extravars = {**stage_vars(plan, run, {}, {}, None, jittor_warm=False), "distrun_stage_hosts": [cluster.head.name],
+                     "distrun_upload_gate": str(run.dir / "upload")}
+        upload = Upload(cluster, [cluster.head.name], run.id, Path(extravars["distrun_run_bundle"]), "", run.dir / "upload")
+        result = steps.playbook("partition", "playbooks/stage.yml", [cluster.head.name], extravars, limit=cluster.head.name)
+        upload.join()
+        if not result.ok:
+            discard(cluster, [cluster.head.name], run.id)
     finally:
         if run.meta.status == "running":
             run.finish(1, "interrupted before the partition ended")

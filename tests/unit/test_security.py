@@ -427,12 +427,22 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
     assert bundle.stage_vars(script, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}
 
 
-# --- staging on a node (role job's module distrun_stage) --------------------------------------
+# --- staging on a node (role job's files/stage.py, run as the training user) ------------------
 
 def _role_module(role: str, name: str):
     """A role's Ansible module (roles/<role>/library/<name>.py), imported for its functions."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, REPO / "roles" / role / "library" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stage_script():
+    """Role job's stage script (roles/job/files/stage.py), imported for its functions."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("distrun_stage_script", REPO / "roles" / "job" / "files" / "stage.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -452,7 +462,7 @@ def _bundle(files: dict[str, str]) -> str:
 
 
 def test_staging_writes_the_env_file_0600_in_a_private_run_dir_and_never_follows_a_link(tmp_path):
-    stage = _role_module("job", "distrun_stage").stage
+    stage = _stage_script().stage
     shared = tmp_path / "shared"
     run_dir = shared / "runs" / "r1"
     run_dir.mkdir(parents=True)
@@ -483,7 +493,7 @@ def test_staging_writes_the_env_file_0600_in_a_private_run_dir_and_never_follows
 def test_staging_refuses_a_run_id_that_is_not_one_plain_folder_name(run_id, safe):
     """The run's folder is runs/<run id> under the shared folder: an id with a slash, or dots
     alone, would put the run's files (and its env file) anywhere."""
-    assert _role_module("job", "distrun_stage").safe_run_id(run_id) is safe
+    assert _stage_script().safe_run_id(run_id) is safe
 
 
 def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, monkeypatch):
@@ -539,3 +549,62 @@ def test_known_hosts_gets_every_key_in_one_call_keeps_the_users_lines_and_replac
     m.write(str(path), lines)
     assert not path.is_symlink() and path.read_text().splitlines() == lines
     assert victim.read_text() == "root's\n"
+
+
+def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpacks_them(tmp_path, monkeypatch):
+    """distrun.staging and role job's files/stage.py together, on this machine as the training
+    user: the upload keeps the run's variables (a secret) in a 0600 file of the user's own home,
+    never on a command line; the stage step unpacks it, writes env.sh 0600 and removes the
+    upload; a failed upload stages nothing and says which host and why; a refused run's upload
+    is removed."""
+    import pwd
+    import subprocess
+    import sys
+
+    from distrun import staging
+    from distrun.inventory import cluster_from_json
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    host = f"unit-{os.getpid()}-s"
+    inv = {"_meta": {"hostvars": {host: {"ansible_connection": "local", "ansible_host": "10.0.0.1", "slots": 1,
+                                         "distrun_user": me}}},
+           "all": {"children": ["head", "workers"]}, "head": {"hosts": [host]}, "workers": {"hosts": [host]}}
+    cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
+    run_id = f"20261125-000000-train-{os.getpid() % 10000:04d}"
+    bundle_file = tmp_path / "bundle.b64"
+    bundle_file.write_text(_bundle({"run/hostfile": "n1 slots=1\n", "workloads/gcn.py": "print(1)\n"}))
+    env_file = tmp_path / "env.sh"
+    env_file.write_text(f"export TOKEN='{SECRET}'\n")
+    gate = tmp_path / "upload"
+    assert SECRET not in staging.upload_command(me, run_id)
+    staging.Upload(cluster, [host], run_id, bundle_file, str(env_file), gate).join()
+    assert gate.read_text() == "ok\n"
+    incoming = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "distrun" / "incoming" / f"{run_id}.json"
+    try:
+        assert stat.S_IMODE(incoming.stat().st_mode) == 0o600 and stat.S_IMODE(incoming.parent.stat().st_mode) == 0o700
+        shared = tmp_path / "shared"
+        config = {"run_id": run_id, "run_dir": str(shared / "runs" / run_id), "checkpoint_dir": "", "shared_dir": str(shared),
+                  "workloads_digest": "d1", "upload": gate.read_text().strip()}
+        assert SECRET not in json.dumps(config)
+        script = (REPO / "roles" / "job" / "files" / "stage.py").read_text()
+        done = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == {"changed": True}
+        env = shared / "runs" / run_id / "env.sh"
+        assert env.read_text() == f"export TOKEN='{SECRET}'\n" and stat.S_IMODE(env.stat().st_mode) == 0o600
+        assert (shared / "runs" / run_id / "hostfile").read_text() == "n1 slots=1\n"
+        assert not incoming.exists(), "the upload (with the secret) was left behind"
+        # An upload that did not arrive: nothing is staged, and the line names the host and why.
+        failed = subprocess.run([sys.executable, "-c", script, json.dumps({**config, "upload": f"{host}: no answer in 120 s",
+                                                                         "run_dir": str(shared / "runs" / "other")})],
+                                capture_output=True, text=True, timeout=60)
+        assert failed.returncode == 1 and failed.stderr.strip().splitlines()[-1] == \
+            f"the run's files did not reach the nodes: {host}: no answer in 120 s"
+        assert not (shared / "runs" / "other").exists()
+        # A run refused before its stage step: its upload is removed.
+        staging.Upload(cluster, [host], run_id, bundle_file, str(env_file), gate).join()
+        assert incoming.exists()
+        staging.discard(cluster, [host], run_id)
+        assert not incoming.exists()
+    finally:
+        incoming.unlink(missing_ok=True)

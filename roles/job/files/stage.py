@@ -1,0 +1,126 @@
+"""Put a run's files in place on one node, as the training user, in one round trip.
+
+Run by role job's stage step as a raw command (a script needs no Ansible module around it):
+``python3 -c <this file> <config JSON>``. The runner sent the run's files ahead of the play over
+the run's ssh connection, into the training user's ``~/.cache/distrun/incoming/<run id>.json``
+(a 0600 file: the bundle, base64 of a tar.gz holding run/ and workloads/, and the run's
+variables, possibly secrets, which never go on a command line); the config says whether that
+upload succeeded. This script unpacks the bundle into the run folder (mode 0750), copies the
+reference workloads into the shared folder unless the same digest is there, writes the
+variables to ``<run_dir>/env.sh`` (0600), removes the upload, and prints ``{"changed": ...}``.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pwd
+import re
+import subprocess
+import sys
+import tempfile
+
+
+class StageError(Exception):
+    """What went wrong, in one line for the user."""
+
+
+def safe_run_id(run_id: str) -> bool:
+    """A run id names a folder under the shared folder's runs/: one plain path component."""
+    return bool(re.fullmatch(r"[A-Za-z0-9._-]+", run_id)) and set(run_id) != {"."}
+
+
+def incoming_path(run_id: str) -> str:
+    """Where the runner's upload for run_id waits, in the training user's own home."""
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    return os.path.join(home, ".cache", "distrun", "incoming", f"{run_id}.json")
+
+
+def _private_dir(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o750)  # other local users may not read a run: its logs, its program, its env file
+
+
+def _copy_tree(src: str, dest: str) -> None:
+    """src's contents into dest; dest keeps its own mode (a run dir stays 0750)."""
+    proc = subprocess.run(["cp", "-R", f"{src}/.", f"{dest}/"], capture_output=True, text=True, check=False)
+    if proc.returncode:
+        raise StageError(f"cp failed on the node: {proc.stderr.strip()[-500:] or f'exit {proc.returncode}'}")
+
+
+def _write_env(path: str, text: str) -> None:
+    """env.sh for the training user only; a link or a file in its place is replaced, never followed."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text if text.endswith("\n") else text + "\n")
+    os.replace(tmp, path)
+
+
+def stage(p: dict) -> bool:
+    """Unpack p["bundle"] and write p["env"] as the run's files; True when new workloads were
+    copied (the node changed)."""
+    os.umask(0o022)
+    updated = False
+    with tempfile.TemporaryDirectory(prefix="distrun-stage-") as tmp:
+        data = base64.b64decode(p["bundle"])
+        proc = subprocess.run(["tar", "-xzf", "-", "-C", tmp, "--no-same-owner"], input=data, capture_output=True, check=False)
+        if proc.returncode:
+            raise StageError(f"tar failed on the node: {proc.stderr.decode(errors='replace').strip()[-500:] or f'exit {proc.returncode}'}")
+        _private_dir(p["run_dir"])
+        if p["checkpoint_dir"]:
+            _private_dir(p["checkpoint_dir"])
+        if os.path.isdir(f"{tmp}/run"):
+            _copy_tree(f"{tmp}/run", p["run_dir"])
+        workloads = os.path.join(p["shared_dir"], "workloads")
+        marker = os.path.join(workloads, f".digest-{p['workloads_digest']}")
+        if os.path.isdir(f"{tmp}/workloads") and not os.path.exists(marker):
+            os.makedirs(workloads, exist_ok=True)
+            _copy_tree(f"{tmp}/workloads", workloads)
+            with open(marker, "w", encoding="utf-8") as fh:
+                fh.write(p["workloads_digest"] + "\n")
+            updated = True
+    if p["env"]:
+        _write_env(os.path.join(p["run_dir"], "env.sh"), p["env"])
+    return updated
+
+
+def take_upload(run_id: str) -> dict:
+    """The runner's upload for run_id, read once (never through a link) and removed."""
+    path = incoming_path(run_id)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StageError(f"the run's files are not in {path} ({exc.strerror}): the upload did not reach this node") from None
+    try:
+        with os.fdopen(fd, encoding="utf-8") as fh:
+            data = json.load(fh)
+    finally:
+        os.unlink(path)
+    if not isinstance(data, dict) or not isinstance(data.get("bundle"), str) or not isinstance(data.get("env", ""), str):
+        raise StageError(f"{path} is not an upload of distrun's")
+    return data
+
+
+def main(cfg: dict) -> None:
+    run_id = str(cfg.get("run_id", ""))
+    if not safe_run_id(run_id):
+        raise StageError(f"distrun_run_id={run_id} is empty or unsafe; runs are staged by 'distrun train'")
+    if cfg.get("upload") != "ok":
+        raise StageError(f"the run's files did not reach the nodes: {cfg.get('upload') or 'no answer'}")
+    data = take_upload(run_id)
+    try:
+        updated = stage({**cfg, "bundle": data["bundle"], "env": data.get("env", "")})
+    except OSError as exc:
+        raise StageError(f"staging into {cfg['run_dir']} failed: {exc}") from None
+    print(json.dumps({"changed": updated}))
+
+
+if __name__ == "__main__":
+    try:
+        main(json.loads(sys.argv[1]))
+    except StageError as exc:
+        print(exc, file=sys.stderr, flush=True)  # the task's error: the last line of its stderr
+        sys.exit(1)
