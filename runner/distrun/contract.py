@@ -65,3 +65,24 @@ def distro_mpi_prefix(os_family: str) -> str:
     if not (paths.project_dir() / path).is_file():
         path = Path("roles/mpi_env/vars/Debian.yml")
     return str(_load(str(path))["_mpi_env_distro_mpi_prefix"])
+
+
+def problems(hostvars: Any) -> list[str]:
+    """What breaks the contract in each host's variables (``ansible-inventory --list``'s
+    ``_meta.hostvars``), checked against role distrun's argument spec by Ansible's own validator:
+    one line per host and variable. A value Ansible still has to template ("{{ ... }}") is left
+    to Ansible; a variable not set takes the role's default."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # slow to import: only on a cache miss
+
+    options = _options()
+    out: list[str] = []
+    for host, values in sorted((hostvars or {}).items()):
+        if not isinstance(values, dict):
+            continue
+        given = {k: v for k, v in values.items() if k in options and "{{" not in str(v)}
+        if not given:
+            continue
+        spec = {k: options[k] for k in given}
+        for message in ArgumentSpecValidator(spec).validate(given).error_messages:
+            out.append(f"host {host}: {message}")
+    return out

@@ -79,6 +79,10 @@ def ansible_bin(tool: str) -> str:
     return found
 
 
+# Where the answer keeps what breaks the contract (contract.problems), found when Ansible was asked.
+CONTRACT_PROBLEMS = "_distrun_contract_problems"
+
+
 def read_inventory_json(path: Path) -> dict[str, Any]:
     """What ``ansible-inventory --list`` says about the inventory; kept while its files are
     unchanged (inventory_cache), so a verb asks Ansible again only after an edit."""
@@ -103,6 +107,10 @@ def _ask_ansible(path: Path) -> dict[str, Any]:
         raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise InventoryError(f"inventory {path}: ansible-inventory printed no inventory")
+    # The contract is checked here, once per change of the inventory's files, and what it finds
+    # is kept with the answer (cluster_from_json refuses it): a run's playbook then skips role
+    # distrun's own check of the same spec.
+    data[CONTRACT_PROBLEMS] = contract.problems((data.get("_meta") or {}).get("hostvars"))
     return data
 
 
@@ -205,7 +213,7 @@ def load_facts(cache_dir: Path | None, host: str) -> dict[str, Any] | None:
 
 def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | None = None) -> Cluster:
     hostvars: Mapping[str, Mapping[str, Any]] = (data.get("_meta") or {}).get("hostvars") or {}
-    groups = {k for k in data if k != "_meta"}
+    groups = {k for k in data if k not in ("_meta", CONTRACT_PROBLEMS)}
     heads = _group_hosts(data, contract.HEAD_GROUP) if contract.HEAD_GROUP in groups else []
     if not heads:
         raise InventoryError(
@@ -263,6 +271,10 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
     if not shared_dir.startswith("/"):
         raise InventoryError(f"inventory {path}: distrun_shared_dir={shared_dir!r} must be an absolute path")
     env_prefix = str(hv_head.get("distrun_env_prefix") or contract.env_prefix_default(provider))
+    bad = data.get(CONTRACT_PROBLEMS) or []
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InventoryError(f"inventory {path}: {bad[0]}{more}; correct it where the inventory sets it")
     return Cluster(
         source=path,
         head=nodes[head_name],

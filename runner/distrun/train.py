@@ -40,8 +40,10 @@ __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partiti
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
 STEPS = ("preflight", "stage")
 # What run.yml never needs, skipped by tag (it costs nothing, not even a skipped task per node):
-# the preflight's full set (the shared folder's probe file) is 'distrun check''s.
-RUN_SKIPS = ("preflight_shared",)
+# the preflight's full set (the shared folder's probe file) is 'distrun check''s; role distrun's
+# argument check (Ansible tags it 'always'; run.yml has no other such task) is the runner's, done
+# with the same spec and validator when it read the inventory (contract.problems).
+RUN_SKIPS = ("preflight_shared", "always")
 # The file in the run record the claim's answer goes to; run.yml waits for it before staging.
 CLAIM_GATE = "claim"
 # Published by run.yml's last task once every node of the run is staged.

@@ -89,3 +89,18 @@ def test_bad_inventories_name_the_file_and_the_fix(write_inventory, label, text,
     assert expected in message
     assert str(path) in message
     assert "\n" not in message
+
+
+def test_a_value_the_contract_refuses_is_named_with_its_host_before_any_playbook_runs(write_inventory):
+    """The runner checks the inventory contract with role distrun's own argument spec when it
+    reads the inventory (run.yml skips the role's check): one line, the host, the variable and
+    what it may be; a value Ansible still templates is left to Ansible."""
+    bad = TWO_NODE_YAML.replace("w2: {ansible_host: 10.0.0.12, slots: 4}",
+                                "w2: {ansible_host: 10.0.0.12, slots: 4, distrun_shared_fs_mode: nfss}")
+    with pytest.raises(InventoryError) as err:
+        load_cluster(write_inventory(bad))
+    line = str(err.value)
+    assert "\n" not in line and "host w2: " in line and "distrun_shared_fs_mode" in line and "nfss" in line
+    assert "nfs, sshfs, sync, external" in line and line.endswith("correct it where the inventory sets it")
+    templated = TWO_NODE_YAML.replace("distrun_user: trainer", "distrun_user: trainer\n    distrun_shared_fs_mode: \"{{ 'sync' }}\"")
+    assert load_cluster(write_inventory(templated)).user == "trainer"
