@@ -80,8 +80,8 @@ class Upload:
             answer = f"{type(exc).__name__}: {exc}"
         write_gate(gate, answer)
 
-    def join(self) -> None:
-        self.thread.join()
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
 
 
 def discard(cluster: Cluster, hosts: Sequence[str], run_id: str) -> None:
@@ -90,4 +90,4 @@ def discard(cluster: Cluster, hosts: Sequence[str], run_id: str) -> None:
     nodes = {n.name: n for n in cluster.nodes}
     name = shlex.quote(f"{run_id}.json")
     command = as_user(cluster.user, f"rm -f {_INCOMING}/{name}")
-    run_each(nodes, {h: command for h in hosts if h in nodes}, 30)
+    run_each(nodes, {h: command for h in hosts if h in nodes}, 10)

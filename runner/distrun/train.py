@@ -159,9 +159,11 @@ class _Run:
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
-            upload.join()
             if not result.ok:
-                discard(cluster, staged_on, run.id)  # a node the stage step did not reach keeps none
+                # An upload no stage step took may hold the run's secrets: removed, except where
+                # the node does not answer (not waited on: the refusal comes first).
+                upload.join(5)
+                discard(cluster, [h for h in staged_on if not (h in result.hosts and result.hosts[h].unreachable)], run.id)
             sshmesh.remember(request.inventory, result.fact(sshmesh.FACT))
             if project:
                 record_pulls(run, result)
