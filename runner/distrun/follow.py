@@ -16,10 +16,12 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .ansible_bridge import PlaybookEvent
 from .inventory import Cluster, Node
+from .launchers import launcher_named
 from .plan import JobPlan
 from .remote import KEEPALIVE_S, as_user, run_each, shell_argv
 
@@ -235,3 +237,45 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# Published by run.yml's last task once every node of the run is staged.
+STAGED_FACT = "distrun_staged"
+
+
+class Starter:
+    """Starts an attempt's launchers as soon as run.yml publishes that every node is staged
+    (STAGED_FACT, its last task), in a thread, so they start while ansible-playbook is ending."""
+
+    def __init__(self, cluster: Cluster, plan: JobPlan) -> None:
+        self.cluster, self.plan = cluster, plan
+        self.thread: threading.Thread | None = None
+        self.failed: dict[str, str] = {}
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    def on_event(self, event: PlaybookEvent) -> None:
+        facts = event.data.get("ansible_facts") if event.kind in ("ok", "changed") else None
+        if isinstance(facts, Mapping) and facts.get(STAGED_FACT) is True:
+            self.start()
+
+    def start(self) -> None:
+        if self.thread is None:
+            hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
+            self.thread = threading.Thread(target=lambda: self.failed.update(launch(self.cluster, self.plan, hosts)),
+                                           daemon=True)
+            self.thread.start()
+
+    def wait(self) -> dict[str, str]:
+        """Host -> why, for the launchers that did not start (started now if run.yml succeeded
+        without publishing the fact)."""
+        self.start()
+        self.join()
+        return self.failed
+
+    def join(self) -> None:
+        """Wait for the launchers being started, if any (each start ends within its timeout)."""
+        if self.thread is not None:
+            self.thread.join()

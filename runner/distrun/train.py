@@ -7,9 +7,7 @@ restarts are left, stop and collect, summarise. Prints nothing: it reports throu
 from __future__ import annotations
 
 import shutil
-import threading
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,8 +20,7 @@ from .collect import collect_hosts
 from .diagnosis import failed_host
 from .ending import RunEnd, collect_limits
 from .errors import UserError
-from .follow import Outcome
-from .follow import launch as start_launchers
+from .follow import Outcome, Starter
 from .inventory import Cluster
 from .judge import from_dicts, network_changed, refusal
 from .launchers import launcher_named
@@ -46,8 +43,6 @@ STEPS = ("preflight", "stage")
 RUN_SKIPS = ("preflight_shared", "always")
 # The file in the run record the claim's answer goes to; run.yml waits for it before staging.
 CLAIM_GATE = "claim"
-# Published by run.yml's last task once every node of the run is staged.
-STAGED_FACT = "distrun_staged"
 # How long --detach waits for every rank to start before it lets the run go anyway.
 DETACH_WAIT_S = 600
 
@@ -310,44 +305,6 @@ class _Run:
         code = self.end.summarise(rc, time.monotonic() - started, self.plan)
         phases.mark("summary")
         return code
-
-
-class Starter:
-    """Starts an attempt's launchers as soon as run.yml publishes that every node is staged
-    (STAGED_FACT, its last task), in a thread, so they start while ansible-playbook is ending."""
-
-    def __init__(self, cluster: Cluster, plan: JobPlan) -> None:
-        self.cluster, self.plan = cluster, plan
-        self.thread: threading.Thread | None = None
-        self.failed: dict[str, str] = {}
-
-    @property
-    def started(self) -> bool:
-        return self.thread is not None
-
-    def on_event(self, event: PlaybookEvent) -> None:
-        facts = event.data.get("ansible_facts") if event.kind in ("ok", "changed") else None
-        if isinstance(facts, Mapping) and facts.get(STAGED_FACT) is True:
-            self.start()
-
-    def start(self) -> None:
-        if self.thread is None:
-            hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
-            self.thread = threading.Thread(target=lambda: self.failed.update(start_launchers(self.cluster, self.plan, hosts)),
-                                           daemon=True)
-            self.thread.start()
-
-    def wait(self) -> dict[str, str]:
-        """Host -> why, for the launchers that did not start (started now if run.yml succeeded
-        without publishing the fact)."""
-        self.start()
-        self.join()
-        return self.failed
-
-    def join(self) -> None:
-        """Wait for the launchers being started, if any (each start ends within its timeout)."""
-        if self.thread is not None:
-            self.thread.join()
 
 
 def failed_step(result: PlaybookResult) -> str:

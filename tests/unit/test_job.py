@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun import bundle, collect, logs, planning, train
+from distrun import bundle, collect, follow, logs, planning, train
 from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
 from distrun.check import preflight_vars
 from distrun.inventory import cluster_from_json
@@ -213,16 +213,16 @@ def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch)
         calls.append(hosts)
         return {}
 
-    monkeypatch.setattr(train, "start_launchers", start)
+    monkeypatch.setattr(follow, "launch", start)
     plan = type("P", (), {"launcher": "torchrun", "hosts": ()})()
-    starter = train.Starter(None, plan)  # type: ignore[arg-type]
-    monkeypatch.setattr(train, "launcher_named", lambda name: type("L", (), {
+    starter = follow.Starter(None, plan)  # type: ignore[arg-type]
+    monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
         "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
-    starter.on_event(train.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"distrun_step": "stage"}}))
-    starter.on_event(train.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {train.STAGED_FACT: True}}))
+    starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"distrun_step": "stage"}}))
+    starter.on_event(follow.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
     assert not starter.started
     for _ in range(2):
-        starter.on_event(train.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {train.STAGED_FACT: True}}))
+        starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
     assert starter.started and starter.wait() == {}
     assert calls == [["node1", "node2"]]
 
@@ -230,7 +230,7 @@ def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch)
 def test_run_yml_ends_with_the_staged_fact_and_launches_nothing_itself():
     plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
     last = plays[-1]["tasks"][-1]
-    assert last["ansible.builtin.set_fact"] == {train.STAGED_FACT: True} and last.get("run_once") is True
+    assert last["ansible.builtin.set_fact"] == {follow.STAGED_FACT: True} and last.get("run_once") is True
     text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
     assert "setsid" not in text and "tasks_from: launch" not in text
 

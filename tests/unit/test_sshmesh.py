@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import sshmesh, train
+from distrun import follow, sshmesh, train
 from distrun.ansible_bridge import HostProgress, PlaybookResult
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
@@ -160,7 +160,7 @@ def launch(tmp_path: Path, monkeypatch, role: FakeRole) -> int | None:
     cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
                                       "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
     monkeypatch.setattr(train, "run_playbook", role)
-    monkeypatch.setattr(train, "start_launchers", lambda cluster, plan, hosts: {})
+    monkeypatch.setattr(follow, "launch", lambda cluster, plan, hosts: {})
     request = JobRequest(inventory=inv, launcher="torchrun", workload="ddp", np=3)
     return train._Run(request, Listener(), Phases(new_run("train", inv)), cluster).launch()
 
