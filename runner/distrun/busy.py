@@ -34,8 +34,6 @@ HEARTBEAT_S = 5
 HOLD_S = 20
 ANSWER_TIMEOUT_S = 30
 BUSY_EXIT = 2
-# What the gate file says: the run holds its hosts, or may run beside others (--allow-concurrent).
-GATE_OPEN = ("held", "allowed")
 
 
 def claim_command(host: str, run_id: str, user: str) -> str:

@@ -129,9 +129,9 @@ def path_selection(paths: Sequence[str]) -> Selection:
 
 
 def collect_hosts(cluster: Cluster, rank_hosts: list[str]) -> list[str]:
-    """Hosts holding files of the run: on a shared folder the head holds everyone's."""
-    mode = str(cluster.group_vars.get("distrun_shared_fs_mode", "sync"))
-    if mode == "sync":
+    """Hosts holding files of the run (the hosts that stage them, too): on a shared folder the
+    head holds everyone's."""
+    if cluster.shared_fs_mode == "sync":
         return list(dict.fromkeys([cluster.head.name, *rank_hosts]))
     return [cluster.head.name]
 

@@ -64,6 +64,11 @@ class Cluster:
         return (self.head, *rest)
 
     @property
+    def shared_fs_mode(self) -> str:
+        """How the shared folder is shared (distrun_shared_fs_mode; sync when unset)."""
+        return str(self.group_vars.get("distrun_shared_fs_mode", "sync"))
+
+    @property
     def total_slots(self) -> int:
         return sum(n.slots for n in self.workers)
 

@@ -42,7 +42,7 @@ def load_project(local: Path, shared_dir: str) -> Project:
 
 def pull_hosts(cluster: Cluster, plan: JobPlan) -> list[str]:
     """Rank hosts that keep their own copy and pull it from the head: sync mode only."""
-    if str(cluster.group_vars.get("distrun_shared_fs_mode", "sync")) != "sync":
+    if cluster.shared_fs_mode != "sync":
         return []
     return [h for h in plan.reached_hosts if h != cluster.head.name]
 

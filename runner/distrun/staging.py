@@ -35,14 +35,6 @@ def write_gate(path: Path, answer: str) -> None:
     os.replace(tmp, path)
 
 
-def stage_hosts(cluster: Cluster, hosts: Sequence[str]) -> list[str]:
-    """The hosts of a run that unpack its files: every one in sync mode (each keeps its own copy),
-    else only the head (the others see its shared folder)."""
-    if str(cluster.group_vars.get("distrun_shared_fs_mode", "sync")) == "sync":
-        return list(dict.fromkeys(hosts))
-    return [cluster.head.name]
-
-
 def upload_command(user: str, run_id: str) -> str:
     """As the training user: keep stdin as the run's upload, 0600 in a 0700 folder of its own home."""
     name, tmp = shlex.quote(f"{run_id}.json"), shlex.quote(f".{run_id}.tmp")

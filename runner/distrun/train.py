@@ -31,7 +31,7 @@ from .planning import JobRequest, environment, facts_unusable, load, make_plan, 
 from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
-from .staging import Upload, discard, stage_hosts
+from .staging import Upload, discard
 
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
 # The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
@@ -134,10 +134,11 @@ class _Run:
                          **self.preflight_vars(),
                          "preflight_ssh_baseline": {} if login else sshmesh.baseline(request.inventory, cluster.head.name),
                          "distrun_claim_gate": str(run.dir / CLAIM_GATE) if self.claim is not None else ""}
-            mode = str(cluster.group_vars.get("distrun_shared_fs_mode", "sync"))
+            mode = cluster.shared_fs_mode
             skips = RUN_SKIPS if needs_stage_steps(extravars, mode) else (*RUN_SKIPS, "job_stage_steps")
-            # The run's files go to the nodes that stage them while ansible-playbook starts.
-            staged_on = extravars["distrun_stage_hosts"] = stage_hosts(cluster, self.limit)
+            # The run's files go to the nodes that hold them (collect's hosts: every node in sync
+            # mode, else the head) while ansible-playbook starts.
+            staged_on = extravars["distrun_stage_hosts"] = collect_hosts(cluster, self.limit)
             gate = run.dir / f"upload-{self.restart}-{attempt}"
             extravars["distrun_upload_gate"] = str(gate)
             upload = Upload(cluster, staged_on, run.id, Path(extravars["distrun_run_bundle"]), extravars["distrun_env_file"],
