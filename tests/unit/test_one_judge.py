@@ -132,6 +132,7 @@ JUDGE_PLAY = """\
       ansible.builtin.include_role:
         name: preflight
         tasks_from: judge
+        public: true
 """
 
 

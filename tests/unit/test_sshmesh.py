@@ -24,6 +24,7 @@ from distrun.planning import JobRequest
 from distrun.runs import Phases, new_run
 
 from .test_check import NODES, SETUP
+from .test_one_judge import JUDGE_PLAY as ONE_JUDGE_PLAY
 from .test_one_judge import OPTIONS, plugin, probe
 
 FP = {"node1": "sha256:aa", "node2": "sha256:bb", "node3": "sha256:cc"}
@@ -212,19 +213,8 @@ def test_a_first_run_logs_in_and_the_next_one_checks_banners(tmp_path, monkeypat
     assert role.baselines == [{}, FP]
 
 
-JUDGE_PLAY = """\
-- name: Judge the probes in the inventory as role preflight does
-  hosts: head:workers
-  gather_facts: false
-  tasks:
-    - name: Enter the preflight step
-      ansible.builtin.set_fact:
-        distrun_step: preflight
-    - name: Run the preflight role's judge step
-      ansible.builtin.include_role:
-        name: preflight
-        tasks_from: judge
-        public: true
+# test_one_judge's play (the role's judge step, its variables public), and one task more.
+JUDGE_PLAY = ONE_JUDGE_PLAY + """\
     - name: Publish how the head's probe would check ssh
       ansible.builtin.set_fact:
         seen_ssh_mode: "{{ _preflight_ssh_mode }}"
