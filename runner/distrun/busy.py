@@ -34,6 +34,8 @@ HEARTBEAT_S = 5
 HOLD_S = 20
 ANSWER_TIMEOUT_S = 30
 BUSY_EXIT = 2
+# Where the claim looks for the processes of other runs (one folder per process, as in /proc).
+PROC = "/proc"
 
 
 def claim_command(host: str, run_id: str, user: str) -> str:
@@ -46,7 +48,7 @@ def claim_command(host: str, run_id: str, user: str) -> str:
         'mkdir -p "$dir" && cd "$dir" && exec 9>>"busy-$h.lock" || { echo "DISTRUN_CLAIM_ERROR cannot write $dir"; exit 0; }; '
         'if ! flock -n 9; then echo "DISTRUN_BUSY held $(head -c 80 "busy-$h.run" 2>/dev/null | tr -cd "A-Za-z0-9-")"; exit 0; fi; '
         'others=; uid=$(id -u); '
-        'for p in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
+        f'for p in $(find {shlex.quote(PROC)} -mindepth 1 -maxdepth 1 -regex ".*/[0-9]+" -uid "$uid" 2>/dev/null); do '
         # Read with builtins only: no process per process of the user.
         "  r=; while IFS= read -r -d '' kv; do case \"$kv\" in DISTRUN_RUN_ID=*) r=${kv#DISTRUN_RUN_ID=}; break;; esac; "
         '  done 2>/dev/null < "$p/environ"; r=${r//[!A-Za-z0-9-]/}; '

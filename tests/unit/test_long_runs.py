@@ -278,7 +278,21 @@ def test_logs_follow_of_a_lost_run_ends_at_once_with_one_line(tmp_path, monkeypa
 
 # ------------------------------------------------------------------ one run at a time
 
-def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets_go(tmp_path):
+@pytest.fixture
+def proc_view(tmp_path, monkeypatch):
+    """What the claim sees of this machine's processes: only those a test links in (real
+    /proc entries), not the runs other tests on this machine start meanwhile as the same user."""
+    view = tmp_path / "proc"
+    view.mkdir()
+    monkeypatch.setattr(busy, "PROC", str(view))
+    return view
+
+
+def show(view: Path, pid: int) -> None:
+    (view / str(pid)).symlink_to(f"/proc/{pid}")
+
+
+def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets_go(proc_view):
     host = f"unit-{os.getpid()}"
     cluster = local_cluster((host,))
     first, second = "20260101-000000-train-aaa1", "20260101-000000-train-bbb2"
@@ -291,6 +305,8 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
     busy.claim(cluster, [host], second).release()
     # A run's processes keep its hosts busy after its controller let go (a detached run).
     tagged = subprocess.Popen(["sleep", "30"], env={**os.environ, "DISTRUN_RUN_ID": first})
+    show(proc_view, tagged.pid)
+    show(proc_view, os.getpid())  # untagged: no run
     try:
         with pytest.raises(UserError, match=f"busy with run {first} \\(running there now\\): .*'distrun stop {first}'"):
             busy.claim(cluster, [host], second)
@@ -303,11 +319,11 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
         f.unlink()
 
 
-def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
+def test_a_claim_ends_with_the_process_that_held_it(proc_view):
     host = f"unit-{os.getpid()}-b"
     cluster = local_cluster((host,))
     code = ("import sys, time; sys.path[:0] = sys.argv[1:]; from distrun import busy; from tests.unit.test_long_runs import "
-            f"local_cluster; busy.claim(local_cluster(({host!r},)), [{host!r}], '20260101-000000-train-ccc3'); "
+            f"local_cluster; busy.PROC = {str(proc_view)!r}; busy.claim(local_cluster(({host!r},)), [{host!r}], '20260101-000000-train-ccc3'); "
             "print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "runner")],
                               stdout=subprocess.PIPE, text=True)
@@ -328,7 +344,7 @@ def test_a_claim_ends_with_the_process_that_held_it(tmp_path):
         f.unlink()
 
 
-def test_a_pending_claim_opens_the_gate_or_refuses_and_says_so_in_the_gate_file(tmp_path):
+def test_a_pending_claim_opens_the_gate_or_refuses_and_says_so_in_the_gate_file(tmp_path, proc_view):
     """The claim a run takes while ansible-playbook starts: its answer reaches run.yml's gate file
     whether the gate is named before or after it is known, and a refusal is raised here too."""
     host = f"unit-{os.getpid()}-p"
