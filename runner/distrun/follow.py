@@ -8,6 +8,7 @@ the job, so no rank is left waiting on a dead peer.
 
 from __future__ import annotations
 
+import json
 import queue
 import re
 import shlex
@@ -16,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .ansible_bridge import PlaybookEvent
@@ -239,16 +240,33 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                 proc.kill()
 
 
-# Published by run.yml's last task once every node of the run is staged.
+# Published by run.yml's last task once every node of the run is staged, when the stage step has
+# more to do than unpacking (partition, pull, compile: stage_steps.yml).
 STAGED_FACT = "distrun_staged"
 
 
-class Starter:
-    """Starts an attempt's launchers as soon as run.yml publishes that every node is staged
-    (STAGED_FACT, its last task), in a thread, so they start while ansible-playbook is ending."""
+def staged_run(event: PlaybookEvent) -> str | None:
+    """The run a node's stage script says it unpacked (its stdout: {"changed": .., "staged": RUN})."""
+    out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
+    if not isinstance(out, str) or '"staged"' not in out:
+        return None
+    try:
+        said = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    return str(said["staged"]) if isinstance(said, dict) and "staged" in said else None
 
-    def __init__(self, cluster: Cluster, plan: JobPlan) -> None:
+
+class Starter:
+    """Starts an attempt's launchers, in a thread, as soon as every node of the run is staged, so
+    they start while ansible-playbook is ending: when each node that stages reported the run
+    unpacked (the stage script's answer) or, where the stage step has steps after unpacking
+    (``after_steps``), when run.yml publishes STAGED_FACT after them. A node that fails or drops
+    out of the play before that never reports: nothing is started then."""
+
+    def __init__(self, cluster: Cluster, plan: JobPlan, stage_hosts: Iterable[str] = (), after_steps: bool = True) -> None:
         self.cluster, self.plan = cluster, plan
+        self.waiting = None if after_steps else set(stage_hosts)
         self.thread: threading.Thread | None = None
         self.failed: dict[str, str] = {}
 
@@ -260,6 +278,10 @@ class Starter:
         facts = event.data.get("ansible_facts") if event.kind in ("ok", "changed") else None
         if isinstance(facts, Mapping) and facts.get(STAGED_FACT) is True:
             self.start()
+        elif self.waiting and event.host in self.waiting and staged_run(event) == self.plan.run_id:
+            self.waiting.discard(event.host)
+            if not self.waiting:
+                self.start()
 
     def start(self) -> None:
         if self.thread is None:

@@ -151,7 +151,7 @@ class _Run:
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
             # No fact gathering: the plan was made from the cached facts, and the probe checks the
             # addresses it relies on.
-            starter = self.starter = Starter(self.cluster, plan)
+            starter = self.starter = Starter(self.cluster, plan, staged_on, after_steps="job_stage_steps" not in skips)
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")

@@ -204,9 +204,7 @@ def test_a_record_written_with_keys_this_version_lacks_is_still_listed(tmp_path,
     assert [r.id for r in runs.list_runs()] == [run.id]
 
 
-def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch):
-    """run.yml's last task publishes distrun_staged: the launchers start then, while
-    ansible-playbook ends; not on any other fact, and only once."""
+def _starter(monkeypatch, **kw) -> tuple[follow.Starter, list[list[str]]]:
     calls: list[list[str]] = []
 
     def start(cluster, plan, hosts: list[str]) -> dict[str, str]:
@@ -214,11 +212,19 @@ def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch)
         return {}
 
     monkeypatch.setattr(follow, "launch", start)
-    plan = type("P", (), {"launcher": "torchrun", "hosts": ()})()
-    starter = follow.Starter(None, plan)  # type: ignore[arg-type]
+    plan = type("P", (), {"launcher": "torchrun", "hosts": (), "run_id": "R1"})()
     monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
         "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
+    return follow.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
+
+
+def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch):
+    """With steps after unpacking, run.yml's last task publishes distrun_staged: the launchers
+    start then, while ansible-playbook ends; not on any other fact, nor on a node's unpacking,
+    and only once."""
+    starter, calls = _starter(monkeypatch, stage_hosts=["node1"], after_steps=True)
     starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"distrun_step": "stage"}}))
+    starter.on_event(follow.PlaybookEvent("changed", "node1", "t", data={"stdout": '{"changed": true, "staged": "R1"}'}))
     starter.on_event(follow.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
     assert not starter.started
     for _ in range(2):
@@ -227,10 +233,30 @@ def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch)
     assert calls == [["node1", "node2"]]
 
 
-def test_run_yml_ends_with_the_staged_fact_and_launches_nothing_itself():
+def test_the_launchers_start_once_every_node_that_stages_unpacked_this_run(monkeypatch):
+    """Without steps after unpacking, the launchers start on the stage script's answers: only
+    when each node that stages said it unpacked this run, not on another run's answer, a failed
+    node's output or a skipped node."""
+    starter, calls = _starter(monkeypatch, stage_hosts=["node1", "node3"], after_steps=False)
+    starter.on_event(follow.PlaybookEvent("changed", "node1", "t", data={"stdout": '{"changed": true, "staged": "R1"}'}))
+    starter.on_event(follow.PlaybookEvent("ok", "node3", "t", data={"stdout": '{"changed": false, "staged": "R0"}'}))
+    starter.on_event(follow.PlaybookEvent("failed", "node3", "t", data={"stdout": '{"changed": false, "staged": "R1"}'}))
+    starter.on_event(follow.PlaybookEvent("skipped", "node2", "t"))
+    starter.on_event(follow.PlaybookEvent("ok", "node2", "t", data={"stdout": '{"changed": false, "staged": "R1"}'}))
+    starter.on_event(follow.PlaybookEvent("ok", "node3", "t", data={"stdout": "not json"}))
+    assert not starter.started
+    starter.on_event(follow.PlaybookEvent("ok", "node3", "t", data={"stdout": 'x\n{"changed": false, "staged": "R1"}\n'}))
+    assert starter.started and starter.wait() == {}
+    starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
+    assert calls == [["node1", "node2"]]
+
+
+def test_run_yml_ends_with_the_staged_fact_after_the_stage_steps_and_launches_nothing_itself():
     plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
     last = plays[-1]["tasks"][-1]
     assert last["ansible.builtin.set_fact"] == {follow.STAGED_FACT: True} and last.get("run_once") is True
+    # Skipped with the steps it follows: without them, the stage script's answers start the launch.
+    assert last["tags"] == ["job_stage_steps"]
     text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
     assert "setsid" not in text and "tasks_from: launch" not in text
 

@@ -7,7 +7,7 @@ the run's ssh connection, into the training user's ``~/.cache/distrun/incoming/<
 variables, possibly secrets, which never go on a command line); the config says whether that
 upload succeeded. This script unpacks the bundle into the run folder (mode 0750), copies the
 reference workloads into the shared folder unless the same digest is there, writes the
-variables to ``<run_dir>/env.sh`` (0600), removes the upload, and prints ``{"changed": ...}``.
+variables to ``<run_dir>/env.sh`` (0600), removes the upload, and prints ``{"changed": ..., "staged": RUN_ID}``.
 Standard library only.
 """
 
@@ -115,7 +115,7 @@ def main(cfg: dict) -> None:
         updated = stage({**cfg, "bundle": data["bundle"], "env": data.get("env", "")})
     except OSError as exc:
         raise StageError(f"staging into {cfg['run_dir']} failed: {exc}") from None
-    print(json.dumps({"changed": updated}))
+    print(json.dumps({"changed": updated, "staged": run_id}))
 
 
 if __name__ == "__main__":
