@@ -5,12 +5,15 @@ json>'``) and drops to the training user for every check the job would do as tha
 round trip per host gathers the env, versions, the shared folder, ssh to the other nodes, name
 resolution, (on the head, as root, to name the owning process) the launch ports, and TCP
 connections between the nodes (netprobe.py). It changes nothing except the shared-folder probe
-file, which the role removes again. Standard library only.
+file, which the role removes again, and (as root) its own record of the env's versions, which
+saves starting the env's Python while nothing they depend on changed. Standard library only.
 """
 
 import contextlib
+import glob
 import hashlib
 import json
+import time
 import os
 import pwd
 import re
@@ -27,6 +30,9 @@ PREFIX = CFG["env_prefix"].rstrip("/")
 TIMEOUT = int(CFG.get("ssh_timeout", 5))
 # Where the node's files are read for the ssh fingerprint: / (a test points it at a folder).
 ROOT = CFG.get("ssh_fingerprint_root") or "/"
+# Where root keeps what the env's Python said, by the env's fingerprint (a test points it elsewhere).
+ENV_RECORDS = CFG.get("env_records_dir") or "/var/cache/distrun/preflight"
+ENV_RECORD_MAX_AGE_S = 86400
 
 # Run by the env's Python as the training user: versions by package metadata (importing torch or
 # jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
@@ -91,6 +97,98 @@ def probe_env():
         return {"ok": True, "detail": python}, json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"ok": False, "detail": f"{python} printed no versions: {_last_line(proc.stdout)}"}, {}
+
+
+def _stat_line(path):
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"{path} {exc.errno}"
+    return f"{path} {os.path.realpath(path)} {st.st_ino} {st.st_mode} {st.st_uid} {st.st_gid} {st.st_size} " \
+           f"{st.st_mtime_ns} {st.st_ctime_ns}"
+
+
+def env_fingerprint(openmpi):
+    """What the env probe's answer depends on, read without starting the env: the env's folders
+    and interpreter, every package's metadata (the versions are read from it; pip and conda add
+    and remove these entries, an edit changes their times; a chmod or chown their ctime), the
+    training user, the modules asked for, Open MPI's version (libmpi is what mpi4py loads) and
+    the script that asks."""
+    pw = pwd.getpwnam(USER)
+    parts = [PREFIX, USER, str(pw.pw_uid), str(pw.pw_gid), pw.pw_dir, str(os.getgrouplist(USER, pw.pw_gid)),
+             json.dumps(sorted(CFG.get("modules", []))), str(openmpi), ENV_SCRIPT]
+    lib = sorted(glob.glob(f"{glob.escape(PREFIX)}/lib/python*"))
+    paths = [PREFIX, f"{PREFIX}/bin", f"{PREFIX}/bin/python", f"{PREFIX}/conda-meta", *lib]
+    for folder in [f"{d}/site-packages" for d in lib] + [f"{PREFIX}/conda-meta"]:
+        paths.append(folder)
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for e in sorted(entries, key=lambda e: e.name):
+                if e.name.endswith((".dist-info", ".egg-info")):
+                    paths += [e.path, f"{e.path}/METADATA", f"{e.path}/PKG-INFO"]
+                elif e.name.endswith(".json"):
+                    paths.append(e.path)
+    parts += [_stat_line(p) for p in paths]
+    return "sha256:" + hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _env_record_path():
+    key = hashlib.sha256(f"{PREFIX}\0{USER}".encode()).hexdigest()[:16]
+    return os.path.join(ENV_RECORDS, f"env-{key}.json")
+
+
+def recorded_env(fingerprint):
+    """The env probe's last answer, when it was taken for this fingerprint within a day; only
+    root's own records count (a job, running as the training user, can write none of them)."""
+    if os.geteuid() != 0 or not CFG.get("env_records", True):
+        return None
+    try:
+        fd = os.open(_env_record_path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o077 or st.st_size > 1 << 20:
+            return None
+        try:
+            data = json.load(fh)
+        except ValueError:
+            return None
+    if not isinstance(data, dict) or data.get("fingerprint") != fingerprint \
+            or not 0 <= time.time() - float(data.get("time", 0)) < ENV_RECORD_MAX_AGE_S:
+        return None
+    return data.get("env"), data.get("versions")
+
+
+def record_env(fingerprint, env, versions):
+    """Keep a working env's answer for the next probe: root's, 0600 in a 0700 folder of root's."""
+    if os.geteuid() != 0:
+        return
+    try:
+        os.makedirs(ENV_RECORDS, mode=0o700, exist_ok=True)
+        st = os.lstat(ENV_RECORDS)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o077:
+            return
+        path = _env_record_path()
+        tmp = f"{path}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"fingerprint": fingerprint, "time": time.time(), "env": env, "versions": versions}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no record: the next probe starts the env's Python again
+
+
+def probe_env_once(openmpi_f):
+    """probe_env's answer, from root's record while the env's fingerprint is unchanged (and the
+    full set, 'distrun check', never reads a record); and how it was got: "recorded" or "ran"."""
+    fingerprint = env_fingerprint(openmpi_f.result())
+    found = recorded_env(fingerprint)
+    if found is not None and isinstance(found[0], dict) and isinstance(found[1], dict):
+        return found[0], dict(found[1]), "recorded"
+    env, versions = probe_env()
+    if env.get("ok") and str(versions.get("_mpi4py", "")).startswith("ok"):
+        record_env(fingerprint, env, versions)
+    return env, versions, "ran"
 
 
 def probe_openmpi():
@@ -462,13 +560,13 @@ def body(report):
         report["addresses"] = probe_addresses()
     STEP = "env, versions, shared folder, ssh, names"
     with ThreadPoolExecutor(max_workers=16) as pool:
-        env_f = pool.submit(probe_env)
         ompi_f = pool.submit(probe_openmpi)
+        env_f = pool.submit(probe_env_once, ompi_f)
         writable_f = pool.submit(probe_writable, CFG["shared_dir"])
         check_ssh = probe_banner if CFG.get("ssh_mode") == "banner" else probe_ssh
         ssh_f = {t: pool.submit(check_ssh, t) for t in CFG.get("ssh_targets", [])}
         names_f = {n: pool.submit(resolve, n) for n in CFG.get("names", [])}
-        env, versions = env_f.result()
+        env, versions, report["env_probe"] = env_f.result()
         report["env"] = env
         mpi = versions.pop("_mpi4py", "error: the env's Python did not run")
         report["mpi4py"] = {"ok": mpi.startswith("ok"), "detail": mpi.split(": ", 1)[-1]}
