@@ -357,6 +357,41 @@ class Bench:
             f"runs {out.get('runs_s')} s, busy refusal {out.get('busy_refused_s')} s rc={out.get('busy_rc')}")
         return out
 
+    def ansible_floor(self, reps: int = 3) -> dict:
+        """What every ansible-playbook run costs before its first task, here: the interpreter and
+        Ansible's imports (`ansible-playbook --version`), and an empty play (one no-op task on this
+        machine) through ansible-runner, to its first event and to its end. run.yml pays these on
+        every `distrun train`; they bound how small the launch gap can get."""
+        bin_dir = Path(sys.executable).parent
+        env = {**self.env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        version = [run([str(bin_dir / "ansible-playbook"), "--version"], env=env, timeout=120)[1] for _ in range(reps)]
+        play = self.tmp / "noop.yml"
+        play.write_text("- name: Nothing\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                        "    - name: No-op\n      ansible.builtin.meta: noop\n")
+        private = self.tmp / "floor"
+        private.mkdir(exist_ok=True)
+        probe = ("import sys, time, ansible_runner\n"
+                 "first = []\n"
+                 "t0 = time.monotonic()\n"
+                 "ansible_runner.run(private_data_dir=sys.argv[1], playbook=sys.argv[2], inventory='localhost,',"
+                 " cmdline='-c local', quiet=True, suppress_env_files=True,"
+                 " event_handler=lambda e: first.append(time.monotonic()) or True)\n"
+                 "print(round(first[0] - t0, 3), round(time.monotonic() - t0, 3))\n")
+        firsts, totals = [], []
+        for _ in range(reps):
+            proc, _wall = run([sys.executable, "-c", probe, str(private), str(play)], env=env, timeout=120)
+            try:
+                a, b = (float(x) for x in proc.stdout.split()[-2:])
+            except ValueError:
+                say(f"ansible floor: the empty play did not run: {(proc.stdout + proc.stderr)[-300:]}")
+                continue
+            firsts.append(a)
+            totals.append(b)
+        out = {"version_s": [round(x, 2) for x in version], "empty_first_event_s": firsts, "empty_total_s": totals}
+        say(f"ansible floor: ansible-playbook --version {median(version):.2f} s, empty play through ansible-runner: "
+            f"first event {median(firsts):.2f} s, end {median(totals):.2f} s")
+        return out
+
     def launch_suite(self, cluster: podcluster.Cluster) -> dict:
         script = self.tmp / "sleep10.py"
         script.write_text(SLEEP_PROGRAM)
@@ -376,6 +411,7 @@ class Bench:
         ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
         ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]
         return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm,
+                "ansible_floor": self.ansible_floor(1 if self.quick else 3),
                 "hand": hand, "skip_preflight": skip, "distrun_median_s": median(ok_w),
                 "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}
 
