@@ -363,7 +363,8 @@ class Bench:
         machine) through ansible-runner, to its first event and to its end. run.yml pays these on
         every `distrun train`; they bound how small the launch gap can get."""
         bin_dir = Path(sys.executable).parent
-        env = {**self.env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env = {**self.env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+               "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
         version = [run([str(bin_dir / "ansible-playbook"), "--version"], env=env, timeout=120)[1] for _ in range(reps)]
         play = self.tmp / "noop.yml"
         play.write_text("- name: Nothing\n  hosts: localhost\n  gather_facts: false\n  tasks:\n"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, say  # noqa: E402
+from _common import REPO, machine, median, say  # noqa: E402
 
 SECTIONS = ("cluster", "collect", "partition", "gdc", "train", "scale")
 RESULTS = REPO / "bench" / "results"
@@ -174,7 +174,7 @@ def render_launch(c: dict) -> list[str]:
                        ("the same empty play: to its end", "empty_total_s")):
         xs = fl.get(key) or []
         if xs:
-            out.append(f"| {label} | {len(xs)} | {', '.join(f(x, 2) for x in xs)} | {f(sorted(xs)[len(xs) // 2], 2)} |")
+            out.append(f"| {label} | {len(xs)} | {', '.join(f(x, 2) for x in xs)} | {f(median(xs), 2)} |")
     out.append("")
     gap = L.get("gap_s")
     if gap is not None:
@@ -182,11 +182,11 @@ def render_launch(c: dict) -> list[str]:
         out.append(f"**Target** (distrun / by hand ≤ {LAUNCH_TARGET_RATIO:.2f} on a 10 s job): distrun adds "
                    f"**{gap:.1f} s** over the hand-started run, ratio **{ratio:.2f}** — "
                    f"**{'met' if ratio <= LAUNCH_TARGET_RATIO else 'not met'}**.")
-        first = sorted(fl.get("empty_first_event_s") or [])
+        first = fl.get("empty_first_event_s") or []
         if first:
             budget = (LAUNCH_TARGET_RATIO - 1) * L["hand_median_s"]
             out.append(f"The target allows {budget:.2f} s over the hand-started run; before its first task, any "
-                       f"ansible-playbook run through ansible-runner takes {first[len(first) // 2]:.2f} s here (an "
+                       f"ansible-playbook run through ansible-runner takes {median(first):.2f} s here (an "
                        "empty play), and run.yml, which also loads the inventory, the preflight and job roles and "
                        "their filter plugins, more. The rest of the budget is for distrun's own start, the "
                        "preflight's probe and judge, staging, the launch and noticing the end, less what the hand "
@@ -224,8 +224,8 @@ def render_launch(c: dict) -> list[str]:
                     "of it. It gathers no facts (the plan comes from the cached ones; the probe reports the "
                     "addresses it is checked against); the preflight probes every node in one command and judges "
                     "them before anything is staged; staging is one raw command per node (the run's files reach "
-                    "the nodes ahead of the play); the launchers start over the ssh connection per node that distrun opens "
-                    "first and that the playbook, the followers and collect share; collect is one tar stream per "
+                    "the nodes ahead of the play); the launchers start over the ssh connection per node that "
+                    "distrun opens first and that the playbook, the followers and collect share; collect is one tar stream per "
                     "node.", ""]
     return out
 
