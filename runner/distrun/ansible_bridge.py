@@ -213,6 +213,10 @@ class EventReader:
         elif kind == "runner_on_failed" and name and not data.get("ignore_errors"):
             h = self.host(name)
             h.failed += 1
+            facts = res.get("ansible_facts")
+            if str(data.get("task_action", "")).endswith("set_fact") and isinstance(facts, Mapping):
+                # A task that publishes and fails its node (the preflight's judge): what it published counts.
+                h.facts.update({k: v for k, v in facts.items() if not str(k).startswith("_") and k != STEP_FACT})
             h.last_error = f"{task}: {_message(res)}"
             h.failed_step = h.failed_step or self.step
             self.emit(PlaybookEvent("failed", name, task, _message(res), res))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .ansible_bridge import PlaybookEvent
+from .check import PREFLIGHT_FACT
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .plan import JobPlan
@@ -245,28 +246,41 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
 STAGED_FACT = "distrun_staged"
 
 
-def staged_run(event: PlaybookEvent) -> str | None:
-    """The run a node's stage script says it unpacked (its stdout: {"changed": .., "staged": RUN})."""
+def _answer(event: PlaybookEvent) -> dict:
+    """What a node's stage script or probe printed last (its stdout's last line, a JSON object)."""
     out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
-    if not isinstance(out, str) or '"staged"' not in out:
-        return None
+    if not isinstance(out, str) or '"stage' not in out:
+        return {}
     try:
         said = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return None
-    return str(said["staged"]) if isinstance(said, dict) and "staged" in said else None
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def staged_run(event: PlaybookEvent) -> str | None:
+    """The run a node's stage script (its stdout: {"changed": .., "staged": RUN}) or its probe,
+    staging a first attempt in the same round trip, says it unpacked."""
+    said = _answer(event)
+    return str(said["staged"]) if "staged" in said else None
 
 
 class Starter:
     """Starts an attempt's launchers, in a thread, as soon as every node of the run is staged, so
     they start while ansible-playbook is ending: when each node that stages reported the run
-    unpacked (the stage script's answer) or, where the stage step has steps after unpacking
-    (``after_steps``), when run.yml publishes STAGED_FACT after them. A node that fails or drops
-    out of the play before that never reports: nothing is started then."""
+    unpacked (the stage script's answer, or the probe's where it staged in its round trip) and,
+    given ``judged``, once the judge passed (its verdict fact arrives with its task's ok: run.yml's
+    judge fails the play on any node it blames); or, where the stage step has steps after
+    unpacking (``after_steps``), when run.yml publishes STAGED_FACT after them. A node that fails
+    or drops out of the play before that never reports: nothing is started then."""
 
-    def __init__(self, cluster: Cluster, plan: JobPlan, stage_hosts: Iterable[str] = (), after_steps: bool = True) -> None:
+    def __init__(self, cluster: Cluster, plan: JobPlan, stage_hosts: Iterable[str] = (), after_steps: bool = True,
+                 judged: bool = False) -> None:
         self.cluster, self.plan = cluster, plan
         self.waiting = None if after_steps else set(stage_hosts)
+        self.judging = judged  # waiting for the judge's verdict
+        self.stage_errors: dict[str, str] = {}  # host -> why its probe did not stage the run
+        self.created: dict[str, list[str]] = {}  # host -> the run's folders its probe's stage step made
         self.thread: threading.Thread | None = None
         self.failed: dict[str, str] = {}
 
@@ -278,10 +292,23 @@ class Starter:
         facts = event.data.get("ansible_facts") if event.kind in ("ok", "changed") else None
         if isinstance(facts, Mapping) and facts.get(STAGED_FACT) is True:
             self.start()
-        elif self.waiting and event.host in self.waiting and staged_run(event) == self.plan.run_id:
-            self.waiting.discard(event.host)
-            if not self.waiting:
-                self.start()
+            return
+        if isinstance(facts, Mapping) and PREFLIGHT_FACT in facts:
+            self.judging = False
+        said = _answer(event)
+        if said.get("stage_created"):
+            self.created[str(event.host)] = [str(d) for d in said["stage_created"]]
+        if self.waiting and event.host in self.waiting:
+            if "staged" in said and str(said["staged"]) == self.plan.run_id:
+                self.waiting.discard(event.host)
+            elif "stage_error" in said:
+                self.stage_errors[event.host] = str(said["stage_error"])
+        if self.waiting is not None and not self.waiting and not self.judging:
+            self.start()
+
+    def unstaged(self) -> dict[str, str]:
+        """Host -> why, for the nodes that stage and did not say they unpacked this run."""
+        return {h: self.stage_errors.get(h, "it did not say it unpacked the run") for h in sorted(self.waiting or ())}
 
     def start(self) -> None:
         if self.thread is None:
@@ -292,8 +319,9 @@ class Starter:
 
     def wait(self) -> dict[str, str]:
         """Host -> why, for the launchers that did not start (started now if run.yml succeeded
-        without publishing the fact)."""
-        self.start()
+        without publishing the fact, unless a node that stages did not unpack the run)."""
+        if not self.unstaged():
+            self.start()
         self.join()
         return self.failed
 

@@ -243,6 +243,11 @@ def from_dicts(data: Mapping[str, Mapping[str, Mapping[str, Any]]] | None) -> Re
     return {str(c): {str(h): Item.from_dict(it) for h, it in items.items()} for c, items in (data or {}).items()}
 
 
+def blamed(report: Report) -> list[str]:
+    """The nodes the report finds anything wrong on, sorted."""
+    return sorted({h for items in report.values() for h, it in items.items() if not it.ok})
+
+
 def problems(report: Report, host: str) -> list[str]:
     """What is wrong on one host, one line per check: ``check: detail; fix: fix``."""
     return [f"{c}: {it.detail}" + (f"; fix: {it.fix}" if it.fix else "")

@@ -6,8 +6,9 @@ Role job's stage step is then one raw command per node (``files/stage.py``), wit
 its arguments to upload: it unpacks what is waiting in the training user's
 ``~/.cache/distrun/incoming/<run id>.json`` (a 0600 file in a 0700 folder, written as that user:
 the variables may be secrets, so they travel on the ssh session's stdin, never on a command
-line) and removes it. An upload a run never staged (its preflight failed) is removed by
-``discard``.
+line) and removes it; a run's first attempt is unpacked by the same script in the preflight
+probe's round trip. An upload a run never staged (its preflight failed) and what the probes
+staged for a run that was refused are removed by ``discard``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 import os
 import shlex
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .inventory import Cluster
@@ -76,10 +77,17 @@ class Upload:
         self.thread.join(timeout)
 
 
-def discard(cluster: Cluster, hosts: Sequence[str], run_id: str) -> None:
+def discard(cluster: Cluster, hosts: Sequence[str], run_id: str,
+            created: Mapping[str, Sequence[str]] | None = None) -> None:
     """Remove an upload that was never staged (a run refused before its stage step): it may hold
-    the run's secrets. Best effort: a host that does not answer keeps it, 0600, its user's."""
+    the run's secrets; and ``created`` (host -> the run's folders the preflight's probe staged
+    there before the run was refused), as the training user. Best effort: a host that does not
+    answer keeps them, its user's (the upload 0600)."""
     nodes = {n.name: n for n in cluster.nodes}
     name = shlex.quote(f"{run_id}.json")
-    command = as_user(cluster.user, f"rm -f {_INCOMING}/{name}")
-    run_each(nodes, {h: command for h in hosts if h in nodes}, 10)
+    commands = {}
+    for h in hosts:
+        if h in nodes:
+            folders = " ".join(shlex.quote(d) for d in (created or {}).get(h, ()))
+            commands[h] = as_user(cluster.user, f"rm -f {_INCOMING}/{name}" + (f"; rm -rf -- {folders}" if folders else ""))
+    run_each(nodes, commands, 10)

@@ -39,8 +39,9 @@ STEPS = ("preflight", "stage")
 # What run.yml never needs, skipped by tag (it costs nothing, not even a skipped task per node):
 # the preflight's full set (the shared folder's probe file) is 'distrun check''s; role distrun's
 # argument check (Ansible tags it 'always'; run.yml has no other such task) is the runner's, done
-# with the same spec and validator when it read the inventory (contract.problems).
-RUN_SKIPS = ("preflight_shared", "always")
+# with the same spec and validator when it read the inventory (contract.problems); the per-node
+# step that fails each blamed node is the judge's own task in run.yml (preflight_judge_fails).
+RUN_SKIPS = ("preflight_shared", "always", "preflight_blame")
 # The file in the run record the claim's answer goes to; run.yml waits for it before staging.
 CLAIM_GATE = "claim"
 # How long --detach waits for every rank to start before it lets the run go anyway.
@@ -79,7 +80,9 @@ class _Run:
         with self.listener.playbook(title, hosts) as on_event:
 
             def both(event: PlaybookEvent) -> None:
-                if on_event is not None:
+                # run.yml's judge failing the play is told by the refusal line, with the verdict.
+                judged = event.kind == "failed" and PREFLIGHT_FACT in (event.data.get("ansible_facts") or {})
+                if on_event is not None and not judged:
                     on_event(event)
                 if also is not None:
                     also(event)
@@ -135,7 +138,11 @@ class _Run:
                          "preflight_ssh_baseline": {} if login else sshmesh.baseline(request.inventory, cluster.head.name),
                          "distrun_claim_gate": str(run.dir / CLAIM_GATE) if self.claim is not None else ""}
             mode = cluster.shared_fs_mode
-            skips = RUN_SKIPS if needs_stage_steps(extravars, mode) else (*RUN_SKIPS, "job_stage_steps")
+            steps = needs_stage_steps(extravars, mode)
+            # A first attempt without stage steps is staged by the preflight's probes, in their
+            # round trip: the stage step's gate and unpacking are skipped.
+            early = extravars["distrun_stage_early"] = stage_early(request, self.restart, mode, steps)
+            skips = (*RUN_SKIPS, *(() if steps else ("job_stage_steps",)), *(("run_gate", "job_unpack") if early else ()))
             # The run's files go to the nodes that hold them (collect's hosts: every node in sync
             # mode, else the head) while ansible-playbook starts.
             staged_on = extravars["distrun_stage_hosts"] = collect_hosts(cluster, self.limit)
@@ -151,21 +158,30 @@ class _Run:
             title = f"{'preflight, ' if request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
             # No fact gathering: the plan was made from the cached facts, and the probe checks the
             # addresses it relies on.
-            starter = self.starter = Starter(self.cluster, plan, staged_on, after_steps="job_stage_steps" not in skips)
+            starter = self.starter = Starter(self.cluster, plan, staged_on, after_steps=steps,
+                                             judged=early)
             result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
-            if not result.ok:
-                # An upload no stage step took may hold the run's secrets: removed, except where
-                # the node does not answer (not waited on: the refusal comes first).
+            unstaged = starter.unstaged() if result.ok and early else {}
+            if not result.ok or unstaged:
+                # An upload no stage step took may hold the run's secrets, and what the probes
+                # staged belongs to no run that starts: removed, except where the node does not
+                # answer (not waited on: the refusal comes first).
                 upload.join(5)
-                discard(cluster, [h for h in staged_on if not (h in result.hosts and result.hosts[h].unreachable)], run.id)
+                discard(cluster, [h for h in staged_on if not (h in result.hosts and result.hosts[h].unreachable)], run.id,
+                        created=staged_folders(starter.created, extravars) if early else {})
             sshmesh.remember(request.inventory, result.fact(sshmesh.FACT))
             if project:
                 record_pulls(run, result)
-            self.launched = starter.started or result.ok
+            self.launched = starter.started or (result.ok and not unstaged)
             if not result.ok:
                 self.claimed()
+            if unstaged:
+                for host, why in unstaged.items():
+                    self.listener.node_failed(f"{host}: staging failed: {why}")
+                run.finish(4, "staging failed")
+                return 4
             if result.ok:
                 failed = starter.wait()
                 phases.mark("launch")
@@ -306,6 +322,22 @@ class _Run:
         code = self.end.summarise(rc, time.monotonic() - started, self.plan)
         phases.mark("summary")
         return code
+
+
+def stage_early(request: JobRequest, restart: int, mode: str, steps: bool) -> bool:
+    """Whether the preflight's probes stage this attempt in their round trip: a first attempt
+    with a preflight and no stage steps. A restart's run dir holds the earlier attempts' logs and
+    checkpoints, an external shared filesystem is judged across the nodes before anything is
+    written to it, and the steps (partition, pulls, compiling) must not start on a node that did
+    not unpack the run: these are staged in the stage step, after the judge and the gate."""
+    return bool(request.preflight) and restart == 0 and mode != "external" and not steps
+
+
+def staged_folders(created: dict[str, list[str]], extravars: dict) -> dict[str, list[str]]:
+    """Host -> the run's folders its probe said it made: only the run dir and checkpoint dir of
+    this plan are ever removed, whatever a node answered."""
+    own = {extravars.get("distrun_run_dir"), extravars.get("distrun_checkpoint_dir")} - {None, ""}
+    return {h: [d for d in dirs if d in own] for h, dirs in created.items()}
 
 
 def failed_step(result: PlaybookResult) -> str:

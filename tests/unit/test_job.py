@@ -251,6 +251,66 @@ def test_the_launchers_start_once_every_node_that_stages_unpacked_this_run(monke
     assert calls == [["node1", "node2"]]
 
 
+def test_a_first_attempt_launches_once_the_probes_staged_it_and_the_judge_passed(monkeypatch):
+    """Staged in the probes' round trip: the launchers start only when every node that stages
+    said it unpacked this run and the judge's verdict arrived with its task's ok, in any order;
+    a probe that could not stage names why, and the folders each probe made are kept for a
+    refusal to remove."""
+    import json
+
+    def probe(host: str, **said) -> follow.PlaybookEvent:
+        return follow.PlaybookEvent("ok", host, "t", data={"stdout": "warning\n" + json.dumps({"host": host, **said})})
+
+    judged = follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"preflight_verdict": {}}})
+    for order in ("judge last", "judge first"):
+        starter, calls = _starter(monkeypatch, stage_hosts=["node1", "node2"], after_steps=False, judged=True)
+        if order == "judge first":
+            starter.on_event(judged)
+        starter.on_event(probe("node1", staged="R1", stage_created=["/srv/runs/R1"]))
+        starter.on_event(follow.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {"preflight_verdict": {}}}))
+        starter.on_event(probe("node2", staged="R0"))  # another run's answer
+        assert not starter.started
+        starter.on_event(probe("node2", staged="R1"))
+        assert starter.started == (order == "judge first")
+        if order == "judge last":
+            starter.on_event(judged)
+        assert starter.started and starter.wait() == {} and calls == [["node1", "node2"]]
+        assert starter.created == {"node1": ["/srv/runs/R1"]} and starter.unstaged() == {}
+
+    starter, calls = _starter(monkeypatch, stage_hosts=["node1", "node2"], after_steps=False, judged=True)
+    starter.on_event(probe("node1", stage_error="not staged: /srv/distrun is not mounted (expected nfs*)"))
+    starter.on_event(probe("node2", staged="R1"))
+    starter.on_event(judged)
+    assert not starter.started
+    assert starter.unstaged() == {"node1": "not staged: /srv/distrun is not mounted (expected nfs*)"}
+    assert starter.wait() == {} and not starter.started and calls == []
+
+
+@pytest.mark.parametrize(("preflight", "restart", "mode", "steps", "early"), [
+    (True, 0, "sync", False, True),
+    (True, 0, "sshfs", False, True),
+    (True, 0, "external", False, False),  # judged across the nodes before anything is written to it
+    (True, 1, "sync", False, False),  # a restart's run dir holds the earlier attempts
+    (True, 0, "nfs", True, False),  # steps must not start where a node did not unpack the run
+    (False, 0, "sync", False, False),  # --skip-preflight: no probe to stage with
+])
+def test_only_a_first_attempt_without_steps_is_staged_by_the_probes(preflight, restart, mode, steps, early):
+    from distrun import train
+    from distrun.planning import JobRequest
+
+    request = JobRequest(inventory=Path("/inv/hosts.yml"), launcher="mpirun", script=Path("/x.py"), np=2,
+                         preflight=preflight)
+    assert train.stage_early(request, restart, mode, steps) is early
+
+
+def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
+    from distrun import train
+
+    extravars = {"distrun_run_dir": "/srv/distrun/runs/R1", "distrun_checkpoint_dir": "/srv/distrun/checkpoints/R1"}
+    created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
+    assert train.staged_folders(created, extravars) == {"node1": created["node1"], "node2": []}
+
+
 def test_run_yml_ends_with_the_staged_fact_after_the_stage_steps_and_launches_nothing_itself():
     plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
     last = plays[-1]["tasks"][-1]
@@ -312,9 +372,11 @@ def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workl
         assert name in checked, name
 
 
-def _gate_task() -> dict:
+def _gate_play() -> dict:
+    """run.yml's gate task with the play's own variables (which node is missing, the claim)."""
     plays = yaml.safe_load((REPO / "playbooks" / "run.yml").read_text())
-    return next(t for t in plays[0]["tasks"] if (t.get("ansible.builtin.set_fact") or {}).get("distrun_step") == "stage")
+    task = next(t for t in plays[0]["tasks"] if (t.get("ansible.builtin.set_fact") or {}).get("distrun_step") == "stage")
+    return {"vars": plays[0]["vars"], "tasks": [task]}
 
 
 @pytest.mark.parametrize(("claim", "missing", "ok"), [
@@ -345,7 +407,7 @@ def test_run_yml_stages_nothing_before_every_node_is_in_play_and_the_run_holds_t
                          "children": {"head": {"hosts": {"node1": None}}, "workers": {"hosts": {"node1": None, "node2": None}}}}}
     (tmp_path / "hosts.yml").write_text(json.dumps(inventory))
     play = [{"name": "The gate", "hosts": "head:workers", "gather_facts": False, "roles": [{"role": "distrun"}],
-             "tasks": [_gate_task()]}]
+             **_gate_play()}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     result = ansible_bridge.run_playbook(str(tmp_path / "play.yml"), tmp_path / "hosts.yml", tmp_path / "run")

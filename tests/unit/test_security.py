@@ -589,7 +589,7 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
         script = (REPO / "roles" / "job" / "files" / "stage.py").read_text()
         done = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout) == {"changed": True, "staged": run_id}
+        assert json.loads(done.stdout) == {"changed": True, "staged": run_id, "created": [config["run_dir"]]}
         # What the runner launches on: this node's answer that it unpacked this run.
         from distrun.follow import PlaybookEvent, staged_run
         assert staged_run(PlaybookEvent("changed", host, "stage", data={"stdout": done.stdout})) == run_id

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distrun import follow, sshmesh, train
-from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
 from distrun.judge import refusal, verdict
@@ -151,6 +151,13 @@ class FakeRole:
         hosts["node1"].facts = {"preflight_verdict": found,
                                 sshmesh.FACT: self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline)}
         failed = any(h.failed for h in hosts.values())
+        on_event = _.get("on_event")
+        if callable(on_event) and not failed:  # each probe staged the run, then each node passed the judge
+            for h in NODES:
+                said = {**probes[h], "staged": extravars["distrun_run_id"]}
+                on_event(PlaybookEvent("ok", h, "probe", data={"stdout": json.dumps(said)}))
+            for h in NODES:
+                on_event(PlaybookEvent("ok", h, "judge", data={"ansible_facts": {"preflight_verdict": found}}))
         return PlaybookResult(playbook, 2 if failed else 0, "failed" if failed else "successful", hosts, run_dir)
 
 

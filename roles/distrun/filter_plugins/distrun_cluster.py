@@ -63,6 +63,11 @@ def preflight_problems(verdict: object, host: str) -> list[str]:
     return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
+def preflight_blamed(verdict: object) -> list[str]:
+    """The nodes a verdict finds anything wrong on."""
+    return judge.blamed(judge.from_dicts(verdict))  # type: ignore[arg-type]
+
+
 def ssh_mode(baseline: dict | None, head: str, targets: list | None) -> str:
     """How the head checks ssh to its targets: 'banner' once logins to all were proved, else 'login'."""
     return sshmesh.mode({str(k): str(v) for k, v in (baseline or {}).items()}, str(head), [str(t) for t in targets or []])
@@ -95,6 +100,7 @@ class FilterModule:
             "distrun_hostfile": hostfile,
             "distrun_preflight_report": preflight_report,
             "distrun_preflight_problems": preflight_problems,
+            "distrun_preflight_blamed": preflight_blamed,
             "distrun_shared_fs_external": shared_fs_external,
             "distrun_ssh_mode": ssh_mode,
             "distrun_ssh_mesh": ssh_mesh,

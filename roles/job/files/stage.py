@@ -1,13 +1,15 @@
 """Put a run's files in place on one node, as the training user, in one round trip.
 
 Run by role job's stage step as a raw command (a script needs no Ansible module around it):
-``python3 -c <this file> <config JSON>``. The runner sent the run's files ahead of the play over
+``python3 -c <this file> <config JSON>``; on a run's first attempt, by role preflight's probe
+instead, as the training user, after its checks (the same round trip). The runner sent the run's files ahead of the play over
 the run's ssh connection, into the training user's ``~/.cache/distrun/incoming/<run id>.json``
 (a 0600 file: the bundle, base64 of a tar.gz holding run/ and workloads/, and the run's
 variables, possibly secrets, which never go on a command line); the config says whether that
 upload succeeded. This script unpacks the bundle into the run folder (mode 0750), copies the
 reference workloads into the shared folder unless the same digest is there, writes the
-variables to ``<run_dir>/env.sh`` (0600), removes the upload, and prints ``{"changed": ..., "staged": RUN_ID}``.
+variables to ``<run_dir>/env.sh`` (0600), removes the upload, and prints
+``{"changed": ..., "staged": RUN_ID, "created": [the run's folders it made]}``.
 Standard library only.
 """
 
@@ -38,9 +40,12 @@ def incoming_path(run_id: str) -> str:
     return os.path.join(home, ".cache", "distrun", "incoming", f"{run_id}.json")
 
 
-def _private_dir(path: str) -> None:
+def _private_dir(path: str) -> bool:
+    """The folder, 0750; True when this call made it."""
+    made = not os.path.lexists(path)
     os.makedirs(path, exist_ok=True)
-    os.chmod(path, 0o750)  # other local users may not read a run: its logs, its program, its env file
+    os.chmod(path, 0o750)
+    return made  # other local users may not read a run: its logs, its program, its env file
 
 
 def _copy_tree(src: str, dest: str) -> None:
@@ -59,9 +64,10 @@ def _write_env(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def stage(p: dict) -> bool:
+def stage(p: dict, created: list | None = None) -> bool:
     """Unpack p["bundle"] and write p["env"] as the run's files; True when new workloads were
-    copied (the node changed)."""
+    copied (the node changed). ``created`` gets the run's folders this call made."""
+    created = [] if created is None else created
     os.umask(0o022)
     updated = False
     with tempfile.TemporaryDirectory(prefix="distrun-stage-") as tmp:
@@ -69,9 +75,11 @@ def stage(p: dict) -> bool:
         proc = subprocess.run(["tar", "-xzf", "-", "-C", tmp, "--no-same-owner"], input=data, capture_output=True, check=False)
         if proc.returncode:
             raise StageError(f"tar failed on the node: {proc.stderr.decode(errors='replace').strip()[-500:] or f'exit {proc.returncode}'}")
-        _private_dir(p["run_dir"])
+        if _private_dir(p["run_dir"]):
+            created.append(p["run_dir"])
         if p["checkpoint_dir"]:
-            _private_dir(p["checkpoint_dir"])
+            if _private_dir(p["checkpoint_dir"]):
+                created.append(p["checkpoint_dir"])
         if os.path.isdir(f"{tmp}/run"):
             _copy_tree(f"{tmp}/run", p["run_dir"])
         workloads = os.path.join(p["shared_dir"], "workloads")
@@ -112,10 +120,12 @@ def main(cfg: dict) -> None:
         raise StageError(f"the run's files did not reach the nodes: {cfg.get('upload') or 'no answer'}")
     data = take_upload(run_id)
     try:
-        updated = stage({**cfg, "bundle": data["bundle"], "env": data.get("env", "")})
+        created: list = []
+        updated = stage({**cfg, "bundle": data["bundle"], "env": data.get("env", "")}, created)
     except OSError as exc:
         raise StageError(f"staging into {cfg['run_dir']} failed: {exc}") from None
-    print(json.dumps({"changed": updated, "staged": run_id}))
+    # created: what a refused run removes again when it was staged before the judge (preflight's probe).
+    print(json.dumps({"changed": updated, "staged": run_id, "created": created}))
 
 
 if __name__ == "__main__":

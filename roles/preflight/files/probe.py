@@ -5,8 +5,10 @@ json>'``) and drops to the training user for every check the job would do as tha
 round trip per host gathers the env, versions, the shared folder, ssh to the other nodes, name
 resolution, (on the head, as root, to name the owning process) the launch ports, and TCP
 connections between the nodes (netprobe.py). It changes nothing except the shared-folder probe
-file, which the role removes again, and (as root) its own record of the env's versions, which
-saves starting the env's Python while nothing they depend on changed. Standard library only.
+file, which the role removes again, (as root) its own record of the env's versions, which saves
+starting the env's Python while nothing they depend on changed, and, given a run's stage step
+(role job's files/stage.py as the second argument), the run's files, unpacked as the training
+user after the checks (stage_run). Standard library only.
 """
 
 import contextlib
@@ -526,6 +528,11 @@ def main():
         report["ports"] = probe_ports(CFG["ports"])
         if not all(v.get("ok") for v in report["ports"].values()):
             net["rendezvous"] = 0  # taken: the ports check says by whom
+    stage = None
+    if CFG.get("stage"):
+        # Beside the other checks, in a thread: it checks for itself what it needs first.
+        stage = ThreadPoolExecutor(max_workers=1)
+        staged = stage.submit(stage_run, CFG["stage"], sys.argv[2] if len(sys.argv) > 2 else "")
     network = None
     if net.get("rendezvous") or net.get("mpi_range"):
         STEP = "network"
@@ -538,7 +545,43 @@ def main():
             step, STEP = STEP, "network"
             report["net"] = network.result()
             STEP = step  # a step that raised in body() is the one the error names
+        if stage is not None:
+            # Whatever else happened: the runner removes what was staged when it refuses the run.
+            STAGED.update(staged.result())
+            stage.shutdown()
+    report.update(STAGED)
     print(json.dumps(report, sort_keys=True))
+
+
+def stage_run(config, script):
+    """A run's stage step in this round trip (role job's files/stage.py, passed as the second
+    argument): as the training user, and only where the user exists and the shared folder is
+    writable by it (and mounted, where it must be), so nothing lands in an empty mount point;
+    checked here, beside the same checks in the report. The runner starts nothing before the
+    judge passed every node, and removes what was staged when it refuses the run.
+    {"staged": run id, "stage_changed": bool, "stage_created": the run's folders it made}, or
+    {"stage_error": why}."""
+    if not script:
+        return {"stage_error": "not staged: the probe was given no stage script"}
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        return {"stage_error": f"not staged: no user {USER}"}
+    checks = [probe_writable(CFG["shared_dir"])]
+    if CFG.get("mount_fstypes"):
+        checks.append(probe_mount(CFG["shared_dir"], CFG["mount_fstypes"]))
+    failed = [c["detail"] for c in checks if not c.get("ok")]
+    if failed:
+        return {"stage_error": "not staged: " + "; ".join(failed)}
+    proc = as_user([sys.executable, "-I", "-c", script, json.dumps(config)], timeout=300)
+    if proc.returncode:
+        return {"stage_error": _last_line(proc.stderr) or f"the stage step exited {proc.returncode}"}
+    try:
+        said = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"staged": str(said["staged"]), "stage_changed": bool(said.get("changed")),
+                "stage_created": [str(d) for d in said.get("created") or []]}
+    except (ValueError, IndexError, KeyError, TypeError):
+        return {"stage_error": f"the stage step said {_last_line(proc.stdout)!r}"}
 
 
 def body(report):
@@ -601,10 +644,11 @@ def body(report):
 
 
 STEP = "start"
+STAGED = {}  # what the run's stage step said, if it ran
 try:
     main()
 except Exception:  # noqa: BLE001 - whatever broke, the report names the step; the trace goes to the log
     import traceback
 
     traceback.print_exc()
-    print(json.dumps({"host": CFG["host"], "probe_error": {"step": STEP}}, sort_keys=True))
+    print(json.dumps({"host": CFG["host"], "probe_error": {"step": STEP}, **STAGED}, sort_keys=True))
