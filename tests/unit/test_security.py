@@ -486,6 +486,34 @@ def test_staging_writes_the_env_file_0600_in_a_private_run_dir_and_never_follows
     assert not (shared / "runs" / "r2" / "env.sh").exists()
 
 
+@pytest.mark.parametrize("member", ["link", "dotdot", "absolute", "fifo"])
+def test_staging_writes_nothing_a_bundle_holds_outside_its_own_folders(tmp_path, member):
+    """The bundle is distrun's own, and still: a link, a device or fifo, or a name that leaves the
+    run refuses the whole stage in one line, before anything is written."""
+    import base64
+    mod = _stage_script()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        ok = tarfile.TarInfo("run/hostfile")
+        ok.size = 3
+        tar.addfile(ok, io.BytesIO(b"n1\n"))
+        bad = tarfile.TarInfo({"link": "run/env.sh", "dotdot": "run/../../victim", "absolute": "/tmp/victim",
+                               "fifo": "run/pipe"}[member])
+        if member == "link":
+            bad.type, bad.linkname = tarfile.SYMTYPE, str(tmp_path / "victim")
+        elif member == "fifo":
+            bad.type = tarfile.FIFOTYPE
+        else:
+            bad.size = 1
+        tar.addfile(bad, io.BytesIO(b"x") if bad.isfile() else None)
+    shared = tmp_path / "shared"
+    params = {"bundle": base64.b64encode(buf.getvalue()).decode(), "env": "", "run_dir": str(shared / "runs" / "r1"),
+              "checkpoint_dir": "", "shared_dir": str(shared), "workloads_digest": "abc"}
+    with pytest.raises(mod.StageError, match="the run's bundle holds"):
+        mod.stage(params)
+    assert not shared.exists() and not (tmp_path / "victim").exists()
+
+
 @pytest.mark.parametrize(("run_id", "safe"), [
     ("20261125-101010-train-ab12", True), ("r1", True), ("", False), ("..", False), (".", False),
     ("a/../../etc", False), ("x y", False), ("$(id)", False),

@@ -12,14 +12,16 @@ import sys
 from pathlib import Path
 
 try:
-    from distrun import judge, rules, sharedfs, sshmesh
+    from distrun import rules, sshmesh
 except ImportError:  # ansible-playbook from another Python: use the package beside the roles
     _here = Path(__file__).resolve()
     for _candidate in (_here.parents[3] / "runner", _here.parents[5]):
         if (_candidate / "distrun" / "rules.py").is_file():
             sys.path.insert(0, str(_candidate))
             break
-    from distrun import judge, rules, sharedfs, sshmesh
+    from distrun import rules, sshmesh
+# The judge and the shared-folder rules are imported by the filters that use them: each task's
+# worker process loads this file, and the probe's workers need neither.
 
 from ansible.errors import AnsibleFilterError
 
@@ -55,16 +57,22 @@ def hostfile(nodes: object, hostvars: object) -> str:
 
 def preflight_report(probes: object, **options: object) -> dict:
     """The preflight's verdict (check -> node -> ok, detail, fix) from every node's probe."""
+    from distrun import judge
+
     return judge.as_dicts(judge.verdict(probes, **options))  # type: ignore[arg-type]
 
 
 def preflight_problems(verdict: object, host: str) -> list[str]:
     """What the verdict finds wrong on one host, one line per check, with the fix."""
+    from distrun import judge
+
     return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
 def preflight_blamed(verdict: object) -> list[str]:
     """The nodes a verdict finds anything wrong on."""
+    from distrun import judge
+
     return judge.blamed(judge.from_dicts(verdict))  # type: ignore[arg-type]
 
 
@@ -80,6 +88,8 @@ def ssh_mesh(probes: object, **options: object) -> dict:
 
 def shared_fs_external(findings: object, **options: object) -> dict:
     """external mode at setup: host -> what is wrong with the shared filesystem there, with the fix."""
+    from distrun import sharedfs
+
     return sharedfs.external_setup(findings, **options)  # type: ignore[arg-type]
 
 

@@ -16,13 +16,13 @@ Standard library only.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import pwd
 import re
-import subprocess
 import sys
-import tempfile
+import tarfile
 
 
 class StageError(Exception):
@@ -48,11 +48,43 @@ def _private_dir(path: str) -> bool:
     return made  # other local users may not read a run: its logs, its program, its env file
 
 
-def _copy_tree(src: str, dest: str) -> None:
-    """src's contents into dest; dest keeps its own mode (a run dir stays 0750)."""
-    proc = subprocess.run(["cp", "-R", f"{src}/.", f"{dest}/"], capture_output=True, text=True, check=False)
-    if proc.returncode:
-        raise StageError(f"cp failed on the node: {proc.stderr.strip()[-500:] or f'exit {proc.returncode}'}")
+def _members(bundle: str) -> list[tuple[str, str, int, bytes | None]]:
+    """The bundle's folders and regular files, unpacked here in memory: (top folder, path below
+    it, mode, contents; None for a folder). A link, a device or a name that leaves the bundle
+    refuses the stage: nothing the bundle holds is written anywhere but below its two folders."""
+    out: list[tuple[str, str, int, bytes | None]] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(bundle)), mode="r:gz") as tar:
+            for m in tar:
+                parts = [x for x in m.name.split("/") if x not in ("", ".")]
+                if m.name.startswith("/") or ".." in parts or not parts:
+                    raise StageError(f"the run's bundle holds {m.name!r}, a name outside the run")
+                if m.isdir():
+                    out.append((parts[0], "/".join(parts[1:]), m.mode, None))
+                elif m.isfile():
+                    fh = tar.extractfile(m)
+                    out.append((parts[0], "/".join(parts[1:]), m.mode, fh.read() if fh else b""))
+                else:
+                    raise StageError(f"the run's bundle holds {m.name!r}, which is not a file or a folder")
+    except (tarfile.TarError, EOFError, ValueError, OSError) as exc:
+        raise StageError(f"the run's bundle does not unpack on the node: {exc}") from None
+    return out
+
+
+def _put(root: str, rel: str, mode: int, data: bytes | None) -> None:
+    """One member below root: a folder made, a file written whole and renamed into place (a link
+    in its place is replaced, never followed), with its mode (less the umask)."""
+    path = os.path.join(root, rel) if rel else root
+    if data is None:
+        os.makedirs(path, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        os.fchmod(fh.fileno(), (mode & 0o777 or 0o644) & ~0o022)
+    os.replace(tmp, path)
 
 
 def _write_env(path: str, text: str) -> None:
@@ -70,26 +102,25 @@ def stage(p: dict, created: list | None = None) -> bool:
     created = [] if created is None else created
     os.umask(0o022)
     updated = False
-    with tempfile.TemporaryDirectory(prefix="distrun-stage-") as tmp:
-        data = base64.b64decode(p["bundle"])
-        proc = subprocess.run(["tar", "-xzf", "-", "-C", tmp, "--no-same-owner"], input=data, capture_output=True, check=False)
-        if proc.returncode:
-            raise StageError(f"tar failed on the node: {proc.stderr.decode(errors='replace').strip()[-500:] or f'exit {proc.returncode}'}")
-        if _private_dir(p["run_dir"]):
-            created.append(p["run_dir"])
-        if p["checkpoint_dir"]:
-            if _private_dir(p["checkpoint_dir"]):
-                created.append(p["checkpoint_dir"])
-        if os.path.isdir(f"{tmp}/run"):
-            _copy_tree(f"{tmp}/run", p["run_dir"])
-        workloads = os.path.join(p["shared_dir"], "workloads")
-        marker = os.path.join(workloads, f".digest-{p['workloads_digest']}")
-        if os.path.isdir(f"{tmp}/workloads") and not os.path.exists(marker):
-            os.makedirs(workloads, exist_ok=True)
-            _copy_tree(f"{tmp}/workloads", workloads)
-            with open(marker, "w", encoding="utf-8") as fh:
-                fh.write(p["workloads_digest"] + "\n")
-            updated = True
+    members = _members(p["bundle"])
+    if _private_dir(p["run_dir"]):
+        created.append(p["run_dir"])
+    if p["checkpoint_dir"]:
+        if _private_dir(p["checkpoint_dir"]):
+            created.append(p["checkpoint_dir"])
+    for top, rel, mode, data in members:
+        if top == "run" and rel:  # the run dir keeps its own mode
+            _put(p["run_dir"], rel, mode, data)
+    workloads = os.path.join(p["shared_dir"], "workloads")
+    marker = os.path.join(workloads, f".digest-{p['workloads_digest']}")
+    if any(top == "workloads" for top, _, _, _ in members) and not os.path.exists(marker):
+        os.makedirs(workloads, exist_ok=True)
+        for top, rel, mode, data in members:
+            if top == "workloads" and rel:
+                _put(workloads, rel, mode, data)
+        with open(marker, "w", encoding="utf-8") as fh:
+            fh.write(p["workloads_digest"] + "\n")
+        updated = True
     if p["env"]:
         _write_env(os.path.join(p["run_dir"], "env.sh"), p["env"])
     return updated

@@ -573,7 +573,7 @@ def stage_run(config, script):
     failed = [c["detail"] for c in checks if not c.get("ok")]
     if failed:
         return {"stage_error": "not staged: " + "; ".join(failed)}
-    proc = as_user([sys.executable, "-I", "-c", script, json.dumps(config)], timeout=300)
+    proc = as_user([sys.executable, "-I", "-S", "-c", script, json.dumps(config)], timeout=300)
     if proc.returncode:
         return {"stage_error": _last_line(proc.stderr) or f"the stage step exited {proc.returncode}"}
     try:
