@@ -1,5 +1,7 @@
 """The fast preflight of 'distrun train' on the 3-node cluster: what this run needs, and the head's
-name, checked on every node before anything is staged; refused with the words 'distrun check' uses.
+name, checked on every node before anything starts; refused with the words 'distrun check' uses,
+and nothing of the refused run left on any node (a first attempt is staged in the probe's round
+trip, and removed again when the run is refused).
 
 Each test breaks one cheap thing on one node and restores it in ``finally``.
 """
@@ -21,7 +23,7 @@ def refusal(result) -> str:
     return " ".join(result.stderr.split())
 
 
-def test_torchrun_missing_on_one_node_is_refused_before_staging(provisioned, tmp_path):
+def test_torchrun_missing_on_one_node_is_refused_and_leaves_nothing_staged(provisioned, tmp_path):
     script = tmp_path / "noop.py"
     script.write_text("print('should not run')\n")
     before = run_dirs(provisioned)
@@ -34,7 +36,7 @@ def test_torchrun_missing_on_one_node_is_refused_before_staging(provisioned, tmp
                 "(mpi_env_packages) and run 'distrun setup --inventory ") in err, err
         assert "preflight failed on node2:" in err and "nothing was started" in err
         assert "Traceback" not in train.stdout + train.stderr
-        assert run_dirs(provisioned) == before  # nothing staged on any node
+        assert run_dirs(provisioned) == before  # nothing of the run left on any node
     finally:
         provisioned.exec(2, f"mv {TORCHRUN}.off {TORCHRUN}")
 
