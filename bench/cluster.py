@@ -403,7 +403,8 @@ class Bench:
         if cold["rc"] != 0 or not cold.get("remote_run_dir"):
             say(cold.get("error", ""))
             return {"cold": cold}
-        reps = 1 if self.quick else 3
+        # Five of each, interleaved: one run on this machine varies by a few tenths of a second.
+        reps = 1 if self.quick else 5
         warm, hand = [], []
         for _ in range(reps):
             hand.append(self.by_hand(cluster, cold["remote_run_dir"]))

@@ -222,9 +222,10 @@ def render_launch(c: dict) -> list[str]:
                     f"this run spent {ours:.1f} s in distrun's steps; `run.yml` (one ansible-playbook process "
                     f"for preflight and stage) took {ph.get('run.yml (preflight, stage)', 0):.1f} s "
                     "of it. It gathers no facts (the plan comes from the cached ones; the probe reports the "
-                    "addresses it is checked against); the preflight probes every node in one command and judges "
-                    "them before anything is staged; staging is one raw command per node (the run's files reach "
-                    "the nodes ahead of the play); the launchers start over the ssh connection per node that "
+                    "addresses it is checked against); a first attempt is checked and staged in one raw command "
+                    "per node (the probe unpacks the run's files, which reach the nodes ahead of the play, after "
+                    "its own checks), and one judge task for the play comes before anything starts (a refused "
+                    "run's staged folders are removed); the launchers start over the ssh connection per node that "
                     "distrun opens first and that the playbook, the followers and collect share; collect is one tar stream per "
                     "node.", ""]
     return out
