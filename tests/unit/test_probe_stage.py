@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from distrun import staging
-from distrun.inventory import cluster_from_json
 
-from .test_security import SECRET, _bundle
+from .test_security import SECRET, local_upload
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "roles" / "preflight" / "files" / "probe.py"
@@ -28,21 +27,9 @@ ME = pwd.getpwuid(os.getuid()).pw_name
 @pytest.fixture()
 def uploaded(tmp_path):
     """A run's files uploaded for this machine's user, as 'distrun train' sends them ahead."""
-    host = f"unit-{os.getpid()}-p"
-    inv = {"_meta": {"hostvars": {host: {"ansible_connection": "local", "ansible_host": "10.0.0.1", "slots": 1,
-                                         "distrun_user": ME}}},
-           "all": {"children": ["head", "workers"]}, "head": {"hosts": [host]}, "workers": {"hosts": [host]}}
-    cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
-    run_id = f"20261126-000000-train-{os.getpid() % 10000:04d}"
-    bundle = tmp_path / "bundle.b64"
-    bundle.write_text(_bundle({"run/hostfile": "n1 slots=1\n", "workloads/gcn.py": "print(1)\n"}))
-    env_file = tmp_path / "env.sh"
-    env_file.write_text(f"export TOKEN='{SECRET}'\n")
-    gate = tmp_path / "upload"
-    staging.Upload(cluster, [host], run_id, bundle, str(env_file), gate).join()
-    incoming = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "distrun" / "incoming" / f"{run_id}.json"
-    yield cluster, host, run_id, gate.read_text().strip()
-    incoming.unlink(missing_ok=True)
+    up = local_upload(tmp_path, "p")
+    yield up["cluster"], up["host"], up["run_id"], up["gate"].read_text().strip()
+    up["incoming"].unlink(missing_ok=True)
 
 
 def probe(shared: Path, run_id: str, upload: str, **cfg) -> dict:

@@ -579,21 +579,17 @@ def test_known_hosts_gets_every_key_in_one_call_keeps_the_users_lines_and_replac
     assert victim.read_text() == "root's\n"
 
 
-def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpacks_them(tmp_path, monkeypatch):
-    """distrun.staging and role job's files/stage.py together, on this machine as the training
-    user: the upload keeps the run's variables (a secret) in a 0600 file of the user's own home,
-    never on a command line; the stage step unpacks it, writes env.sh 0600 and removes the
-    upload; a failed upload stages nothing and says which host and why; a refused run's upload
-    is removed."""
+def local_upload(tmp_path: Path, tag: str) -> dict:
+    """A run's files uploaded for this machine's user, as 'distrun train' sends them ahead: the
+    one-node cluster, its host and the run id, the bundle and env files, the gate and where the
+    upload waits."""
     import pwd
-    import subprocess
-    import sys
 
     from distrun import staging
     from distrun.inventory import cluster_from_json
 
     me = pwd.getpwuid(os.getuid()).pw_name
-    host = f"unit-{os.getpid()}-s"
+    host = f"unit-{os.getpid()}-{tag}"
     inv = {"_meta": {"hostvars": {host: {"ansible_connection": "local", "ansible_host": "10.0.0.1", "slots": 1,
                                          "distrun_user": me}}},
            "all": {"children": ["head", "workers"]}, "head": {"hosts": [host]}, "workers": {"hosts": [host]}}
@@ -606,8 +602,26 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
     gate = tmp_path / "upload"
     assert SECRET not in staging.upload_command(me, run_id)
     staging.Upload(cluster, [host], run_id, bundle_file, str(env_file), gate).join()
-    assert gate.read_text() == "ok\n"
     incoming = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "distrun" / "incoming" / f"{run_id}.json"
+    return {"cluster": cluster, "host": host, "run_id": run_id, "bundle": bundle_file, "env": env_file, "gate": gate,
+            "incoming": incoming}
+
+
+def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpacks_them(tmp_path, monkeypatch):
+    """distrun.staging and role job's files/stage.py together, on this machine as the training
+    user: the upload keeps the run's variables (a secret) in a 0600 file of the user's own home,
+    never on a command line; the stage step unpacks it, writes env.sh 0600 and removes the
+    upload; a failed upload stages nothing and says which host and why; a refused run's upload
+    is removed."""
+    import subprocess
+    import sys
+
+    from distrun import staging
+
+    up = local_upload(tmp_path, "s")
+    cluster, host, run_id, gate, incoming = up["cluster"], up["host"], up["run_id"], up["gate"], up["incoming"]
+    bundle_file, env_file = up["bundle"], up["env"]
+    assert gate.read_text() == "ok\n"
     try:
         assert stat.S_IMODE(incoming.stat().st_mode) == 0o600 and stat.S_IMODE(incoming.parent.stat().st_mode) == 0o700
         shared = tmp_path / "shared"
