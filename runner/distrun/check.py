@@ -18,7 +18,7 @@ from typing import Any
 from . import paths, sshmesh
 from .ansible_bridge import PlaybookResult, run_playbook
 from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
-from .judge import Item, Report, build_report, from_dicts, report_json
+from .judge import Item, Report, blamed, build_report, from_dicts, report_json
 from .plan import gpu_slot_mismatches
 from .runs import new_run
 
@@ -44,12 +44,11 @@ def gpu_items(nodes: Sequence[Node], inventory: str) -> dict[str, Item]:
 def host_states(result: PlaybookResult, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """Ansible's state and last error per host; 'not reached' for one the play never saw."""
     states = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
-    verdict = from_dicts(result.fact(PREFLIGHT_FACT))
-    blamed = {h for items in verdict.values() for h, it in items.items() if not it.ok}
+    judged = blamed(from_dicts(result.fact(PREFLIGHT_FACT)))
     for h in result.hosts.values():
         # The judge's own task failed the play on this node (run.yml's one-task judge): the
         # verdict names the nodes to blame, not the node the task ran on.
-        if h.state == "failed" and PREFLIGHT_FACT in h.facts and h.failed == 1 and blamed and h.name not in blamed:
+        if h.state == "failed" and PREFLIGHT_FACT in h.facts and h.failed == 1 and judged and h.name not in judged:
             states[h.name] = {"state": "ok", "error": ""}
     for name in names:
         states.setdefault(name, {"state": "not reached", "error": ""})

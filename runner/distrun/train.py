@@ -22,7 +22,7 @@ from .ending import RunEnd, collect_limits
 from .errors import UserError
 from .follow import Outcome, Starter
 from .inventory import Cluster
-from .judge import from_dicts, network_changed, refusal
+from .judge import blamed, from_dicts, network_changed, refusal
 from .launchers import launcher_named
 from .listener import EventHandler, Listener
 from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
@@ -352,7 +352,7 @@ def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
     verdict, and the nodes that did not answer), every failing node named."""
     report = report_of(result, list(result.hosts))
     line = refusal(report)
-    bad = sorted({h for items in report.values() for h, it in items.items() if not it.ok})
+    bad = blamed(report)
     if not line:
         bad = [h.name for h in result.failures()]
         line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"

@@ -44,8 +44,8 @@ def _private_dir(path: str) -> bool:
     """The folder, 0750; True when this call made it."""
     made = not os.path.lexists(path)
     os.makedirs(path, exist_ok=True)
-    os.chmod(path, 0o750)
-    return made  # other local users may not read a run: its logs, its program, its env file
+    os.chmod(path, 0o750)  # other local users may not read a run: its logs, its program, its env file
+    return made
 
 
 def _members(bundle: str) -> list[tuple[str, str, int, bytes | None]]:
