@@ -12,7 +12,7 @@ import click
 
 from . import __version__, paths
 from . import cli_params as P
-from .cli_parse import Command, Group, ProgramCommand
+from .cli_parse import Command, Group, ProgramCommand, exit_now
 from .errors import UserError
 from .ui import console
 
@@ -322,5 +322,14 @@ for _verb in (init, runs, show, status, attach):
     main.add_command(_verb)
 
 
+def run() -> None:
+    """The ``distrun`` program (pyproject.toml's script): the verbs, then exit_now."""
+    try:
+        main()
+    except SystemExit as exc:
+        exit_now(exc.code)
+    exit_now(0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run()

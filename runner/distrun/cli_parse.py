@@ -50,6 +50,33 @@ def usage_line(exc: click.ClickException) -> str:
     return f"{where}{exc.format_message().rstrip('.')}"
 
 
+def exit_now(code: object) -> NoReturn:
+    """End the process with a SystemExit's code, without tearing the interpreter down: tens of
+    milliseconds of freeing modules that whoever waits for distrun (a script, a benchmark, the
+    shell) would wait for too. What Python's own exit does first is done here first: threads
+    that are not daemons are waited for, exit handlers run, output is flushed."""
+    import atexit
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("text"): the text on stderr, status 1, as Python does
+        print(code, file=sys.stderr)
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python's exit would run
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a reader that went away, or a closed stream: nothing more can be told
+    os._exit(status)
+
+
 def _fail(message: str, code: int) -> NoReturn:
     ui.fatal(message)
     sys.exit(code)
