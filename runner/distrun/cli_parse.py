@@ -50,14 +50,17 @@ def usage_line(exc: click.ClickException) -> str:
     return f"{where}{exc.format_message().rstrip('.')}"
 
 
-def exit_now(code: object) -> NoReturn:
+def exit_now(code: str | int | None) -> NoReturn:
     """End the process with a SystemExit's code, without tearing the interpreter down: tens of
     milliseconds of freeing modules that whoever waits for distrun (a script, a benchmark, the
-    shell) would wait for too. What Python's own exit does first is done here first: threads
-    that are not daemons are waited for, exit handlers run, output is flushed."""
+    shell) would wait for too. Exit handlers run and output is flushed first; while a thread that
+    is not a daemon still runs, Python's own exit does it all (it waits for such threads and ends
+    idle thread pools)."""
     import atexit
     import threading
 
+    if any(t is not threading.current_thread() and not t.daemon for t in threading.enumerate()):
+        sys.exit(code)
     if code is None:
         status = 0
     elif isinstance(code, int):
@@ -65,9 +68,6 @@ def exit_now(code: object) -> NoReturn:
     else:  # sys.exit("text"): the text on stderr, status 1, as Python does
         print(code, file=sys.stderr)
         status = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
     atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python's exit would run
     for stream in (sys.stdout, sys.stderr):
         try:

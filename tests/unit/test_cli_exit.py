@@ -1,6 +1,7 @@
 """The distrun program's exit (cli.run, cli_parse.exit_now): it skips tearing the interpreter down,
 and still gives the exit code, the whole output, its exit handlers and its threads' work, as
-Python's own exit would. Run as separate processes, the way a shell or a script sees them."""
+Python's own exit would. Run as separate processes, the way a shell or a script sees them; each
+has a time limit, so an exit that waited forever fails."""
 
 from __future__ import annotations
 
@@ -28,17 +29,30 @@ def test_the_program_gives_its_exit_code_and_whole_output_through_a_pipe(tmp_pat
         "arguments for your program go after '--'"]
 
 
-def test_exit_handlers_run_threads_end_and_output_is_flushed_first():
+def test_exit_handlers_run_and_output_is_flushed_first():
     done = _python(
-        "import atexit, sys, threading, time\n"
+        "import atexit, sys\n"
         "from distrun.cli_parse import exit_now\n"
         "atexit.register(lambda: print('exit handler ran'))\n"
-        "t = threading.Thread(target=lambda: (time.sleep(0.2), print('thread finished')))\n"
-        "t.start()\n"
         "sys.stdout.write('unflushed line\\n')\n"
         "exit_now(3)\n")
     assert done.returncode == 3
-    assert done.stdout.splitlines() == ["unflushed line", "thread finished", "exit handler ran"]
+    assert done.stdout.splitlines() == ["unflushed line", "exit handler ran"]
+
+
+def test_a_thread_still_running_and_an_idle_thread_pool_get_pythons_own_exit():
+    done = _python(
+        "import atexit, threading, time\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from distrun.cli_parse import exit_now\n"
+        "atexit.register(lambda: print('exit handler ran'))\n"
+        "pool = ThreadPoolExecutor(1)\n"
+        "pool.submit(print, 'pool task')\n"  # its worker then waits for more: never shut down here
+        "time.sleep(0.1)\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread finished'))).start()\n"
+        "exit_now(3)\n")
+    assert done.returncode == 3
+    assert done.stdout.splitlines() == ["pool task", "thread finished", "exit handler ran"]
 
 
 def test_a_text_exit_is_told_on_stderr_with_status_1_and_none_is_0():
