@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .ansible_start import CACHE_ENV
 
 STEP_FACT = "distrun_step"
 
@@ -126,7 +128,18 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_TIMEOUT": os.environ.get("ANSIBLE_TIMEOUT", "10"),
         # The folder distrun's own ssh sessions look for Ansible's master connections in.
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(paths.ssh_control_dir()),
+        # What ansible-playbook parses of Ansible's own files at every start, kept by digest
+        # (distrun.ansible_start); an empty DISTRUN_ANSIBLE_CACHE keeps nothing.
+        CACHE_ENV: os.environ[CACHE_ENV] if CACHE_ENV in os.environ else str(paths.ansible_cache_dir()),
     }
+
+
+def playbook_program() -> str | None:
+    """The program ansible-runner starts for a playbook: distrun's entry point to ansible-playbook
+    (distrun.ansible_start), installed beside this interpreter with distrun; None (ansible-playbook
+    itself) where it is not there."""
+    program = Path(sys.executable).parent / "distrun-ansible-playbook"
+    return str(program) if os.access(program, os.X_OK) else None
 
 
 def inventory_plugins(inventory: Path) -> str | None:
@@ -182,7 +195,7 @@ def _scrub_command(path: Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(data, dict) and isinstance(data.get("env"), dict):
-        data["env"] = {k: v for k, v in data["env"].items() if k.startswith(("ANSIBLE_", "AWX_")) or k == "PATH"}
+        data["env"] = {k: v for k, v in data["env"].items() if k.startswith(("ANSIBLE_", "AWX_")) or k in ("PATH", CACHE_ENV)}
         tmp = path.with_name(".command.tmp")
         tmp.write_text(json.dumps(data))
         tmp.chmod(0o600)
@@ -289,6 +302,9 @@ def run_playbook(
     cmdline: list[str] = []
     if check:
         cmdline.append("--check")
+    program = playbook_program()
+    if program is not None:  # ansible-runner names the playbook to ansible-playbook only
+        cmdline.append(shlex.quote(str(playbook_path)))
     # ansible-runner installs its own SIGINT/SIGTERM handlers (they only set a flag) and leaves
     # them in place: without restoring ours, Ctrl-C while a job is followed would do nothing.
     saved = {}
@@ -307,6 +323,7 @@ def run_playbook(
         cmdline=" ".join(cmdline) or None,
         ident=ident,
         event_handler=events,
+        binary=program,
         quiet=True,
         suppress_env_files=True,
     )

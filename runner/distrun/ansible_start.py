@@ -1,0 +1,282 @@
+"""ansible-playbook as distrun starts it: Ansible's own program, with what it parses of its own
+files at every start kept by their digest.
+
+Before its first task, every ansible-playbook parses YAML that ships with Ansible and never
+changes between runs: the routing table of the builtin collection (370 KB, read the first time a
+task or plugin is named by its full name, which ansible-lint asks of every task), the base
+configuration's definitions and the DOCUMENTATION of each plugin it loads (connection, shell,
+become, callback, inventory, cache, lookup, ...: their options). On these machines that is about 0.2 s of
+every run's start, on its critical path. This entry point keeps the results in distrun's private
+state folder (DISTRUN_ANSIBLE_CACHE, made 0700 by the runner) and then runs ansible-playbook's own
+``main``. What is kept is keyed by content: the routing table and the definitions by the digest of
+the bytes parsed, plugin options by the digest of the installed ansible-core's RECORD (the digest
+of each of its files) and of the plugin's DOCUMENTATION. Anything else, or anything unusual (no
+cache folder, one another user could write, a kept file that does not load), is parsed as Ansible
+always does: the cache only ever saves time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import stat
+import sys
+from collections.abc import Callable
+from typing import Any
+
+# pickle and tempfile are imported where they are used: the runner imports this module for
+# CACHE_ENV alone, on every verb's start.
+CACHE_ENV = "DISTRUN_ANSIBLE_CACHE"
+
+
+class Kept:
+    """Files in one private folder, each written whole (a temporary file renamed over it)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    @classmethod
+    def at(cls, folder: str | None) -> Kept | None:
+        """A folder of this user's that nobody else may write (what it holds is loaded), else None."""
+        if not folder:
+            return None
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
+        return cls(folder)
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            fd = os.open(os.path.join(self.folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                return fh.read()
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def write(self, name: str, data: bytes) -> None:
+        import tempfile
+
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{name}.")
+        except OSError:
+            return
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, os.path.join(self.folder, name))
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def parsed(self, kind: str, raw: bytes, parse: Callable[[], Any]) -> Any:
+        """``parse()``'s answer for these bytes, a mapping: kept (marshal: plain data only) under
+        their digest."""
+        name = f"{kind}-{hashlib.sha256(raw).hexdigest()}.marshal"
+        data = self.read(name)
+        if data is not None:
+            try:
+                value = marshal.loads(data)
+                if isinstance(value, dict):
+                    return value
+            except (EOFError, ValueError, TypeError):
+                pass
+        value = parse()
+        try:
+            self.write(name, marshal.dumps(value))
+        except ValueError:  # not plain data: parsed every time
+            pass
+        return value
+
+
+def _keep_routing(kept: Kept) -> None:
+    """The routing tables of ansible.builtin and of collections (their meta/runtime.yml): the
+    collection loader's parser is a module-level function for tools to replace, with a content
+    id for caching; the tables are plain strings, lists and mappings (a base loader's)."""
+    from ansible.utils.collection_loader import _collection_finder
+
+    parse = _collection_finder._meta_yml_to_dict
+    if parse is None:
+        return
+
+    def routing(data: bytes | str, content_id: Any) -> Any:
+        raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogateescape")
+        return kept.parsed("routing", raw, lambda: parse(data, content_id))
+
+    _collection_finder._meta_yml_to_dict = routing
+
+
+def _keep_base_definitions(kept: Kept) -> None:
+    """The base configuration's definitions (base.yml, parsed by the config manager when
+    ansible.constants is first imported: this runs before that import)."""
+    from ansible.config.manager import ConfigManager
+
+    read = ConfigManager._read_config_yaml_file
+
+    def definitions(self: Any, yml_file: Any) -> Any:
+        path = os.fsencode(yml_file)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError:
+            return read(self, yml_file)  # Ansible's own error
+        return kept.parsed("config-definitions", raw, lambda: read(self, yml_file))
+
+    ConfigManager._read_config_yaml_file = definitions
+
+
+def _ansible_record() -> tuple[str, str] | None:
+    """The installed ansible-core's package folder and the digest of its RECORD (which lists
+    each installed file with its own digest); None where there is none (a source checkout)."""
+    import ansible
+
+    package = os.path.dirname(os.path.abspath(ansible.__file__))
+    site = os.path.dirname(package)
+    try:
+        infos = sorted(n for n in os.listdir(site) if n.startswith("ansible_core-") and n.endswith(".dist-info"))
+    except OSError:
+        return None
+    if len(infos) != 1:
+        return None
+    try:
+        with open(os.path.join(site, infos[0], "RECORD"), "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()
+    except OSError:
+        return None
+    return package + os.sep, digest
+
+
+class PluginOptions:
+    """Each plugin's option definitions as Ansible read them (tagged values, so pickle), checked
+    against the digest of the plugin's DOCUMENTATION. Kept for the installed ansible-core's own
+    plugins (whose doc fragments are its own files, under its RECORD's digest) and for any plugin
+    whose documentation takes no doc fragments (ansible-runner's event callback, distrun's lookup):
+    another collection's fragments could change under the same documentation."""
+
+    def __init__(self, kept: Kept, package: str, digest: str) -> None:
+        self.kept, self.package = kept, package
+        self.name = f"plugin-options-{digest}-py{sys.version_info[0]}{sys.version_info[1]}.pickle"
+        self.entries: dict[tuple[str, str, str], tuple[str, Any]] | None = None
+
+    def load(self) -> dict[tuple[str, str, str], tuple[str, Any]]:
+        import pickle
+
+        if self.entries is None:
+            self.entries = {}
+            data = self.kept.read(self.name)
+            if data is not None:
+                try:
+                    entries = pickle.loads(data)
+                    if isinstance(entries, dict):
+                        self.entries = entries
+                except Exception:  # a kept file that does not load is parsed again and replaced
+                    pass
+        return self.entries
+
+    def key(self, type_name: str, name: str, path: Any, module: Any) -> tuple[tuple[str, str, str], str] | None:
+        doc = getattr(module, "DOCUMENTATION", "")
+        if not isinstance(path, str) or not isinstance(doc, str):
+            return None
+        if not path.startswith(self.package) and "extends_documentation_fragment" in doc:
+            return None
+        return (type_name, name, path), hashlib.sha256(doc.encode("utf-8", "surrogateescape")).hexdigest()
+
+    def get(self, key: tuple[tuple[str, str, str], str]) -> tuple[bool, Any]:
+        entry = self.load().get(key[0])
+        if entry is not None and entry[0] == key[1]:
+            return True, entry[1]
+        return False, None
+
+    def put(self, key: tuple[tuple[str, str, str], str], options: Any) -> None:
+        import pickle
+
+        entries = self.load()
+        entries[key[0]] = (key[1], options)
+        try:
+            data = pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # options that do not pickle: read every time
+            del entries[key[0]]
+            return
+        self.kept.write(self.name, data)
+
+
+def _keep_plugin_options(kept: Kept) -> None:
+    """A plugin's options are read from its DOCUMENTATION once per process, when the plugin is
+    first loaded (PluginLoader._load_config_defs): kept here per plugin."""
+    record = _ansible_record()
+    if record is None:
+        return
+    from ansible import constants as C
+    from ansible.plugins.loader import PluginLoader, get_plugin_class
+
+    options = PluginOptions(kept, *record)
+    load = PluginLoader._load_config_defs
+
+    def config_defs(self: Any, name: str, module: Any, path: Any) -> None:
+        if not self.class_name:
+            return load(self, name, module, path)
+        type_name = str(get_plugin_class(self.class_name))
+        if type_name not in C.CONFIGURABLE_PLUGINS or C.config.has_configuration_definition(type_name, name):
+            return load(self, name, module, path)
+        key = options.key(type_name, name, path, module)
+        if key is None:
+            return load(self, name, module, path)
+        found, defs = options.get(key)
+        if found:
+            if defs is not None:  # None: its documentation names no options
+                C.config.initialize_plugin_configuration_definitions(type_name, name, defs)
+            return None
+        load(self, name, module, path)
+        has = C.config.has_configuration_definition(type_name, name)
+        options.put(key, C.config.get_configuration_definitions(type_name, name) if has else None)
+        return None
+
+    PluginLoader._load_config_defs = config_defs
+
+
+def keep_parses() -> bool:
+    """Import ansible.cli with its start-up parses kept where DISTRUN_ANSIBLE_CACHE names a
+    private folder; False where nothing is kept. The base definitions are read while ansible.cli
+    is imported (which first sets up the locale), so that reader is replaced before the import and
+    the plugins' after it; an ansible-core whose insides moved is simply run as it is."""
+    kept = Kept.at(os.environ.get(CACHE_ENV))
+    if kept is not None:
+        try:
+            _keep_base_definitions(kept)
+            _keep_routing(kept)
+        except (ImportError, AttributeError):
+            kept = None
+    import ansible.cli  # noqa: F401  (reads the configuration)
+
+    if kept is None:
+        return False
+    try:
+        _keep_plugin_options(kept)
+    except (ImportError, AttributeError):
+        pass
+    return True
+
+
+def main() -> Any:
+    keep_parses()
+    from ansible.cli.playbook import main as playbook
+
+    sys.argv[0] = os.path.join(os.path.dirname(sys.argv[0]), "ansible-playbook")
+    return playbook()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
