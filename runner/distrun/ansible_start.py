@@ -160,57 +160,48 @@ def _ansible_record() -> tuple[str, str] | None:
 
 
 class PluginOptions:
-    """Each plugin's option definitions as Ansible read them (tagged values, so pickle), checked
-    against the digest of the plugin's DOCUMENTATION. Kept for the installed ansible-core's own
-    plugins (whose doc fragments are its own files, under its RECORD's digest) and for any plugin
-    whose documentation takes no doc fragments (ansible-runner's event callback, distrun's lookup):
-    another collection's fragments could change under the same documentation."""
+    """Each plugin's option definitions as Ansible read them (tagged values, so pickle), one file
+    per plugin and documentation, named by the digest of both: a worker process that loads a
+    plugin first keeps it once, and none rewrites another's. Kept for the installed ansible-core's
+    own plugins (whose doc fragments are its own files, under its RECORD's digest) and for any
+    plugin whose documentation takes no doc fragments (ansible-runner's event callback, distrun's
+    lookup): another collection's fragments could change under the same documentation."""
 
     def __init__(self, kept: Kept, package: str, digest: str) -> None:
         self.kept, self.package = kept, package
-        self.name = f"plugin-options-{digest}-py{sys.version_info[0]}{sys.version_info[1]}.pickle"
-        self.entries: dict[tuple[str, str, str], tuple[str, Any]] | None = None
+        self.digest = f"{digest} py{sys.version_info[0]}.{sys.version_info[1]}"
 
-    def load(self) -> dict[tuple[str, str, str], tuple[str, Any]]:
-        import pickle
-
-        if self.entries is None:
-            self.entries = {}
-            data = self.kept.read(self.name)
-            if data is not None:
-                try:
-                    entries = pickle.loads(data)
-                    if isinstance(entries, dict):
-                        self.entries = entries
-                except Exception:  # a kept file that does not load is parsed again and replaced
-                    pass
-        return self.entries
-
-    def key(self, type_name: str, name: str, path: Any, module: Any) -> tuple[tuple[str, str, str], str] | None:
+    def name(self, type_name: str, name: str, path: Any, module: Any) -> str | None:
         doc = getattr(module, "DOCUMENTATION", "")
         if not isinstance(path, str) or not isinstance(doc, str):
             return None
         if not path.startswith(self.package) and "extends_documentation_fragment" in doc:
             return None
-        return (type_name, name, path), hashlib.sha256(doc.encode("utf-8", "surrogateescape")).hexdigest()
+        h = hashlib.sha256(f"{self.digest}\0{type_name}\0{name}\0{path}\0{doc}".encode("utf-8", "surrogateescape"))
+        return f"plugin-options-{h.hexdigest()}.pickle"
 
-    def get(self, key: tuple[tuple[str, str, str], str]) -> tuple[bool, Any]:
-        entry = self.load().get(key[0])
-        if entry is not None and entry[0] == key[1]:
-            return True, entry[1]
-        return False, None
-
-    def put(self, key: tuple[tuple[str, str, str], str], options: Any) -> None:
+    def get(self, name: str) -> tuple[bool, Any]:
         import pickle
 
-        entries = self.load()
-        entries[key[0]] = (key[1], options)
+        data = self.kept.read(name)
+        if data is None:
+            return False, None
         try:
-            data = pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+            value = pickle.loads(data)
+        except Exception:  # a kept file that does not load is parsed again and replaced
+            return False, None
+        if isinstance(value, tuple) and len(value) == 1:
+            return True, value[0]
+        return False, None
+
+    def put(self, name: str, options: Any) -> None:
+        import pickle
+
+        try:
+            data = pickle.dumps((options,), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # options that do not pickle: read every time
-            del entries[key[0]]
             return
-        self.kept.write(self.name, data)
+        self.kept.write(name, data)
 
 
 def _keep_plugin_options(kept: Kept) -> None:
@@ -231,17 +222,17 @@ def _keep_plugin_options(kept: Kept) -> None:
         type_name = str(get_plugin_class(self.class_name))
         if type_name not in C.CONFIGURABLE_PLUGINS or C.config.has_configuration_definition(type_name, name):
             return load(self, name, module, path)
-        key = options.key(type_name, name, path, module)
-        if key is None:
+        kept_as = options.name(type_name, name, path, module)
+        if kept_as is None:
             return load(self, name, module, path)
-        found, defs = options.get(key)
+        found, defs = options.get(kept_as)
         if found:
             if defs is not None:  # None: its documentation names no options
                 C.config.initialize_plugin_configuration_definitions(type_name, name, defs)
             return None
         load(self, name, module, path)
         has = C.config.has_configuration_definition(type_name, name)
-        options.put(key, C.config.get_configuration_definitions(type_name, name) if has else None)
+        options.put(kept_as, C.config.get_configuration_definitions(type_name, name) if has else None)
         return None
 
     PluginLoader._load_config_defs = config_defs
