@@ -1,18 +1,22 @@
-"""ansible-playbook as distrun starts it: Ansible's own program, with what it parses of its own
-files at every start kept by their digest.
+"""ansible-playbook as distrun starts it: Ansible's own program, with the work it repeats at every
+start and in every worker kept by digest.
 
 Before its first task, every ansible-playbook parses YAML that ships with Ansible and never
 changes between runs: the routing table of the builtin collection (370 KB, read the first time a
 task or plugin is named by its full name, which ansible-lint asks of every task), the base
 configuration's definitions and the DOCUMENTATION of each plugin it loads (connection, shell,
-become, callback, inventory, cache, lookup, ...: their options). On these machines that is about 0.2 s of
-every run's start, on its critical path. This entry point keeps the results in distrun's private
-state folder (DISTRUN_ANSIBLE_CACHE, made 0700 by the runner) and then runs ansible-playbook's own
-``main``. What is kept is keyed by content: the routing table and the definitions by the digest of
-the bytes parsed, plugin options by the digest of the installed ansible-core's RECORD (the digest
-of each of its files) and of the plugin's DOCUMENTATION. Anything else, or anything unusual (no
-cache folder, one another user could write, a kept file that does not load), is parsed as Ansible
-always does: the cache only ever saves time.
+become, callback, inventory, cache, lookup, ...: their options). Then each worker process (one
+per task and host) compiles every Jinja template it renders, anew. On these machines that is
+about 0.2 s of every run's start and a tenth of a second of each preflight probe, on the run's
+critical path. This entry point keeps the results in distrun's private state folder
+(DISTRUN_ANSIBLE_CACHE, made 0700 by the runner) and then runs ansible-playbook's own ``main``.
+What is kept is keyed by content: the routing table and the definitions by the digest of the
+bytes parsed, plugin options by the digest of the installed ansible-core's RECORD (the digest
+of each of its files) and of the plugin's DOCUMENTATION, a template's code by the digest of its
+source and of the settings Jinja compiles it with (the filters and tests it names are looked up
+again before it is used). Anything else, or anything unusual (no cache folder, one another user
+could write, a kept file that does not load), is done as Ansible always does it: the cache only
+ever saves time.
 """
 
 from __future__ import annotations
@@ -238,6 +242,137 @@ def _keep_plugin_options(kept: Kept) -> None:
     PluginLoader._load_config_defs = config_defs
 
 
+class Templates:
+    """Jinja's compiled code for each template Ansible renders: every worker process compiles every
+    template it renders anew (a task's arguments and the role variables they name, 50 and more for
+    the preflight's probe: most of its templating time). Kept here per template: the key is the
+    digest of the source and of everything Jinja's code generation reads from the environment
+    (its settings, the compile-time backslash escaping, the installed ansible-core and Jinja); the
+    filters and tests the template names are looked up again before the code is used (the code
+    depends on whether each exists and what it is passed), and any difference compiles anew."""
+
+    def __init__(self, kept: Kept, digest: str) -> None:
+        import jinja2
+
+        self.kept = kept
+        self.salt = f"{digest}\0{jinja2.__version__}\0{sys.implementation.cache_tag}"
+
+    def name(self, parts: tuple[Any, ...]) -> str:
+        h = hashlib.sha256(self.salt.encode())
+        for part in parts:
+            h.update(b"\0" + repr(part).encode("utf-8", "surrogateescape"))
+        return f"template-{h.hexdigest()}.marshal"
+
+    def get(self, name: str, current: Callable[[str, str], Any]) -> Any:
+        data = self.kept.read(name)
+        if data is None:
+            return None
+        try:
+            code, uses = marshal.loads(data)
+        except (EOFError, ValueError, TypeError):
+            return None
+        if not isinstance(uses, tuple) or any(current(kind, plugin) != seen for kind, plugin, seen in uses):
+            return None
+        return code
+
+    def put(self, name: str, code: Any, uses: tuple[tuple[str, str, Any], ...]) -> None:
+        try:
+            self.kept.write(name, marshal.dumps((code, uses)))
+        except ValueError:
+            pass
+
+
+def _keep_templates(kept: Kept) -> None:
+    """AnsibleEnvironment.compile, for template sources and for the expressions of conditionals
+    (compile_expression parses those itself, then compiles their tree: kept by their source)."""
+    record = _ansible_record()
+    if record is None:
+        return
+    import contextvars
+
+    from ansible._internal._templating._jinja_bits import (
+        _TEMPLATE_OVERRIDE_FIELD_NAMES,
+        AnsibleEnvironment,
+        _TemplateCompileContext,
+    )
+    from ansible._internal._templating._jinja_common import _TemplateConfig
+    from jinja2 import nodes
+    from jinja2.exceptions import TemplateSyntaxError
+    from jinja2.utils import _PassArg
+
+    templates = Templates(kept, record[1])
+    compile_code = AnsibleEnvironment.compile
+    compile_expression = AnsibleEnvironment.compile_expression
+    expression: contextvars.ContextVar[str | None] = contextvars.ContextVar("distrun_expression", default=None)
+
+    def settings(env: Any) -> tuple[Any, ...] | None:
+        """What Jinja's lexer, parser and code generator read from this environment; None where a
+        setting is not plain data (a callable autoescape, template debugging): not kept."""
+        if env._debuggable_template_source or not isinstance(env.autoescape, bool):
+            return None
+        context = _TemplateCompileContext.current(optional=True)
+        finalize = env.finalize
+        return (type(env).__module__, type(env).__qualname__, env.code_generator_class.__qualname__,
+                tuple(getattr(env, n) for n in _TEMPLATE_OVERRIDE_FIELD_NAMES), env.trim_blocks, env.lstrip_blocks,
+                env.newline_sequence, env.keep_trailing_newline, env.optimized, env.autoescape, env.is_async,
+                env.sandboxed, sorted(getattr(env, "intercepted_binops", ())), sorted(getattr(env, "intercepted_unops", ())),
+                sorted(env.extensions), getattr(finalize, "__qualname__", repr(finalize)), str(_PassArg.from_obj(finalize)),
+                getattr(env.undefined, "__qualname__", repr(env.undefined)), _TemplateConfig.allow_embedded_templates,
+                bool(context and context.escape_backslashes))
+
+    def plugin_of(env: Any) -> Callable[[str, str], Any]:
+        def current(kind: str, plugin: str) -> Any:
+            try:
+                func = (env.filters if kind == "filter" else env.tests).get(plugin)
+            except Exception:  # a plugin that does not load: compiled as always, which says so
+                return ("error",)
+            return None if func is None else str(_PassArg.from_obj(func))
+        return current
+
+    def uses_of(tree: Any, current: Callable[[str, str], Any]) -> tuple[tuple[str, str, Any], ...]:
+        found = {("filter", n.name) for n in tree.find_all(nodes.Filter)} | {("test", n.name) for n in tree.find_all(nodes.Test)}
+        return tuple((kind, plugin, current(kind, plugin)) for kind, plugin in sorted(found))
+
+    def kept_compile(self: Any, source: Any, name: str | None = None, filename: str | None = None,
+                     raw: bool = False, defer_init: bool = False) -> Any:
+        text = source
+        if isinstance(source, nodes.Template):  # compile_expression's tree: kept by its source, used once
+            text = expression.get()
+            expression.set(None)
+        elif not isinstance(source, str):
+            text = None
+        env = None if raw or text is None else settings(self)
+        if env is None:
+            return compile_code(self, source, name, filename, raw, defer_init)
+        kind = "template" if isinstance(source, str) else "expression"
+        kept_as = templates.name((kind, text, name, filename, defer_init, env))
+        current = plugin_of(self)
+        code = templates.get(kept_as, current)
+        if code is not None:
+            return code
+        tree = source
+        if isinstance(source, str):
+            try:
+                tree = self._parse(source, name, filename)
+            except TemplateSyntaxError:
+                return compile_code(self, source, name, filename, raw, defer_init)  # Jinja's own error
+        code = compile_code(self, tree, name, filename, raw, defer_init)
+        uses = uses_of(tree, current)
+        if all(seen != ("error",) for _kind, _plugin, seen in uses):
+            templates.put(kept_as, code, uses)
+        return code
+
+    def kept_expression(self: Any, source: str, *args: Any, **kwargs: Any) -> Any:
+        token = expression.set(source if isinstance(source, str) and not args[1:] and not kwargs else None)
+        try:
+            return compile_expression(self, source, *args, **kwargs)
+        finally:
+            expression.reset(token)
+
+    AnsibleEnvironment.compile = kept_compile
+    AnsibleEnvironment.compile_expression = kept_expression
+
+
 def keep_parses() -> bool:
     """Import ansible.cli with its start-up parses kept where DISTRUN_ANSIBLE_CACHE names a
     private folder; False where nothing is kept. The base definitions are read while ansible.cli
@@ -254,10 +389,11 @@ def keep_parses() -> bool:
 
     if kept is None:
         return False
-    try:
-        _keep_plugin_options(kept)
-    except (ImportError, AttributeError):
-        pass
+    for keep in (_keep_plugin_options, _keep_templates):
+        try:
+            keep(kept)
+        except (ImportError, AttributeError):
+            pass
     return True
 
 

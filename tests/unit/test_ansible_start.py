@@ -132,7 +132,34 @@ PLAYBOOK = """
     - name: Say it
       ansible.builtin.debug:
         msg: "{{ routed.stdout }}"
+    - name: Templates of every kind, rendered from kept code the second time
+      ansible.builtin.debug:
+        msg: >-
+          {%- set names = ['node_a', 'node_b'] -%}
+          {{ names | map('upper') | select('match', '^NODE') | list }}
+          {{ 'c:\\new' }} {{ 'x_name' | regex_replace('^(.*)_name$', '\\1') }}
+          {{ {'b': 2, 'a': 1} | dict2items | map(attribute='key') | sort | join(',') }}
+          {{ (range(3) | sum) is divisibleby 3 }} {{ [1, 2] | twice }} {{ lookup('ansible.builtin.env', 'HOME') | length > 0 }}
+          {{ undefined_thing | default('fallback') }} {{ 'x' if names is sequence else 'y' }}
+    - name: A conditional, compiled as an expression
+      ansible.builtin.debug:
+        msg: "when holds"
+      when: (['a'] | twice | length) == 2 and 'a' is string
 """
+
+# A filter plugin of the playbook's: plain the first time, then given its context (Jinja's code
+# passes it one argument more): code kept for the first must not be used for the second.
+FILTER = """
+from jinja2 import pass_context
+
+
+class FilterModule:
+    def filters(self):
+        return {"twice": twice}
+
+"""
+PLAIN = FILTER + "def twice(value):\n    return list(value) * 2\n"
+WITH_CONTEXT = FILTER + "@pass_context\ndef twice(context, value):\n    return list(value) * 2\n"
 
 
 def _play(tmp_path: Path, cache: str | None) -> str:
@@ -142,6 +169,9 @@ def _play(tmp_path: Path, cache: str | None) -> str:
         env[CACHE_ENV] = cache
     book = tmp_path / "play.yml"
     book.write_text(PLAYBOOK)
+    if not (tmp_path / "filter_plugins").exists():
+        (tmp_path / "filter_plugins").mkdir()
+        (tmp_path / "filter_plugins" / "twice.py").write_text(PLAIN)
     out = subprocess.run([PROGRAM, str(book)], capture_output=True, text=True, timeout=120, check=False, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     return "\n".join(line for line in out.stdout.splitlines() if '"msg"' in line)
@@ -151,10 +181,20 @@ def test_a_playbook_runs_alike_with_nothing_kept_an_empty_cache_and_a_full_one(t
     cache = _private(tmp_path / "kept")
     plain = _play(tmp_path, None)
     assert "remote_tmp=~/.ansible/tmp" in plain and "timeout=" in plain and "routed" in plain
+    assert "['NODE_A', 'NODE_B']" in plain and "c:\\\\new x" in plain and "a,b True [1, 2, 1, 2] True" in plain
+    assert "fallback x" in plain and "when holds" in plain
     assert _play(tmp_path, str(cache)) == plain
-    assert len(list(cache.iterdir())) >= 3
+    assert len([p for p in cache.iterdir() if p.name.startswith("template-")]) >= 4
     assert _play(tmp_path, str(cache)) == plain
     assert _play(tmp_path, "") == plain  # an empty DISTRUN_ANSIBLE_CACHE keeps nothing
+
+
+def test_kept_code_is_not_used_when_a_filter_it_names_changed(tmp_path):
+    cache = _private(tmp_path / "kept")
+    plain = _play(tmp_path, str(cache))
+    (tmp_path / "filter_plugins" / "twice.py").write_text(WITH_CONTEXT)
+    assert _play(tmp_path, str(cache)) == plain  # compiled anew: the filter now takes its context
+    assert _play(tmp_path, None) == plain
 
 
 def test_runs_start_ansible_playbook_through_it_with_a_private_cache(tmp_path, monkeypatch):
