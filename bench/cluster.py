@@ -217,10 +217,10 @@ class Bench:
             out["  run.yml outside its steps (ansible-runner, ansible-playbook start-up)"] = round(run_yml - inside, 2)
         return out
 
-    def distrun_train(self, script: Path, extra_args: tuple[str, ...] = ()) -> dict:
+    def distrun_train(self, script: Path, extra_args: tuple[str, ...] = (), extra_env: dict | None = None) -> dict:
         t0 = time.time()
         proc, wall = run([DISTRUN, "train", "--inventory", str(self.hosts), "--script", str(script), *extra_args],
-                         env=self.env(), timeout=600)
+                         env=self.env(extra_env), timeout=600)
         t1 = time.time()
         m = RUN_ID.search(proc.stdout)
         row = {"wall_s": round(wall, 2), "rc": proc.returncode, "run_id": m[1] if m else None}
@@ -232,7 +232,8 @@ class Bench:
             row["cidr"] = plan.get("cidr")
         if proc.returncode != 0:
             row["error"] = (proc.stdout[-1500:] + proc.stderr[-800:]).strip()
-        say(f"distrun train --script {script.name} {' '.join(extra_args):<17} {wall:6.2f} s rc={proc.returncode}")
+        also = " ".join(f"{k}={v!r}" for k, v in (extra_env or {}).items())
+        say(f"distrun train --script {script.name} {' '.join(extra_args):<17} {wall:6.2f} s rc={proc.returncode} {also}")
         return row
 
     def by_hand(self, cluster: podcluster.Cluster, remote_dir: str) -> dict:
@@ -415,14 +416,16 @@ class Bench:
             return {"cold": cold}
         # Five of each, interleaved: one run on this machine varies by a few tenths of a second.
         reps = 1 if self.quick else 5
-        warm, hand = [], []
+        warm, hand, unkept = [], [], []
         for _ in range(reps):
             hand.append(self.by_hand(cluster, cold["remote_run_dir"]))
             warm.append(self.distrun_train(script))
+            # The same run with nothing of Ansible's start-up and templates kept (distrun.ansible_start).
+            unkept.append(self.distrun_train(script, extra_env={"DISTRUN_ANSIBLE_CACHE": ""}))
         skip = None if self.quick else self.distrun_train(script, ("--skip-preflight",))
         ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
         ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]
-        return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm,
+        return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm, "unkept": unkept,
                 "ansible_floor": self.ansible_floor(1 if self.quick else 3),
                 "hand": hand, "skip_preflight": skip, "distrun_median_s": median(ok_w),
                 "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}

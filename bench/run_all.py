@@ -162,6 +162,10 @@ def render_launch(c: dict) -> list[str]:
     if mp:
         out.append(f"| of which mpirun itself (timed on the head) | {len(mp)} | {', '.join(f(x, 2) for x in mp)} | {f(sorted(mp)[len(mp) // 2], 2)} |")
     out.append(f"| `distrun train --script` | {len(dw)} | {', '.join(f(x, 2) for x in dw)} | {f(L['distrun_median_s'], 2)} |")
+    uk = [r["wall_s"] for r in L.get("unkept") or [] if r["rc"] == 0]
+    if uk:
+        out.append(f"| `distrun train --script` with `DISTRUN_ANSIBLE_CACHE=` (nothing of Ansible's start-up and templates kept) "
+                   f"| {len(uk)} | {', '.join(f(x, 2) for x in uk)} | {f(median(uk), 2)} |")
     out.append(f"| `distrun train --script`, first run on fresh nodes | 1 | {f(L['cold']['wall_s'], 2)} | |")
     sk = L.get("skip_preflight") or {}
     if sk.get("wall_s") is None:

@@ -350,13 +350,17 @@ def _keep_templates(kept: Kept) -> None:
         code = templates.get(kept_as, current)
         if code is not None:
             return code
-        tree = source
         if isinstance(source, str):
             try:
                 tree = self._parse(source, name, filename)
+                code = compile_code(self, tree, name, filename, raw, defer_init)
             except TemplateSyntaxError:
-                return compile_code(self, source, name, filename, raw, defer_init)  # Jinja's own error
-        code = compile_code(self, tree, name, filename, raw, defer_init)
+                tree = None
+            if tree is None:  # Jinja's own error, told with the template's source (and not chained to ours)
+                return compile_code(self, source, name, filename, raw, defer_init)
+        else:
+            tree = source
+            code = compile_code(self, tree, name, filename, raw, defer_init)
         uses = uses_of(tree, current)
         if all(seen != ("error",) for _kind, _plugin, seen in uses):
             templates.put(kept_as, code, uses)

@@ -214,3 +214,32 @@ def test_the_routing_is_kept_under_the_digest_of_its_bytes(tmp_path):
 
     table = Path(ansible.__file__).parent / "config" / "ansible_builtin_runtime.yml"
     assert (cache / f"routing-{hashlib.sha256(table.read_bytes()).hexdigest()}.marshal").is_file()
+
+
+BROKEN = """
+- name: A template Jinja cannot compile
+  hosts: localhost
+  gather_facts: false
+  connection: local
+  tasks:
+    - name: Name a filter nobody has
+      ansible.builtin.debug:
+        msg: "{{ [1] | no_such_filter }}"
+"""
+
+
+def test_a_template_that_does_not_compile_fails_alike_and_is_not_kept(tmp_path):
+    cache = _private(tmp_path / "kept")
+    book = tmp_path / "broken.yml"
+    book.write_text(BROKEN)
+    said = []
+    for where in (None, str(cache), str(cache)):
+        env = {k: v for k, v in os.environ.items() if k != CACHE_ENV}
+        env.update({"ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False"})
+        if where is not None:
+            env[CACHE_ENV] = where
+        out = subprocess.run([PROGRAM, str(book)], capture_output=True, text=True, timeout=120, check=False, env=env, cwd=tmp_path)
+        assert out.returncode == 2
+        said.append([line for line in (out.stdout + out.stderr).splitlines() if "no_such_filter" in line])
+    assert said[0] and said[1] == said[0] and said[2] == said[0]
+    assert not [p for p in cache.iterdir() if p.name.startswith("template-")]
