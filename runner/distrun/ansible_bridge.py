@@ -128,8 +128,9 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_TIMEOUT": os.environ.get("ANSIBLE_TIMEOUT", "10"),
         # The folder distrun's own ssh sessions look for Ansible's master connections in.
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(paths.ssh_control_dir()),
-        # What ansible-playbook parses of Ansible's own files at every start, kept by digest
-        # (distrun.ansible_start); an empty DISTRUN_ANSIBLE_CACHE keeps nothing.
+        # What ansible-playbook repeats at every start and in every worker (parsing Ansible's own
+        # YAML, compiling templates), kept by digest (distrun.ansible_start); an empty
+        # DISTRUN_ANSIBLE_CACHE keeps nothing.
         CACHE_ENV: os.environ[CACHE_ENV] if CACHE_ENV in os.environ else str(paths.ansible_cache_dir()),
     }
 

@@ -67,7 +67,8 @@ def ssh_control_dir() -> Path:
 
 
 def ansible_cache_dir() -> Path:
-    """What ansible-playbook parses of Ansible's own files, kept by digest (distrun.ansible_start)."""
+    """What ansible-playbook parses of Ansible's own files and the templates it compiles, kept by
+    digest (distrun.ansible_start)."""
     path = state_dir() / "ansible"
     _private_dir(path, f"the folder {path}", "remove or rename what is there")
     return path
