@@ -208,12 +208,9 @@ class PluginOptions:
         self.kept.write(name, data)
 
 
-def _keep_plugin_options(kept: Kept) -> None:
+def _keep_plugin_options(kept: Kept, record: tuple[str, str]) -> None:
     """A plugin's options are read from its DOCUMENTATION once per process, when the plugin is
     first loaded (PluginLoader._load_config_defs): kept here per plugin."""
-    record = _ansible_record()
-    if record is None:
-        return
     from ansible import constants as C
     from ansible.plugins.loader import PluginLoader, get_plugin_class
 
@@ -282,12 +279,9 @@ class Templates:
             pass
 
 
-def _keep_templates(kept: Kept) -> None:
+def _keep_templates(kept: Kept, record: tuple[str, str]) -> None:
     """AnsibleEnvironment.compile, for template sources and for the expressions of conditionals
     (compile_expression parses those itself, then compiles their tree: kept by their source)."""
-    record = _ansible_record()
-    if record is None:
-        return
     import contextvars
 
     from ansible._internal._templating._jinja_bits import (
@@ -393,11 +387,13 @@ def keep_parses() -> bool:
 
     if kept is None:
         return False
-    for keep in (_keep_plugin_options, _keep_templates):
-        try:
-            keep(kept)
-        except (ImportError, AttributeError):
-            pass
+    record = _ansible_record()  # both keys below start from the installed ansible-core's digest
+    if record is not None:
+        for keep in (_keep_plugin_options, _keep_templates):
+            try:
+                keep(kept, record)
+            except (ImportError, AttributeError):
+                pass
     return True
 
 
