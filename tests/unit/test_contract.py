@@ -62,3 +62,11 @@ def test_the_distro_mpi_prefix_comes_from_role_mpi_env():
     assert contract.distro_mpi_prefix("Debian") == "/usr"
     assert contract.distro_mpi_prefix("RedHat") == "/usr/lib64/openmpi"
     assert contract.distro_mpi_prefix("Gentoo") == "/usr"  # an OS the role does not know: Debian's
+
+
+def test_the_runner_reads_the_files_as_yamls_safe_loader_does():
+    # The runner reads them with libyaml where PyYAML has it: every value must be the same.
+    for relative in ("roles/distrun/defaults/main.yml", "roles/distrun/meta/argument_specs.yml",
+                     *(f"roles/mpi_env/vars/{p.name}" for p in sorted((REPO / "roles" / "mpi_env" / "vars").glob("*.yml")))):
+        expected = yaml.safe_load((REPO / relative).read_text())
+        assert contract._load(relative) == expected, relative
