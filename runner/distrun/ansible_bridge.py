@@ -7,14 +7,17 @@ the directory is readable by its owner only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import struct
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
-from .ansible_start import CACHE_ENV
+from .ansible_start import ARGS_FROM, CACHE_ENV, unix_address
 
 STEP_FACT = "distrun_step"
 
@@ -187,16 +190,20 @@ def _seed_facts(run_cache: Path, inventory: Path) -> None:
     _copy_facts(paths.fact_cache_dir(inventory), run_cache)
 
 
-def _scrub_command(path: Path) -> None:
+def _scrub_command(path: Path, late: list[str] | None = None) -> None:
     """ansible-runner stores the whole environment of this process in artifacts/*/command;
     keep only what distrun set for Ansible (the controller's tokens and keys are no record's
-    business)."""
+    business). ``late``: the arguments an early playbook took from its socket, recorded in its
+    command line in place of the socket's."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if isinstance(data, dict) and isinstance(data.get("env"), dict):
         data["env"] = {k: v for k, v in data["env"].items() if k.startswith(("ANSIBLE_", "AWX_")) or k in ("PATH", CACHE_ENV)}
+        command = data.get("command")
+        if late is not None and isinstance(command, list) and command[1:2] == [ARGS_FROM]:
+            data["command"] = [command[0], *command[3:], *late]
         tmp = path.with_name(".command.tmp")
         tmp.write_text(json.dumps(data))
         tmp.chmod(0o600)
@@ -269,6 +276,73 @@ class EventReader:
         return True
 
 
+def _late_args(limit: str | None, extravars: Mapping[str, Any] | None, tags: str | None,
+               skip_tags: str | None) -> list[str]:
+    """The arguments ansible-runner would add for these (in its order and form)."""
+    args: list[str] = []
+    if limit is not None:
+        args += ["--limit", limit]
+    if extravars:
+        args += ["-e", json.dumps(dict(extravars))]
+    if tags:
+        args += ["--tags", tags]
+    if skip_tags:
+        args += ["--skip-tags", skip_tags]
+    return args
+
+
+def _runner_kwargs(playbook: str, inventory: Path, run_dir: Path, ident: str, events: EventReader) -> dict[str, Any]:
+    """What every playbook's ansible-runner call shares: the run's private data directory (0700),
+    distrun's project, environment and entry point, quiet, no env files."""
+    project = paths.project_dir()
+    private = run_dir / "ansible"
+    private.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private.chmod(0o700)
+    envvars = ansible_env()
+    plugin = inventory_plugins(inventory)
+    if plugin and "ANSIBLE_INVENTORY_ENABLED" not in os.environ:
+        envvars["ANSIBLE_INVENTORY_ENABLED"] = plugin
+    return {"private_data_dir": str(private), "project_dir": str(project), "playbook": str(project / playbook),
+            "inventory": str(inventory), "envvars": envvars, "ident": ident, "event_handler": events,
+            "binary": playbook_program(), "quiet": True, "suppress_env_files": True}
+
+
+def _result(playbook: str, runner: Any, events: EventReader, inventory: Path, late: list[str] | None = None) -> PlaybookResult:
+    artifact_dir = Path(runner.config.artifact_dir)
+    _scrub_command(artifact_dir / "command", late)
+    _keep_facts(artifact_dir / "fact_cache", inventory)
+    return PlaybookResult(
+        playbook=playbook,
+        rc=int(runner.rc if runner.rc is not None else 1),
+        status=str(runner.status),
+        hosts=events.hosts,
+        artifact_dir=artifact_dir,
+    )
+
+
+class _FlagSignals:
+    """While a playbook runs, SIGINT and SIGTERM only set a flag that stops it (what ansible-runner
+    installs for its own runs); the handlers before are restored after. Nothing in another thread."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> _FlagSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.saved[signum] = signal.signal(signum, self._flag)
+        return self
+
+    def _flag(self, signum: int, frame: Any) -> None:
+        self.raised = True
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self.saved.items():
+            if previous is not None:
+                signal.signal(signum, previous)
+
+
 def run_playbook(
     playbook: str,
     inventory: Path,
@@ -287,57 +361,133 @@ def run_playbook(
     inventory's cache holds (gathered by setup, 'distrun check' or a first run) without gathering."""
     import ansible_runner  # imported late: it is slow, and --help should stay fast
 
-    project = paths.project_dir()
-    playbook_path = project / playbook
-    private = run_dir / "ansible"
-    private.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private.chmod(0o700)
+    ident = ident or uuid.uuid4().hex
     events = EventReader(on_event)
+    kwargs = _runner_kwargs(playbook, inventory, run_dir, ident, events)
     if cached_facts:
-        ident = ident or uuid.uuid4().hex
-        _seed_facts(private / "artifacts" / ident / "fact_cache", inventory)
-    envvars = ansible_env()
-    plugin = inventory_plugins(inventory)
-    if plugin and "ANSIBLE_INVENTORY_ENABLED" not in os.environ:
-        envvars["ANSIBLE_INVENTORY_ENABLED"] = plugin
+        _seed_facts(Path(kwargs["private_data_dir"]) / "artifacts" / ident / "fact_cache", inventory)
     cmdline: list[str] = []
     if check:
         cmdline.append("--check")
-    program = playbook_program()
-    if program is not None:  # ansible-runner names the playbook to ansible-playbook only
-        cmdline.append(shlex.quote(str(playbook_path)))
+    if kwargs["binary"] is not None:  # ansible-runner names the playbook to ansible-playbook only
+        cmdline.append(shlex.quote(kwargs["playbook"]))
     # ansible-runner installs its own SIGINT/SIGTERM handlers (they only set a flag) and leaves
     # them in place: without restoring ours, Ctrl-C while a job is followed would do nothing.
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    runner = ansible_runner.run(
-        private_data_dir=str(private),
-        project_dir=str(project),
-        playbook=str(playbook_path),
-        inventory=str(inventory),
-        extravars=dict(extravars or {}),
-        envvars=envvars,
-        limit=limit,
-        tags=tags,
-        skip_tags=skip_tags,
-        cmdline=" ".join(cmdline) or None,
-        ident=ident,
-        event_handler=events,
-        binary=program,
-        quiet=True,
-        suppress_env_files=True,
-    )
-    for signum, previous in saved.items():
-        if previous is not None:
-            signal.signal(signum, previous)
-    artifact_dir = Path(runner.config.artifact_dir)
-    _scrub_command(artifact_dir / "command")
-    _keep_facts(artifact_dir / "fact_cache", inventory)
-    return PlaybookResult(
-        playbook=playbook,
-        rc=int(runner.rc if runner.rc is not None else 1),
-        status=str(runner.status),
-        hosts=events.hosts,
-        artifact_dir=artifact_dir,
-    )
+    with _FlagSignals():
+        runner = ansible_runner.run(**kwargs, extravars=dict(extravars or {}), limit=limit, tags=tags,
+                                    skip_tags=skip_tags, cmdline=" ".join(cmdline) or None)
+    return _result(playbook, runner, events, inventory)
+
+
+# How long an early playbook's program may take to ask for its arguments (it imports Ansible first,
+# a third of a second here) before the playbook is run the usual way instead.
+EARLY_WAIT_S = 60
+
+
+class EarlyPlaybook:
+    """A playbook's ansible-playbook started before the runner knows its arguments: it imports
+    Ansible (a third of a second) while the runner plans the run, then waits for them on a Unix
+    socket in the run's private folder (distrun.ansible_start, ARGS_FROM). ``run`` hands them over
+    and follows the playbook as run_playbook would; ``cancel`` closes the socket, and the program
+    ends without running anything. Only where distrun's entry point is installed."""
+
+    def __init__(self, playbook: str, inventory: Path, run_dir: Path, runner: Any, thread: threading.Thread,
+                 events: EventReader, sock: Any, where: Path, flag: list[bool]) -> None:
+        self.playbook, self.inventory, self.run_dir = playbook, inventory, run_dir
+        self.runner, self.thread, self.events = runner, thread, events
+        self.sock, self.where, self.flag = sock, where, flag
+        self.done = False
+
+    @classmethod
+    def start(cls, playbook: str, inventory: Path, run_dir: Path) -> EarlyPlaybook | None:
+        """Start it, or None where it cannot be (no entry point, no socket)."""
+        import socket
+
+        import ansible_runner
+
+        if playbook_program() is None:
+            return None
+        ident = uuid.uuid4().hex
+        events = EventReader(None)
+        kwargs = _runner_kwargs(playbook, inventory, run_dir, ident, events)
+        where = Path(kwargs["private_data_dir"]) / f"args-{ident[:12]}.sock"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            address, fd = unix_address(str(where))
+            try:
+                sock.bind(address)
+            finally:
+                os.close(fd)
+            where.chmod(0o600)
+            sock.listen(1)
+        except OSError:
+            sock.close()
+            return None
+        flag = [False]  # set: ansible-runner stops the process (its cancel callback)
+        cmdline = f"{ARGS_FROM} {shlex.quote(str(where))} {shlex.quote(kwargs['playbook'])}"
+        thread, runner = ansible_runner.run_async(**kwargs, cmdline=cmdline, cancel_callback=lambda: flag[0])
+        return cls(playbook, inventory, run_dir, runner, thread, events, sock, where, flag)
+
+    def run(self, *, extravars: Mapping[str, Any] | None = None, on_event: Callable[[PlaybookEvent], None] | None = None,
+            limit: str | None = None, tags: str | None = None, skip_tags: str | None = None,
+            cached_facts: bool = False) -> PlaybookResult | None:
+        """Give the playbook its arguments and follow it to its end, as run_playbook would. None
+        when the program ended, or did not ask for them within EARLY_WAIT_S (it is stopped): nothing
+        ran, the playbook is to be run the usual way. SIGINT and SIGTERM meanwhile stop it, as they
+        stop any playbook: the result says 'canceled'."""
+        import socket
+
+        assert not self.done, "an early playbook runs once"
+        self.done = True
+        ident = str(self.runner.config.ident)
+        if cached_facts:
+            _seed_facts(Path(self.runner.config.artifact_dir) / "fact_cache", self.inventory)
+        self.events.on_event = on_event
+        late = _late_args(limit, extravars, tags, skip_tags)
+        with _FlagSignals() as signals:
+            conn = None
+            self.sock.settimeout(0.1)
+            deadline = time.monotonic() + EARLY_WAIT_S
+            while conn is None and self.thread.is_alive() and not signals.raised and time.monotonic() < deadline:
+                try:
+                    conn, _ = self.sock.accept()
+                except TimeoutError:
+                    continue
+                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+                if uid != os.getuid():
+                    conn.close()
+                    conn = None
+            self._close()
+            if conn is not None:
+                with conn:
+                    conn.settimeout(None)
+                    conn.sendall(json.dumps({"args": late}).encode())
+            else:
+                self.flag[0] = True
+            while self.thread.is_alive():
+                self.thread.join(0.2)
+                if signals.raised:
+                    self.flag[0] = True
+        if conn is None and not signals.raised:
+            self._discard(ident)
+            return None
+        return _result(self.playbook, self.runner, self.events, self.inventory, late if conn is not None else None)
+
+    def cancel(self) -> None:
+        """Stop the program before it runs anything (a no-op once run): it is told nothing, and
+        ansible-runner's record of it is removed."""
+        if self.done:
+            return
+        self.done = True
+        self._close()
+        self.flag[0] = True
+        self.thread.join(10)
+        self._discard(str(self.runner.config.ident))
+
+    def _close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            self.where.unlink()
+
+    def _discard(self, ident: str) -> None:
+        shutil.rmtree(Path(self.runner.config.private_data_dir) / "artifacts" / ident, ignore_errors=True)

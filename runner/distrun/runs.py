@@ -163,11 +163,12 @@ def new_run_id(verb: str) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{verb}-{secrets.token_hex(2)}"
 
 
-def new_run(verb: str, inventory: Path, run_id: str | None = None) -> Run:
-    """A new record, followed by this process."""
+def new_run(verb: str, inventory: Path, run_id: str | None = None, made: bool = False) -> Run:
+    """A new record, followed by this process. ``made``: this process made its folder already
+    (0700), for what it started before the record."""
     run_id = run_id or new_run_id(verb)
     directory = paths.runs_dir() / run_id
-    directory.mkdir(mode=0o700)
+    directory.mkdir(mode=0o700, exist_ok=made)
     run = Run(directory, RunMeta(run_id=run_id, verb=verb, inventory=str(inventory), started=time.time(),
                                  controller=controller.identity()))
     run.save()

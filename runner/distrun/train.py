@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import sshmesh
-from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
+from . import paths, sshmesh
+from .ansible_bridge import EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
@@ -53,8 +53,9 @@ class _Run:
     what the attempts so far did (the plan, the hosts used and lost, restarts)."""
 
     def __init__(self, request: JobRequest, listener: Listener, phases: Phases, cluster: Cluster,
-                 claim: Pending | None = None) -> None:
+                 claim: Pending | None = None, early: EarlyPlaybook | None = None) -> None:
         self.request = request
+        self.early = early  # run.yml's ansible-playbook, started before the run was planned
         self.claim = claim  # None: nothing claimed (a partition alone)
         self.listener = listener
         self.phases = phases
@@ -87,8 +88,15 @@ class _Run:
                 if also is not None:
                     also(event)
 
-            result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
-                                  on_event=both, limit=limit, cached_facts=cached_facts, skip_tags=skip_tags)
+            early, self.early = self.early, None
+            if early is not None and early.playbook != playbook:
+                early.cancel()  # another playbook comes first (the first run's facts): started anew after it
+                early = None
+            result = early.run(extravars=extravars, on_event=both, limit=limit, cached_facts=cached_facts,
+                               skip_tags=skip_tags) if early is not None else None
+            if result is None:
+                result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
+                                      on_event=both, limit=limit, cached_facts=cached_facts, skip_tags=skip_tags)
         # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight).
         if not result.ok and not (result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
@@ -207,6 +215,12 @@ class _Run:
             break
         return 5
 
+    def cancel_early(self) -> None:
+        """The early ansible-playbook, where no playbook took it: stopped, having run nothing."""
+        if self.early is not None:
+            self.early.cancel()
+            self.early = None
+
     def detach(self) -> bool:
         """--detach: wait until every rank started, then let the run go on by itself. False when
         it ended before that (it is then followed to its end here, like any run)."""
@@ -306,6 +320,7 @@ class _Run:
             interrupted = True
             listener.interrupted()
         finally:
+            self.cancel_early()
             if self.plan is not None and not self.left_running and (self.launched or interrupted):
                 if interrupted or rc is None or rc != 0:
                     # A lost node is left out: Ansible would wait its connect timeout for it, and its
@@ -364,22 +379,33 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
     """Run a training job to its end (or, with request.detach, until every rank started);
     distrun's exit code."""
     t0 = time.monotonic()
-    cluster = load(request)  # a bad inventory leaves no record
-    launcher_named(request.launcher).require_ready(cluster)
-    collect_limits()  # a bad limit is refused before anything starts
     run_id = new_run_id("train")
-    hosts = claim_hosts(request, cluster, run_id)  # a plan error leaves no record either
+    early = start_early(request, run_id)
+    try:
+        cluster = load(request)  # a bad inventory leaves no record
+        launcher_named(request.launcher).require_ready(cluster)
+        collect_limits()  # a bad limit is refused before anything starts
+        hosts = claim_hosts(request, cluster, run_id)  # a plan error leaves no record either
+    except BaseException:
+        if early is not None:
+            early.cancel()
+            shutil.rmtree(paths.runs_dir() / run_id, ignore_errors=True)
+        raise
     # Claimed while ansible-playbook starts; run.yml stages nothing before the answer (its gate).
     claim = Pending(cluster, hosts, run_id, allow=request.allow_concurrent)
+    steps: _Run | None = None
     try:
-        phases = Phases(new_run("train", request.inventory, run_id), t0)
+        phases = Phases(new_run("train", request.inventory, run_id, made=early is not None), t0)
         claim.gate(phases.run.dir / CLAIM_GATE)
         phases.run.meta.max_restarts = request.max_restarts
         phases.run.meta.collected = False
         phases.run.save()
         try:
-            return _Run(request, listener or Listener(), phases, cluster, claim).execute()
+            steps, early = _Run(request, listener or Listener(), phases, cluster, claim, early), None
+            return steps.execute()
         except UserError as exc:
+            if steps is not None:
+                steps.cancel_early()  # before its record may be removed
             if claim.refused:  # busy hosts leave no record: nothing ran, nothing was staged
                 shutil.rmtree(phases.run.dir, ignore_errors=True)
                 raise UserError(f"{exc} (run {run_id} did not start)", exit_code=exc.exit_code) from None
@@ -394,7 +420,29 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
             if phases.run.dir.is_dir():
                 phases.save()
     finally:
+        for left in (early, steps.early if steps is not None else None):
+            if left is not None:
+                left.cancel()
         claim.release()
+
+
+def start_early(request: JobRequest, run_id: str) -> EarlyPlaybook | None:
+    """run.yml's ansible-playbook, started first, in the run's record: it imports Ansible (a third
+    of a second) while the inventory is read and the run planned, then waits for its arguments
+    (EarlyPlaybook). Not where the workdir is synced and prepared before run.yml (that takes as
+    long as the project's prepare step). None where it is not started; anything unusual is left
+    to the playbook's usual start."""
+    if request.workdir:
+        return None
+    run_dir = paths.runs_dir() / run_id
+    run_dir.mkdir(mode=0o700)
+    try:
+        early = EarlyPlaybook.start("playbooks/run.yml", request.inventory, run_dir)
+    except Exception:  # noqa: BLE001 - the usual start says what is wrong, where it matters
+        early = None
+    if early is None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return early
 
 
 def run_partition_only(request: JobRequest, listener: Listener | None = None) -> int:

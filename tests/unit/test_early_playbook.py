@@ -1,0 +1,144 @@
+"""run.yml's ansible-playbook is started before the run is planned (ansible_bridge.EarlyPlaybook):
+given its arguments, it runs exactly what the usual start runs; without them, it runs nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from distrun import ansible_bridge, train
+from distrun.ansible_bridge import EarlyPlaybook, run_playbook
+from distrun.ansible_start import ARGS_FROM, NO_ARGUMENTS, unix_address
+from distrun.errors import UserError
+from distrun.planning import JobRequest
+
+PROGRAM = Path(sys.executable).parent / "distrun-ansible-playbook"
+pytestmark = pytest.mark.skipif(not os.access(PROGRAM, os.X_OK), reason=f"{PROGRAM} is not installed (pip install -e .)")
+
+PLAY = """\
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: Publish what the run said
+      ansible.builtin.set_fact:
+        said: "{{ word | default('nothing') }}"
+        in_play: "{{ ansible_play_hosts | join(',') }}"
+    - name: Leave a mark
+      ansible.builtin.copy:
+        content: "{{ word | default('nothing') }}"
+        dest: "{{ marks }}/{{ inventory_hostname }}"
+    - name: A step the run skips by its tag
+      ansible.builtin.fail:
+        msg: not skipped
+      tags: [skipped_in_runs]
+"""
+
+
+@pytest.fixture
+def play(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(PROGRAM.parent) + os.pathsep + os.environ["PATH"])
+    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "marks").mkdir()
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "marks": str(tmp_path / "marks")}
+    (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"a": local, "b": local}}}))
+    return tmp_path
+
+
+def _run_args(where: Path) -> dict:
+    return {"extravars": {"word": "hello"}, "limit": "a", "skip_tags": "skipped_in_runs"}
+
+
+def test_given_its_arguments_it_runs_what_the_usual_start_runs(play):
+    usual = run_playbook(str(play / "play.yml"), play / "hosts.yml", play / "usual", **_run_args(play))
+    (play / "marks" / "a").unlink()
+    early = EarlyPlaybook.start(str(play / "play.yml"), play / "hosts.yml", play / "early")
+    assert early is not None
+    seen: list[str] = []
+    result = early.run(**_run_args(play), on_event=lambda e: seen.append(e.kind))
+    assert result is not None
+    assert result.ok and usual.ok, [h.last_error for h in result.failures()]
+    # The same play: only the limited host, the extra vars, the tagged step skipped.
+    assert set(result.hosts) == set(usual.hosts) == {"a"}
+    assert result.fact("said") == usual.fact("said") == "hello" and result.fact("in_play") == "a"
+    assert (play / "marks" / "a").read_text() == "hello" and not (play / "marks" / "b").exists()
+    assert "ok" in seen and "stats" in seen  # its events reached the caller
+    # The record says the command it ran, not the socket it waited on; no socket is left.
+    command = json.loads((result.artifact_dir / "command").read_text())["command"]
+    assert ARGS_FROM not in command and command[command.index("--limit") + 1] == "a"
+    assert command[command.index("-e") + 1] == json.dumps({"word": "hello"})
+    assert not list((play / "early" / "ansible").glob("*.sock"))
+
+
+@pytest.mark.parametrize("when", ["at once", "while it waits"])
+def test_cancelled_it_runs_nothing_and_leaves_no_record(play, when):
+    early = EarlyPlaybook.start(str(play / "play.yml"), play / "hosts.yml", play / "early")
+    assert early is not None
+    if when == "while it waits":  # Ansible imported, the program asked for its arguments
+        assert select.select([early.sock], [], [], 60)[0], "the program never asked for its arguments"
+    early.cancel()
+    assert not early.thread.is_alive()
+    assert not list((play / "marks").iterdir())  # not a task ran
+    assert not (play / "early" / "ansible" / "artifacts" / str(early.runner.config.ident)).exists()
+    assert not list((play / "early" / "ansible").glob("*.sock"))
+    early.cancel()  # twice: nothing more
+
+
+def test_a_program_that_ends_before_asking_leaves_the_playbook_to_the_usual_start(play, monkeypatch, tmp_path):
+    broken = tmp_path / "ends-at-once"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(ansible_bridge, "playbook_program", lambda: str(broken))
+    early = EarlyPlaybook.start(str(play / "play.yml"), play / "hosts.yml", play / "early")
+    assert early is not None
+    assert early.run(**_run_args(play)) is None
+    assert not (play / "early" / "ansible" / "artifacts" / str(early.runner.config.ident)).exists()
+
+
+@pytest.mark.parametrize("answer", [b"", b"{}", b'{"args": "--limit a"}', b'{"args": [1]}', b"not json"])
+def test_without_a_well_formed_answer_the_program_runs_nothing(play, answer):
+    where = play / "args.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, fd = unix_address(str(where))
+    server.bind(address)
+    os.close(fd)
+    server.listen(1)
+
+    def answer_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    proc = subprocess.run([str(PROGRAM), ARGS_FROM, str(where), str(play / "play.yml"), "-i", str(play / "hosts.yml")],
+                          capture_output=True, text=True, timeout=120)
+    server.close()
+    assert proc.returncode == NO_ARGUMENTS, proc.stdout + proc.stderr
+    assert "gave this playbook no arguments; nothing was run" in proc.stderr
+    assert not list((play / "marks").iterdir())
+
+
+def test_a_refused_run_stops_it_and_leaves_no_record(play, monkeypatch):
+    started: list[EarlyPlaybook | None] = []
+    real = EarlyPlaybook.start
+
+    def start(*args, **kwargs):
+        early = real(*args, **kwargs)
+        started.append(early)
+        return early
+
+    monkeypatch.setattr(EarlyPlaybook, "start", start)
+    (play / "bad.yml").write_text(json.dumps({"all": {"children": {"head": {"hosts": {"a": {}}}}}}))
+    with pytest.raises(UserError, match="workers"):
+        train.run_job(JobRequest(inventory=play / "bad.yml", script=play / "job.py"))
+    assert started and started[0] is not None and not started[0].thread.is_alive()
+    assert not list((play / "home" / "runs").iterdir())  # a bad inventory leaves no record
