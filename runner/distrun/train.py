@@ -90,7 +90,7 @@ class _Run:
 
             early, self.early = self.early, None
             if early is not None and early.playbook != playbook:
-                early.cancel()  # another playbook comes first (the first run's facts): started anew after it
+                early.cancel()  # another playbook comes first (a first run gathers facts): run.yml starts as usual
                 early = None
             result = early.run(extravars=extravars, on_event=both, limit=limit, cached_facts=cached_facts,
                                skip_tags=skip_tags) if early is not None else None
