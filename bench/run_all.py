@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
              f"Section times: {', '.join(f'{k} {v}' for k, v in timings.items())}; total {total / 60:.1f} min."
              + (f" Sections rendered from earlier JSON of the same session (`--reuse`): {', '.join(reused)}." if reused else ""),
              "", "Numbers are single measurements on a 2-core VM under the load stated above; differences under ~10% are noise. "
-             "Regenerate with `bench/run` (full, < 25 min) or `bench/run --quick` (< 8 min); each section "
+             "Regenerate with `bench/run` (full, about 30 min) or `bench/run --quick` (< 8 min); each section "
              "also runs alone (`bench/cluster.py`, `bench/collect.py`, `bench/partition.py`, `bench/gdc.py`, `bench/train.py`, "
              "`bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
@@ -557,7 +557,7 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}." + (f" {note}" if note else ""))
     cluster = load("cluster")
     lines = ["# Benchmarks", "", header, "", "Numbers are single measurements on a 2-core VM under the load stated above; differences "
-             "under ~10% are noise. Regenerate with `bench/run` (full, < 25 min) or `bench/run --quick` (< 8 min); "
+             "under ~10% are noise. Regenerate with `bench/run` (full, about 30 min) or `bench/run --quick` (< 8 min); "
              "each section also runs alone (`bench/cluster.py`, `bench/collect.py`, `bench/partition.py`, `bench/gdc.py`, "
              "`bench/train.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
