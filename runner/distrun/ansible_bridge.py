@@ -391,9 +391,9 @@ class EarlyPlaybook:
     and follows the playbook as run_playbook would; ``cancel`` closes the socket, and the program
     ends without running anything. Only where distrun's entry point is installed."""
 
-    def __init__(self, playbook: str, inventory: Path, run_dir: Path, runner: Any, thread: threading.Thread,
+    def __init__(self, playbook: str, inventory: Path, runner: Any, thread: threading.Thread,
                  events: EventReader, sock: Any, where: Path, flag: list[bool]) -> None:
-        self.playbook, self.inventory, self.run_dir = playbook, inventory, run_dir
+        self.playbook, self.inventory = playbook, inventory
         self.runner, self.thread, self.events = runner, thread, events
         self.sock, self.where, self.flag = sock, where, flag
         self.done = False
@@ -405,11 +405,11 @@ class EarlyPlaybook:
 
         import ansible_runner
 
-        if playbook_program() is None:
-            return None
         ident = uuid.uuid4().hex
         events = EventReader(None)
         kwargs = _runner_kwargs(playbook, inventory, run_dir, ident, events)
+        if kwargs["binary"] is None:  # ansible-playbook itself takes no arguments from a socket
+            return None
         where = Path(kwargs["private_data_dir"]) / f"args-{ident[:12]}.sock"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -426,7 +426,7 @@ class EarlyPlaybook:
         flag = [False]  # set: ansible-runner stops the process (its cancel callback)
         cmdline = f"{ARGS_FROM} {shlex.quote(str(where))} {shlex.quote(kwargs['playbook'])}"
         thread, runner = ansible_runner.run_async(**kwargs, cmdline=cmdline, cancel_callback=lambda: flag[0])
-        return cls(playbook, inventory, run_dir, runner, thread, events, sock, where, flag)
+        return cls(playbook, inventory, runner, thread, events, sock, where, flag)
 
     def run(self, *, extravars: Mapping[str, Any] | None = None, on_event: Callable[[PlaybookEvent], None] | None = None,
             limit: str | None = None, tags: str | None = None, skip_tags: str | None = None,
