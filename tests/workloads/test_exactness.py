@@ -83,6 +83,43 @@ def test_torch_partitioned_matches_full_graph(ranks, cora_partitions, cora_refer
     assert_matches(out, cora_reference)
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_torch_aggregating_features_first_matches_full_graph(ranks, cora_raw, cora_partitions, work_env, tmp_path):
+    """A hidden layer at least as wide as the features (1433) makes gcn_torch compute Â·X before
+    ·W1, with the halo's features exchanged once and no exchange in that layer's backward pass."""
+    import loaders
+    from graph import init_params
+
+    g = loaders.load_cora(cora_raw, download=False)
+    hidden = 1440
+    ref = gcn_reference(dense_norm_adj(g.num_nodes, g.src, g.dst), g.features, g.labels, g.train_mask,
+                        init_params(SEED, g.features.shape[1], hidden, g.num_classes))
+    out = tmp_path / "check.npz"
+    args = ["--dataset", "cora", "--seed", str(SEED), "--part-dir", str(cora_partitions / f"cora-{ranks}"),
+            "--num-parts", str(ranks), "--hidden", str(hidden), "--check-exact", str(out)]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    r = run_workload("gcn_torch.py", args, work_env, ranks=ranks, extra_env=env)
+    assert r.rc == 0, r.stderr[-3000:]
+    assert_matches(out, ref)
+
+
+def test_torch_halo_rows_carry_the_owners_dropout_masks(cora_partitions, work_env):
+    """Training drops input features by masks each owner draws; a rank that aggregates a halo
+    node's features must apply the owner's mask to them, bit for bit (Cora: 1433 features, not a
+    multiple of 8, so the bit packing's last byte is partial)."""
+    import subprocess
+
+    from conftest import PYTHON, mpirun_prefix
+
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    cmd = mpirun_prefix(3, env) + [PYTHON, str(Path(__file__).with_name("torch_halo_check.py")),
+                                   str(cora_partitions / "cora-3")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**work_env, **env}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    checked = int(proc.stdout.split("halo rows checked:")[1].split()[0])
+    assert checked > 300, proc.stdout  # Cora in 3 parts: 372 halo rows
+
+
 def test_torch_partitioned_gdc_matches_full_graph_under_torchrun(cora_raw, cora_gdc, work_env, tmp_path):
     """Parts of the GDC diffusion carry its rows and weights (test_partition, test_gdc check that
     they are the diffusion's); here 2 ranks under torchrun against the dense float64 GCN with the
