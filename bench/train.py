@@ -10,8 +10,10 @@ with mpi4py Alltoallv) run under this machine's mpirun on the same synthetic gra
 once per part count beforehand. Binding: `--bind-to core` for 1 x 1 and 2 x 1 (one core per rank,
 no oversubscription), `--bind-to none` for 1 x 2; threads through OMP_NUM_THREADS (and torch's
 --threads). Every configuration runs once untimed first (Jittor compiles each op shape on its
-first run; torch warms its allocator), then timed. Epoch time is the training step (forward,
-backward, gradient allreduce, update), mean of the epochs after the first; each rank reports the
+first run), then three times timed, in rounds (each configuration once per round, so a slow
+spell on the machine does not fall on one configuration only); a row is its median run. Epoch
+time is the training step (forward, backward, gradient allreduce, update), mean of the epochs
+after the first; each rank reports the
 time it spent in communication (halo exchanges; for torch also the gradient allreduce) and the
 bytes it sent per epoch. The replicated DDP example (gcn_ddp) is not a scaling workload and is
 not measured here. A benchmark, not a test: it asserts nothing.
@@ -38,6 +40,7 @@ CONFIGS = [  # label, ranks, threads per rank, mpirun binding
     ("2 ranks x 1 thread", 2, 1, "core"),
 ]
 TARGET = 1.7
+REPEATS = 3  # timed runs per configuration, in rounds; a row is its median run
 
 
 def graph_args() -> list[str]:
@@ -55,7 +58,8 @@ def partition(root: Path, parts: int) -> Path:
     return out
 
 
-def one(workload: str, label: str, ranks: int, threads: int, bind: str, part: Path, epochs: int, port: int) -> dict:
+def one(workload: str, label: str, ranks: int, threads: int, bind: str, part: Path, epochs: int, port: int,
+        warm_up: bool) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env.pop("DISTRUN_RUN_DIR", None)
     if workload == "gcn_jittor":
@@ -73,13 +77,15 @@ def one(workload: str, label: str, ranks: int, threads: int, bind: str, part: Pa
     if workload == "gcn_torch":
         prog += ["--threads", str(threads)]
     with tempfile.TemporaryDirectory(prefix="bench-train-") as d:
-        # The untimed run: Jittor compiles its kernels for these shapes, torch warms up.
-        warm, _ = run(cmd + prog + ["--epochs", "3", "--result-file", f"{d}/warm.json"], env=env, timeout=1800)
+        # The untimed run (each configuration's first): Jittor compiles its kernels for these
+        # shapes, the page cache holds the parts.
+        warm_rc = run(cmd + prog + ["--epochs", "3", "--result-file", f"{d}/warm.json"], env=env, timeout=1800)[0].returncode \
+            if warm_up else None
         proc, wall = run(cmd + prog + ["--epochs", str(epochs), "--result-file", f"{d}/r.json"], env=env, timeout=1800)
     load = os.getloadavg()[0]
     res = RESULT.findall(proc.stdout)
     row = {"workload": workload, "label": label, "ranks": ranks, "threads": threads, "bind": bind,
-           "rc": proc.returncode, "warm_rc": warm.returncode, "wall_s": round(wall, 2), "load_1min": round(load, 2)}
+           "rc": proc.returncode, "warm_rc": warm_rc, "wall_s": round(wall, 2), "load_1min": round(load, 2)}
     if proc.returncode != 0 or not res:
         row["error"] = (proc.stdout[-600:] + proc.stderr[-1200:]).strip()
         say(f"train {workload} {label}: failed rc={proc.returncode}")
@@ -95,6 +101,16 @@ def one(workload: str, label: str, ranks: int, threads: int, bind: str, part: Pa
     return row
 
 
+def median_run(runs: list[dict]) -> dict:
+    """A configuration's row: its median run by epoch time (a failed run counts as the slowest),
+    with every run's epoch time beside it."""
+    ok = sorted((r for r in runs if r.get("epoch_s") is not None), key=lambda r: r["epoch_s"])
+    failed = [r for r in runs if r.get("epoch_s") is None]
+    row = dict((ok + failed)[(len(runs) - 1) // 2])
+    row["runs_epoch_s"] = [r.get("epoch_s") for r in runs]
+    return row
+
+
 def render(t: dict | None, plot_rel: str | None = None) -> list[str]:
     out = ["## Strong scaling: the partitioned GCN on 1 and 2 cores", ""]
     if not t:
@@ -102,27 +118,29 @@ def render(t: dict | None, plot_rel: str | None = None) -> list[str]:
     g = t["graph"]
     m = t.get("machine", {})
     out += [f"`bench/train.py`: synthetic graph {g['nodes']:,} nodes / {t.get('edges', g['edges']):,} directed edges / "
-            f"{g['features']} features / {g['classes']} classes, hidden {g['hidden']}, {t['epochs']} timed epochs after "
-            f"an untimed warm-up run; Metis parts (k-way). Each rank pinned to its own core (`mpirun --bind-to core`) "
-            f"except 1 x 2 (`--bind-to none`); {m.get('cpus', '?')} cores; the 1-min load average when each row "
+            f"{g['features']} features / {g['classes']} classes, hidden {g['hidden']}, {t['epochs']} timed epochs per run; "
+            f"each configuration runs once untimed, then {t.get('repeats', 1)} times timed, in rounds (every "
+            "configuration once per round), and its row is its median run; Metis parts (k-way). Each rank pinned "
+            f"to its own core (`mpirun --bind-to core`) except 1 x 2 (`--bind-to none`); {m.get('cpus', '?')} cores; "
+            "the 1-min load average when each row "
             "finished is in its last column (other work on the machine only slows a row down). Epoch = forward, "
             "backward, gradient allreduce, update; the slowest rank's mean after the first epoch. Communication "
             "is the time inside the halo exchanges (and, for gcn_torch, the gradient allreduce; gcn_jittor's "
             "allreduce runs inside Jittor's optimizer and is counted in bytes only); bytes are what each rank "
             "sent per epoch.", "",
             "| workload | configuration | s/epoch | speedup vs 1 x 1 | per rank: compute s / communication s | "
-            "per rank: halo MiB / allreduce KiB sent | test acc | load |",
-            "|---|---|---:|---:|---|---|---:|---:|"]
+            "per rank: halo MiB / allreduce KiB sent | test acc | load | every run's s/epoch |",
+            "|---|---|---:|---:|---|---|---:|---:|---|"]
     for r in t["rows"]:
         if r.get("epoch_s") is None:
-            out.append(f"| {r['workload']} | {r['label']} | failed | | `{r.get('error', '')[-200:].replace('|', '/')}` | | | |")
+            out.append(f"| {r['workload']} | {r['label']} | failed | | `{r.get('error', '')[-200:].replace('|', '/')}` | | | | |")
             continue
         per = "; ".join(f"{p['compute_s']:.4f} / {p['comm_s']:.4f}" for p in r["ranks_profile"])
         byt = "; ".join(f"{p['halo_bytes'] / 2**20:.2f} / {p['allreduce_bytes'] / 1024:.1f}" for p in r["ranks_profile"])
         sp = r.get("speedup")
-        out.append(f"| {r['workload']} | {r['label']} | {r['epoch_s']:.4f} | {sp:.2f} | {per} | {byt} | "
-                   f"{r['test_acc']:.3f} | {r['load_1min']:.1f} |" if sp else
-                   f"| {r['workload']} | {r['label']} | {r['epoch_s']:.4f} | n/a | {per} | {byt} | {r['test_acc']:.3f} | {r['load_1min']:.1f} |")
+        every = ", ".join("failed" if e is None else f"{e:.4f}" for e in r.get("runs_epoch_s", [r["epoch_s"]]))
+        out.append(f"| {r['workload']} | {r['label']} | {r['epoch_s']:.4f} | {f'{sp:.2f}' if sp else 'n/a'} | {per} | {byt} | "
+                   f"{r['test_acc']:.3f} | {r['load_1min']:.1f} | {every} |")
     out.append("")
     for w in sorted({r["workload"] for r in t["rows"]}):
         two = next((r for r in t["rows"] if r["workload"] == w and r["ranks"] == 2 and r.get("speedup")), None)
@@ -178,15 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "train.json")
     args = ap.parse_args(argv)
     epochs = 10 if args.quick else 20
-    data: dict = {"graph": GRAPH, "epochs": epochs, "machine": machine(), "rows": []}
+    repeats = 1 if args.quick else REPEATS
+    data: dict = {"graph": GRAPH, "epochs": epochs, "repeats": repeats, "machine": machine(), "rows": []}
     with tempfile.TemporaryDirectory(prefix="bench-train-parts-") as d:
         parts = {n: partition(Path(d), n) for n in (1, 2)}
         data["edges"] = json.loads((parts[1] / "manifest.json").read_text())["num_edges"]
         port = 29700
-        for w in args.workloads:
-            for label, ranks, threads, bind in CONFIGS:
-                port += 1
-                data["rows"].append(one(w, label, ranks, threads, bind, parts[ranks], epochs, port))
+        runs: dict[tuple[str, str], list[dict]] = {}
+        for i in range(repeats):  # rounds: a slow spell on the machine hits every configuration alike
+            for w in args.workloads:
+                for label, ranks, threads, bind in CONFIGS:
+                    port += 1
+                    runs.setdefault((w, label), []).append(
+                        one(w, label, ranks, threads, bind, parts[ranks], epochs, port, warm_up=i == 0))
+        data["rows"] = [median_run(r) for r in runs.values()]
     for w in args.workloads:
         base = next((r for r in data["rows"] if r["workload"] == w and r["label"] == CONFIGS[0][0] and r.get("epoch_s")), None)
         for r in data["rows"]:
