@@ -379,6 +379,8 @@ def run_playbook(
     return _result(playbook, runner, events, inventory)
 
 
+# The playbook of every training run (its preflight, staging and launch).
+RUN_PLAYBOOK = "playbooks/run.yml"
 # How long an early playbook's program may take to ask for its arguments (it imports Ansible first,
 # a third of a second here) before the playbook is run the usual way instead.
 EARLY_WAIT_S = 60
@@ -397,6 +399,30 @@ class EarlyPlaybook:
         self.runner, self.thread, self.events = runner, thread, events
         self.sock, self.where, self.flag = sock, where, flag
         self.done = False
+        self.run_id: str | None = None  # set by for_run
+
+    @classmethod
+    def for_run(cls, playbook: str, inventory: Path, run_id: str) -> EarlyPlaybook | None:
+        """Started in the folder of a run record yet to be written (made here, 0700), or None
+        where it is not started (the folder is then removed): anything unusual is left to the
+        playbook's usual start, which says what is wrong where it matters."""
+        run_dir = paths.runs_dir() / run_id
+        run_dir.mkdir(mode=0o700)
+        try:
+            early = cls.start(playbook, inventory, run_dir)
+        except Exception:  # noqa: BLE001
+            early = None
+        if early is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            early.run_id = run_id
+        return early
+
+    def discard(self) -> None:
+        """Cancel it and remove the run folder for_run made: nothing of the run is left."""
+        self.cancel()
+        if self.run_id is not None:
+            shutil.rmtree(paths.runs_dir() / self.run_id, ignore_errors=True)
 
     @classmethod
     def start(cls, playbook: str, inventory: Path, run_dir: Path) -> EarlyPlaybook | None:

@@ -158,15 +158,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     1 the job failed, 2 bad usage, 3 preflight refused, 4 staging failed, 5 launch failed,
     130 interrupted; Slurm's final states 124, 137, 143, 255 ('distrun --help').
     """
-    from . import planning, records
-    from .planning import JobRequest
-    from .project import check_flags
-    from .selection import host_names
-    from .train import run_job
-    from .ui import configure
-    from .ui_run import TrainView, dry_run_json, dry_run_text
-    from .variables import split_words
-
+    t0 = time.monotonic()
     P.check_train(click.get_current_context())
     if exclude_failed and not max_restarts:
         raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
@@ -174,17 +166,41 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     if detach and max_restarts:
         raise click.UsageError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
                                "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
-    check_flags(workdir, script, prepare_text, program_args)
-    request = JobRequest(
-        inventory=inventory.path, launcher=launcher, np=np, workload=workload,
-        script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
-        env=env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
-        allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
-        detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
-        workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
-        launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
-        exclude=host_names(exclude),
-    )
+    # run.yml's ansible-playbook starts before the rest of the runner is even imported (it takes
+    # a third of a second to import Ansible); train.run_job gives it its arguments or stops it.
+    from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook
+    from .runs import new_run_id
+
+    early = None if dry_run or workdir else EarlyPlaybook.for_run(RUN_PLAYBOOK, inventory.path, new_run_id("train"))
+    try:
+        from . import planning, records
+        from .planning import JobRequest
+        from .project import check_flags
+        from .selection import host_names
+        from .train import run_job
+        from .ui import configure
+        from .ui_run import TrainView, dry_run_json, dry_run_text
+        from .variables import split_words
+
+        check_flags(workdir, script, prepare_text, program_args)
+        request = JobRequest(
+            inventory=inventory.path, launcher=launcher, np=np, workload=workload,
+            script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
+            env=env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
+            allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
+            detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
+            workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
+            launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
+            exclude=host_names(exclude),
+        )
+        if not dry_run:
+            if as_json:
+                configure(progress_to_stderr=True)
+            view = TrainView()
+    except BaseException:
+        if early is not None:
+            early.discard()
+        raise
     if dry_run:
         dry = planning.dry_run(request)
         if as_json:
@@ -193,11 +209,9 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
             click.echo(dry_run_text(dry), nl=False)
         return
     if not as_json:
-        sys.exit(run_job(request, TrainView()))
-    configure(progress_to_stderr=True)
-    view = TrainView()
+        sys.exit(run_job(request, view, early, t0))
     try:
-        code = run_job(request, view)
+        code = run_job(request, view, early, t0)
     except UserError as exc:
         click.echo(json.dumps(records.train_outcome(view.run, exc.exit_code, str(exc)), indent=2))
         raise

@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import paths, sshmesh
-from .ansible_bridge import EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
+from . import sshmesh
+from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
 from .check import PREFLIGHT_FACT, preflight_vars, report_of
@@ -168,7 +168,7 @@ class _Run:
             # addresses it relies on.
             starter = self.starter = Starter(self.cluster, plan, staged_on, after_steps=steps,
                                              judged=early)
-            result = self.playbook(title, "playbooks/run.yml", self.limit, extravars, limit=",".join(self.limit),
+            result = self.playbook(title, RUN_PLAYBOOK, self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
             unstaged = starter.unstaged() if result.ok and early else {}
@@ -375,12 +375,14 @@ def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
             f"(see 'distrun check --inventory {inventory}')")
 
 
-def run_job(request: JobRequest, listener: Listener | None = None) -> int:
+def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyPlaybook | None = None,
+            t0: float | None = None) -> int:
     """Run a training job to its end (or, with request.detach, until every rank started);
-    distrun's exit code."""
-    t0 = time.monotonic()
-    run_id = new_run_id("train")
-    early = start_early(request, run_id)
+    distrun's exit code. ``early``: run.yml already started for this run (start_early; the
+    caller started it before its own imports), ``t0`` when the caller started (time.monotonic)."""
+    t0 = time.monotonic() if t0 is None else t0
+    early = early or start_early(request)
+    run_id = early.run_id if early is not None and early.run_id else new_run_id("train")
     try:
         cluster = load(request)  # a bad inventory leaves no record
         launcher_named(request.launcher).require_ready(cluster)
@@ -388,8 +390,7 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
         hosts = claim_hosts(request, cluster, run_id)  # a plan error leaves no record either
     except BaseException:
         if early is not None:
-            early.cancel()
-            shutil.rmtree(paths.runs_dir() / run_id, ignore_errors=True)
+            early.discard()
         raise
     # Claimed while ansible-playbook starts; run.yml stages nothing before the answer (its gate).
     claim = Pending(cluster, hosts, run_id, allow=request.allow_concurrent)
@@ -426,23 +427,14 @@ def run_job(request: JobRequest, listener: Listener | None = None) -> int:
         claim.release()
 
 
-def start_early(request: JobRequest, run_id: str) -> EarlyPlaybook | None:
-    """run.yml's ansible-playbook, started first, in the run's record: it imports Ansible (a third
-    of a second) while the inventory is read and the run planned, then waits for its arguments
-    (EarlyPlaybook). Not where the workdir is synced and prepared before run.yml (that takes as
-    long as the project's prepare step). None where it is not started; anything unusual is left
-    to the playbook's usual start."""
+def start_early(request: JobRequest) -> EarlyPlaybook | None:
+    """run.yml's ansible-playbook, started first, in the folder of the run's record-to-be: it
+    imports Ansible (a third of a second) while the inventory is read and the run planned, then
+    waits for its arguments (EarlyPlaybook). Not where the workdir is synced and prepared before
+    run.yml (that takes as long as the project's prepare step). None where it is not started."""
     if request.workdir:
         return None
-    run_dir = paths.runs_dir() / run_id
-    run_dir.mkdir(mode=0o700)
-    try:
-        early = EarlyPlaybook.start("playbooks/run.yml", request.inventory, run_dir)
-    except Exception:  # noqa: BLE001 - the usual start says what is wrong, where it matters
-        early = None
-    if early is None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return early
+    return EarlyPlaybook.for_run(RUN_PLAYBOOK, request.inventory, new_run_id("train"))
 
 
 def run_partition_only(request: JobRequest, listener: Listener | None = None) -> int:

@@ -142,3 +142,30 @@ def test_a_refused_run_stops_it_and_leaves_no_record(play, monkeypatch):
         train.run_job(JobRequest(inventory=play / "bad.yml", script=play / "job.py"))
     assert started and started[0] is not None and not started[0].thread.is_alive()
     assert not list((play / "home" / "runs").iterdir())  # a bad inventory leaves no record
+
+
+def test_the_command_line_starts_it_first_and_a_bad_flag_stops_it(play, monkeypatch, capsys):
+    """'distrun train' starts run.yml's program before it imports the rest of the runner; a flag
+    it refuses after that (--prepare without --workdir) stops the program and leaves no record.
+    --dry-run never starts one."""
+    from distrun.cli import main
+
+    started: list[EarlyPlaybook | None] = []
+    real = EarlyPlaybook.start
+
+    def start(*args, **kwargs):
+        early = real(*args, **kwargs)
+        started.append(early)
+        return early
+
+    monkeypatch.setattr(EarlyPlaybook, "start", start)
+    (play / "job.py").write_text("print('hi')\n")
+    base = ["train", "--inventory", str(play / "hosts.yml"), "--script", str(play / "job.py")]
+    with pytest.raises(SystemExit) as stop:
+        main([*base, "--prepare", "make"], standalone_mode=False)
+    assert stop.value.code == 2 and "--prepare runs in your project folder" in capsys.readouterr().err
+    assert len(started) == 1 and started[0] is not None and not started[0].thread.is_alive()
+    assert not list((play / "home" / "runs").iterdir())
+    with pytest.raises(SystemExit):
+        main([*base, "--dry-run", "--np", "0"], standalone_mode=False)
+    assert len(started) == 1
