@@ -69,6 +69,7 @@ class _Run:
         self.exclude: frozenset[str] = frozenset()
         self.restart = 0
         self.launched = False  # once every node was staged, ranks may run: stop and collect
+        self.unstaged = False  # interrupted before any rank started, what was staged removed: nothing to collect
         self.stopped = False  # the current attempt was stopped already
         self.left_running = False  # detached, or out of contact: nothing to stop or collect here
         self.starter: Starter | None = None  # the current attempt's
@@ -97,8 +98,10 @@ class _Run:
             if result is None:
                 result = run_playbook(playbook, self.request.inventory, self.run.dir, extravars=extravars,
                                       on_event=both, limit=limit, cached_facts=cached_facts, skip_tags=skip_tags)
-        # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight).
-        if not result.ok and not (result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
+        # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight);
+        # an interrupted playbook by the run's end.
+        if not result.ok and result.status != "canceled" and not (
+                result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
         return result
 
@@ -171,8 +174,11 @@ class _Run:
             result = self.playbook(title, RUN_PLAYBOOK, self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
+            # SIGINT or SIGTERM while it ran: the run is interrupted (130) once what the
+            # playbook left is cleaned up; ranks it already started are stopped and collected.
+            interrupted = result.status == "canceled"
             unstaged = starter.unstaged() if result.ok and early else {}
-            if not result.ok or unstaged:
+            if (not result.ok or unstaged) and not (interrupted and starter.started):
                 # An upload no stage step took may hold the run's secrets, and what the probes
                 # staged belongs to no run that starts: removed, except where the node does not
                 # answer (not waited on: the refusal comes first).
@@ -183,6 +189,9 @@ class _Run:
             if project:
                 record_pulls(run, result)
             self.launched = starter.started or (result.ok and not unstaged)
+            if interrupted:
+                self.unstaged = not starter.started
+                raise KeyboardInterrupt
             if not result.ok:
                 self.claimed()
             if unstaged:
@@ -321,7 +330,7 @@ class _Run:
             listener.interrupted()
         finally:
             self.cancel_early()
-            if self.plan is not None and not self.left_running and (self.launched or interrupted):
+            if self.plan is not None and not self.left_running and (self.launched or (interrupted and not self.unstaged)):
                 if interrupted or rc is None or rc != 0:
                     # A lost node is left out: Ansible would wait its connect timeout for it, and its
                     # ranks lose their peers and the head's orted with it.

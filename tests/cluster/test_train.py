@@ -104,6 +104,42 @@ def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, di
     assert not run_processes(provisioned, run.name)
 
 
+def test_ctrl_c_while_the_run_starts_ends_it_as_interrupted(provisioned, distrun_home, tmp_path):
+    """SIGINT while run.yml checks and stages the nodes: exit 130 'interrupted', whatever had
+    started is stopped, and no step is blamed for it (no 'staging failed', no refused collect)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "sleeps.py"
+    script.write_text(MPI_SCRIPT)
+    log = tmp_path / "cli.log"
+    with log.open("w") as out:
+        # Default SIGINT in the child: a shell's background jobs (CI) start with it ignored.
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "distrun"), "train", "--inventory", "test",
+                                 "--script", str(script), "--env", "SLEEP=600"],
+                                cwd=REPO, env={**os.environ, "COLUMNS": "200"}, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 120
+            while "Probe env" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.02)
+            assert "Probe env" in log.read_text(), log.read_text()[-3000:]
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert rc == 130, text[-3000:]
+    assert "interrupted" in text and "staging failed" not in text and "refused" not in text, text[-3000:]
+    run = _latest_run(distrun_home)
+    meta = json.loads((run / "meta.json").read_text())
+    assert (meta["status"], meta["rc"]) == ("stopped", 130), meta
+    assert not run_processes(provisioned, run.name)
+
+
 def test_logs_follow_reads_a_running_ranks_output_live_from_its_node(provisioned, distrun_home, tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(MPI_SCRIPT)
