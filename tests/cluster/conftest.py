@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -41,6 +43,14 @@ def distrun(*args: str, env_extra: dict | None = None, timeout: int = 1500) -> C
     proc = subprocess.run([str(Path(sys.executable).parent / "distrun"), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def start_distrun(*args: str, log: TextIO) -> subprocess.Popen:
+    """distrun started in the background, its output to ``log``, with SIGINT at its default
+    (a shell's background jobs, as in CI, start with it ignored): for tests that interrupt it."""
+    return subprocess.Popen([str(Path(sys.executable).parent / "distrun"), *args], cwd=REPO,
+                            env={**os.environ, "COLUMNS": "200"}, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.fixture(scope="session")

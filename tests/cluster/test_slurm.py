@@ -9,19 +9,16 @@ a completed training, a failing rank, a cancelled job.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, CliResult, distrun, rank_headers, run_processes
+from .conftest import REPO, CliResult, distrun, rank_headers, run_processes, start_distrun
 
 FAIL_SCRIPT = textwrap.dedent("""
     import os, socket, sys, time
@@ -117,13 +114,9 @@ def test_interrupt_cancels_the_job_and_leaves_nothing_running(slurm_cluster, dis
     script = tmp_path / "sleepy.py"
     script.write_text(FAIL_SCRIPT)
     log = tmp_path / "cli.log"
-    env = {**os.environ, "COLUMNS": "200"}
     with log.open("w") as out:
-        # Default SIGINT in the child: a shell's background jobs (CI) start with it ignored.
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "distrun"), "train", "--inventory", str(inv),
-                                 "--launcher", "slurm", "--skip-preflight", "--script", str(script), "--env", "SLEEP=300"],
-                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = start_distrun("train", "--inventory", str(inv), "--launcher", "slurm", "--skip-preflight",
+                             "--script", str(script), "--env", "SLEEP=300", log=out)
         try:
             deadline = time.monotonic() + 180
             while "RUNNING" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from . import jittor_nodes
-from .conftest import REPO, distrun, rank_headers, run_processes
+from .conftest import REPO, distrun, rank_headers, run_processes, start_distrun
 
 MPI_SCRIPT = textwrap.dedent("""
     import os, socket, sys
@@ -107,20 +107,13 @@ def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, di
 def test_ctrl_c_while_the_run_starts_ends_it_as_interrupted(provisioned, distrun_home, tmp_path):
     """SIGINT while run.yml checks and stages the nodes: exit 130 'interrupted', whatever had
     started is stopped, and no step is blamed for it (no 'staging failed', no refused collect)."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     script = tmp_path / "sleeps.py"
     script.write_text(MPI_SCRIPT)
     log = tmp_path / "cli.log"
     with log.open("w") as out:
-        # Default SIGINT in the child: a shell's background jobs (CI) start with it ignored.
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "distrun"), "train", "--inventory", "test",
-                                 "--script", str(script), "--env", "SLEEP=600"],
-                                cwd=REPO, env={**os.environ, "COLUMNS": "200"}, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = start_distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=600", log=out)
         try:
             deadline = time.monotonic() + 120
             while "Probe env" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:

@@ -127,16 +127,22 @@ def test_without_a_well_formed_answer_the_program_runs_nothing(play, answer):
     assert not list((play / "marks").iterdir())
 
 
-def test_a_refused_run_stops_it_and_leaves_no_record(play, monkeypatch):
-    started: list[EarlyPlaybook | None] = []
+@pytest.fixture
+def started(monkeypatch) -> list[EarlyPlaybook | None]:
+    """Every early playbook started, in order (None: not started)."""
+    seen: list[EarlyPlaybook | None] = []
     real = EarlyPlaybook.start
 
     def start(*args, **kwargs):
         early = real(*args, **kwargs)
-        started.append(early)
+        seen.append(early)
         return early
 
     monkeypatch.setattr(EarlyPlaybook, "start", start)
+    return seen
+
+
+def test_a_refused_run_stops_it_and_leaves_no_record(play, started):
     (play / "bad.yml").write_text(json.dumps({"all": {"children": {"head": {"hosts": {"a": {}}}}}}))
     with pytest.raises(UserError, match="workers"):
         train.run_job(JobRequest(inventory=play / "bad.yml", script=play / "job.py"))
@@ -144,21 +150,12 @@ def test_a_refused_run_stops_it_and_leaves_no_record(play, monkeypatch):
     assert not list((play / "home" / "runs").iterdir())  # a bad inventory leaves no record
 
 
-def test_the_command_line_starts_it_first_and_a_bad_flag_stops_it(play, monkeypatch, capsys):
+def test_the_command_line_starts_it_first_and_a_bad_flag_stops_it(play, started, capsys):
     """'distrun train' starts run.yml's program before it imports the rest of the runner; a flag
     it refuses after that (--prepare without --workdir) stops the program and leaves no record.
     --dry-run never starts one."""
     from distrun.cli import main
 
-    started: list[EarlyPlaybook | None] = []
-    real = EarlyPlaybook.start
-
-    def start(*args, **kwargs):
-        early = real(*args, **kwargs)
-        started.append(early)
-        return early
-
-    monkeypatch.setattr(EarlyPlaybook, "start", start)
     (play / "job.py").write_text("print('hi')\n")
     base = ["train", "--inventory", str(play / "hosts.yml"), "--script", str(play / "job.py")]
     with pytest.raises(SystemExit) as stop:
