@@ -399,17 +399,25 @@ class EarlyPlaybook:
         self.runner, self.thread, self.events = runner, thread, events
         self.sock, self.where, self.flag = sock, where, flag
         self.done = False
-        self.run_id: str | None = None  # set by for_run
+        self.run_id: str | None = None  # set by for_training_run
 
     @classmethod
-    def for_run(cls, playbook: str, inventory: Path, run_id: str) -> EarlyPlaybook | None:
-        """Started in the folder of a run record yet to be written (made here, 0700), or None
-        where it is not started (the folder is then removed): anything unusual is left to the
-        playbook's usual start, which says what is wrong where it matters."""
+    def for_training_run(cls, inventory: Path, workdir: bool) -> EarlyPlaybook | None:
+        """run.yml's, for a new training run, in the folder of its record-to-be (made here, 0700,
+        under a new run id): it imports Ansible (a third of a second) while the inventory is read
+        and the run planned. None where it is not started (the folder is then removed): with a
+        workdir (its sync and prepare step come before run.yml, and take as long as the project
+        makes them), or anything unusual, left to the playbook's usual start, which says what is
+        wrong where it matters."""
+        if workdir:
+            return None
+        from .runs import new_run_id
+
+        run_id = new_run_id("train")
         run_dir = paths.runs_dir() / run_id
         run_dir.mkdir(mode=0o700)
         try:
-            early = cls.start(playbook, inventory, run_dir)
+            early = cls.start(RUN_PLAYBOOK, inventory, run_dir)
         except Exception:  # noqa: BLE001
             early = None
         if early is None:
@@ -419,7 +427,7 @@ class EarlyPlaybook:
         return early
 
     def discard(self) -> None:
-        """Cancel it and remove the run folder for_run made: nothing of the run is left."""
+        """Cancel it and remove the run folder for_training_run made: nothing of the run is left."""
         self.cancel()
         if self.run_id is not None:
             shutil.rmtree(paths.runs_dir() / self.run_id, ignore_errors=True)

@@ -387,10 +387,10 @@ def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
 def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyPlaybook | None = None,
             t0: float | None = None) -> int:
     """Run a training job to its end (or, with request.detach, until every rank started);
-    distrun's exit code. ``early``: run.yml already started for this run (start_early; the
-    caller started it before its own imports), ``t0`` when the caller started (time.monotonic)."""
+    distrun's exit code. ``early``: run.yml already started for this run (the caller started it
+    before its own imports), ``t0`` when the caller started (time.monotonic)."""
     t0 = time.monotonic() if t0 is None else t0
-    early = early or start_early(request)
+    early = early or EarlyPlaybook.for_training_run(request.inventory, bool(request.workdir))
     run_id = early.run_id if early is not None and early.run_id else new_run_id("train")
     try:
         cluster = load(request)  # a bad inventory leaves no record
@@ -434,16 +434,6 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
             if left is not None:
                 left.cancel()
         claim.release()
-
-
-def start_early(request: JobRequest) -> EarlyPlaybook | None:
-    """run.yml's ansible-playbook, started first, in the folder of the run's record-to-be: it
-    imports Ansible (a third of a second) while the inventory is read and the run planned, then
-    waits for its arguments (EarlyPlaybook). Not where the workdir is synced and prepared before
-    run.yml (that takes as long as the project's prepare step). None where it is not started."""
-    if request.workdir:
-        return None
-    return EarlyPlaybook.for_run(RUN_PLAYBOOK, request.inventory, new_run_id("train"))
 
 
 def run_partition_only(request: JobRequest, listener: Listener | None = None) -> int:
