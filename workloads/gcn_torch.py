@@ -42,6 +42,7 @@ import common
 import torch_dist
 from common import CollectiveError, EpochStats, Reporter
 from graph import SparseRows, init_params
+from halo import pack_bits, unpack_bits
 
 PROG = "gcn_torch.py"
 
@@ -108,10 +109,8 @@ def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray],
         """The owners' dropout masks of the halo rows, sent as bits (8 bytes per 64 features)."""
         if td.world == 1:
             return keep
-        width = keep.shape[1]
-        bits = torch.from_numpy(np.packbits(keep[send_idx].numpy(), axis=1))
-        got = exchange(bits, send_counts, recv_counts, num_halo)
-        return torch.cat([keep, torch.from_numpy(np.unpackbits(got.numpy(), axis=1, count=width).view(np.bool_))])
+        got = exchange(torch.from_numpy(pack_bits(keep[send_idx].numpy())), send_counts, recv_counts, num_halo)
+        return torch.cat([keep, torch.from_numpy(unpack_bits(got.numpy(), keep.shape[1]))])
 
     def aggregate(h):  # noqa: ANN001,ANN202
         return a @ h

@@ -5,6 +5,10 @@ grouped by owner; the partitioner wrote both lists in the same order, so one All
 Backward is the adjoint of that gather: the gradient arriving at a halo row goes back to the rank
 that owns the node and is *added* to that node's gradient (a node can be a halo on several parts,
 and is also used locally, so contributions accumulate rather than overwrite).
+
+A layer that aggregates its input first (Â·X before ·W) needs the halo's rows of X, which take
+no gradient: they travel once (``rows``); dropout then needs, each epoch, the mask the owner drew
+for each of those rows, which travels as bits (``mask_rows``, 8 bytes per 64 features).
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ class Halo:
     def num_halo(self) -> int:
         return int(self.recv_counts.sum())
 
+    @property
+    def alone(self) -> bool:
+        return self.comm is None or self.comm.Get_size() == 1
+
     def _alltoallv(self, send: np.ndarray, scounts: np.ndarray, rcounts: np.ndarray, width: int) -> np.ndarray:
         recv = np.empty((int(rcounts.sum()), width), dtype=send.dtype)
-        if self.comm is None or self.comm.Get_size() == 1:
+        if self.alone:
             return recv  # nothing to exchange: every count is zero
         sc = scounts * width
         rc = rcounts * width
@@ -42,6 +50,21 @@ class Halo:
         """Rows of the halo nodes, in halo order."""
         width = owned_rows.shape[1]
         return self._alltoallv(owned_rows[self.send_idx], self.send_counts, self.recv_counts, width)
+
+    def rows(self, owned_rows: np.ndarray) -> np.ndarray:
+        """[owned rows; the halo's rows], for an array no gradient flows into. Collective: every
+        rank calls it, also one whose halo is empty (others may need its rows)."""
+        if self.alone:
+            return owned_rows
+        return np.concatenate([owned_rows, self.gather(owned_rows)])
+
+    def mask_rows(self, keep: np.ndarray) -> np.ndarray:
+        """[this rank's boolean mask; the owners' masks of the halo rows], sent as bits. Collective."""
+        if self.alone:
+            return keep
+        got = self._alltoallv(pack_bits(keep[self.send_idx]), self.send_counts, self.recv_counts,
+                              (keep.shape[1] + 7) // 8)
+        return np.concatenate([keep, unpack_bits(got, keep.shape[1])])
 
     def scatter_add_back(self, halo_grad: np.ndarray) -> np.ndarray:
         """Gradient w.r.t. the owned rows contributed by other ranks' use of them as halo."""
@@ -57,3 +80,13 @@ class Halo:
             out[self.send_idx[start:end]] += back[start:end]
             start = end
         return out
+
+
+def pack_bits(keep: np.ndarray) -> np.ndarray:
+    """Boolean rows as bytes, 8 columns per byte (the last byte of a row may be partial)."""
+    return np.packbits(keep, axis=1)
+
+
+def unpack_bits(bits: np.ndarray, width: int) -> np.ndarray:
+    """The boolean rows ``pack_bits`` packed, ``width`` columns each."""
+    return np.unpackbits(bits, axis=1, count=width).view(np.bool_)

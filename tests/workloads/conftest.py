@@ -145,6 +145,26 @@ def cora_parts(tmp_path_factory: pytest.TempPathFactory, cora_raw: Path, work_en
     return get
 
 
+# A small synthetic graph whose features (16) are no wider than the trainers' default hidden layer.
+NARROW_GRAPH = ["--dataset", "synthetic", "--syn-nodes", "3000", "--syn-edges", "30000", "--syn-features", "16",
+                "--syn-classes", "4"]
+
+
+@pytest.fixture(scope="session")
+def narrow_parts(tmp_path_factory: pytest.TempPathFactory, work_env: dict[str, str]):  # noqa: ANN201
+    """NARROW_GRAPH partitioned into n parts, each made once per session."""
+    root = tmp_path_factory.mktemp("narrow-parts")
+
+    def get(n: int) -> Path:
+        out = root / f"narrow-{n}"
+        if not out.exists():
+            r = run_workload("partition.py", [*NARROW_GRAPH, "--num-parts", str(n), "--out", str(out)], work_env)
+            assert r.rc == 0, r.stderr
+        return out
+
+    return get
+
+
 @pytest.fixture(scope="session")
 def cora_gdc(cora_parts) -> Path:  # noqa: ANN001
     """Cora in 2 parts of its GDC diffusion (alpha 0.05, top-128: the defaults)."""

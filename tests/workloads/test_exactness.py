@@ -83,36 +83,50 @@ def test_torch_partitioned_matches_full_graph(ranks, cora_partitions, cora_refer
     assert_matches(out, cora_reference)
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_torch_aggregating_features_first_matches_full_graph(ranks, cora_raw, cora_partitions, work_env, tmp_path):
-    """A hidden layer at least as wide as the features (1433) makes gcn_torch compute Â·X before
-    ·W1, with the halo's features exchanged once and no exchange in that layer's backward pass."""
+@pytest.fixture(scope="module")
+def cora_reference_wide_hidden(cora_raw: Path):
+    """The reference with a hidden layer at least as wide as Cora's 1433 features."""
     import loaders
     from graph import init_params
 
     g = loaders.load_cora(cora_raw, download=False)
-    hidden = 1440
-    ref = gcn_reference(dense_norm_adj(g.num_nodes, g.src, g.dst), g.features, g.labels, g.train_mask,
-                        init_params(SEED, g.features.shape[1], hidden, g.num_classes))
+    params = init_params(SEED, g.features.shape[1], WIDE_HIDDEN, g.num_classes)
+    return gcn_reference(dense_norm_adj(g.num_nodes, g.src, g.dst), g.features, g.labels, g.train_mask, params)
+
+
+WIDE_HIDDEN = 1440
+
+
+@pytest.mark.parametrize("workload,ranks", [
+    pytest.param("gcn_torch.py", 2), pytest.param("gcn_torch.py", 3),
+    pytest.param("gcn_jittor.py", 2, marks=pytest.mark.jittor), pytest.param("gcn_jittor.py", 3, marks=pytest.mark.jittor),
+])
+def test_aggregating_features_first_matches_full_graph(workload, ranks, cora_partitions, cora_reference_wide_hidden,
+                                                        work_env, tmp_path):
+    """A hidden layer at least as wide as the features makes both partitioned trainers compute
+    Â·X before ·W1, with the halo's features exchanged once and no exchange in that layer's
+    backward pass."""
     out = tmp_path / "check.npz"
     args = ["--dataset", "cora", "--seed", str(SEED), "--part-dir", str(cora_partitions / f"cora-{ranks}"),
-            "--num-parts", str(ranks), "--hidden", str(hidden), "--check-exact", str(out)]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    r = run_workload("gcn_torch.py", args, work_env, ranks=ranks, extra_env=env)
+            "--num-parts", str(ranks), "--hidden", str(WIDE_HIDDEN), "--check-exact", str(out)]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if workload == "gcn_torch.py" else None
+    r = run_workload(workload, args, work_env, ranks=ranks, extra_env=env)
     assert r.rc == 0, r.stderr[-3000:]
-    assert_matches(out, ref)
+    assert_matches(out, cora_reference_wide_hidden)
 
 
-def test_torch_halo_rows_carry_the_owners_dropout_masks(cora_partitions, work_env):
+@pytest.mark.parametrize("backend", ["torch", "numpy"])
+def test_halo_rows_carry_the_owners_dropout_masks(backend, cora_partitions, work_env):
     """Training drops input features by masks each owner draws; a rank that aggregates a halo
     node's features must apply the owner's mask to them, bit for bit (Cora: 1433 features, not a
-    multiple of 8, so the bit packing's last byte is partial)."""
+    multiple of 8, so the bit packing's last byte is partial). torch: gcn_torch's exchange;
+    numpy: the mpi4py halo gcn_jittor uses."""
     import subprocess
 
     from conftest import PYTHON, mpirun_prefix
 
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    cmd = mpirun_prefix(3, env) + [PYTHON, str(Path(__file__).with_name("torch_halo_check.py")),
+    cmd = mpirun_prefix(3, env) + [PYTHON, str(Path(__file__).with_name("halo_check.py")), backend,
                                    str(cora_partitions / "cora-3")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**work_env, **env}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
