@@ -118,7 +118,9 @@ def render(t: dict | None, plot_rel: str | None = None) -> list[str]:
     g = t["graph"]
     m = t.get("machine", {})
     out += [f"`bench/train.py`: synthetic graph {g['nodes']:,} nodes / {t.get('edges', g['edges']):,} directed edges / "
-            f"{g['features']} features / {g['classes']} classes, hidden {g['hidden']}, {t['epochs']} timed epochs per run; "
+            f"{g['features']} features / {g['classes']} classes, hidden {g['hidden']} (features no wider than the hidden "
+            "layer: both trainers compute the first layer as Â·X first, see workloads/README.md), "
+            f"{t['epochs']} timed epochs per run; "
             f"each configuration runs once untimed, then {t.get('repeats', 1)} times timed, in rounds (every "
             "configuration once per round), and its row is its median run; Metis parts (k-way). Each rank pinned "
             f"to its own core (`mpirun --bind-to core`) except 1 x 2 (`--bind-to none`); {m.get('cpus', '?')} cores; "
