@@ -8,10 +8,11 @@
 Each rank owns the nodes of one Metis part and holds their rows of the propagation matrix
 (Â = D^-1/2 (A + I) D^-1/2, or the GDC diffusion when partitioned with --use-gdc), whose columns
 are its own nodes followed by its halo: the neighbours owned elsewhere. A layer computes
-A_rows · [H_own; H_halo] · W, where the halo rows arrive through HaloExchange, an autograd
-function: forward, one torch.distributed.all_to_all_single sends every rank the rows it needs
-(the partitioner wrote the send and receive lists in matching order); backward, the gradient of
-each halo row goes back to the rank that owns the node and is added to that node's gradient.
+A_rows · [H_own; H_halo] · W through Propagate, an autograd function: forward, one
+torch.distributed.all_to_all_single sends every rank the rows it needs (the partitioner wrote the
+send and receive lists in matching order) while the product over the own columns runs; backward,
+the gradient of each halo row goes back to the rank that owns the node, while the product with
+the own columns' transpose runs, and is added to that node's gradient.
 The first layer takes the cheaper order of Â·X·W1: with features no wider than the hidden layer,
 Â·X first; the input features need no gradient, so their halo rows travel once, before training,
 and each epoch only the owners' dropout masks of those rows (as bits); with wide features
@@ -27,8 +28,9 @@ stay identical without any broadcast. Dropout masks are drawn per rank, as per n
 
 Runs under torchrun, mpirun (Open MPI's variables are mapped to torch's; MASTER_ADDR and
 MASTER_PORT come from the environment) and Slurm (distrun's rank wrapper exports torch's
-variables). The result reports, per rank, compute and communication time per epoch and the
-bytes its halo exchanges and gradient allreduce sent.
+variables). The result reports, per rank, compute and communication time per epoch (for the
+exchanges that overlap a product, the time spent starting them and waiting for them after it)
+and the bytes its halo exchanges and gradient allreduce sent.
 """
 
 from __future__ import annotations
@@ -59,10 +61,15 @@ def csr_tensor(torch, indptr: np.ndarray, indices: np.ndarray, values: np.ndarra
         )
 
 
+def with_transpose(torch, m: SparseRows) -> tuple:  # noqa: ANN001
+    """A sparse matrix and its transpose as torch CSR tensors."""
+    return (csr_tensor(torch, m.indptr, m.indices, m.values, m.shape),
+            csr_tensor(torch, m.t_indptr, m.t_indices, m.t_values, (m.shape[1], m.shape[0])))
+
+
 def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray], stats: dict):  # noqa: ANN201
     torch, dist = td.torch, td.dist
-    a = csr_tensor(torch, adj.indptr, adj.indices, adj.values, adj.shape)
-    a_t = csr_tensor(torch, adj.t_indptr, adj.t_indices, adj.t_values, (adj.shape[1], adj.shape[0]))
+    a, a_t = with_transpose(torch, adj)
     n_own = int(part["owned_gid"].size)
     send_idx = torch.from_numpy(part["send_idx"].astype(np.int64))
     send_counts = [int(c) for c in part["send_counts"]]
@@ -72,34 +79,53 @@ def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray],
     def exchange(send, in_split: list[int], out_split: list[int], rows: int):  # noqa: ANN001,ANN202
         out = send.new_empty((rows, send.shape[1]))
         if td.world > 1:
-            t0 = time.perf_counter()
-            dist.all_to_all_single(out, send.contiguous(), output_split_sizes=out_split, input_split_sizes=in_split)
-            stats["comm_s"] += time.perf_counter() - t0
-            stats["halo_bytes"] += send.numel() * send.element_size()
+            finish(start(out, send, in_split, out_split))
         return out
 
-    class SpMM(torch.autograd.Function):
+    def start(out, send, in_split: list[int], out_split: list[int]):  # noqa: ANN001,ANN202
+        t0 = time.perf_counter()
+        work = dist.all_to_all_single(out, send.contiguous(), output_split_sizes=out_split,
+                                      input_split_sizes=in_split, async_op=True)
+        stats["comm_s"] += time.perf_counter() - t0
+        stats["halo_bytes"] += send.numel() * send.element_size()
+        return work
+
+    def finish(work) -> None:  # noqa: ANN001
+        t0 = time.perf_counter()
+        work.wait()
+        stats["comm_s"] += time.perf_counter() - t0
+
+    a_own, a_halo = adj.split_columns(n_own)
+    own, own_t = with_transpose(torch, a_own)
+    halo, halo_t = with_transpose(torch, a_halo)
+
+    class Propagate(torch.autograd.Function):
+        """A · [h; the halo's rows of h]. Forward: the halo rows travel while the product over the
+        own columns runs; backward: the halo rows' gradients travel back to their owners (who add
+        them to their nodes' gradients) while the product with the own columns' transpose runs."""
+
         @staticmethod
         def forward(ctx, h):  # noqa: ANN001,ANN205
-            return a @ h
+            if td.world == 1:
+                return a @ h
+            recv = h.new_empty((num_halo, h.shape[1]))
+            work = start(recv, h[send_idx], send_counts, recv_counts)
+            y = own @ h
+            finish(work)
+            return y.add_(halo @ recv)
 
         @staticmethod
         def backward(ctx, g):  # noqa: ANN001,ANN205
-            return a_t @ g
-
-    class HaloExchange(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, h):  # noqa: ANN001,ANN205
-            recv = exchange(h[send_idx], send_counts, recv_counts, num_halo)
-            return torch.cat([h, recv])
-
-        @staticmethod
-        def backward(ctx, g):  # noqa: ANN001,ANN205
-            back = exchange(g[n_own:], recv_counts, send_counts, int(send_idx.numel()))
-            return g[:n_own].index_add(0, send_idx, back)
+            if td.world == 1:
+                return a_t @ g
+            back = g.new_empty((int(send_idx.numel()), g.shape[1]))
+            work = start(back, halo_t @ g, recv_counts, send_counts)
+            grad = own_t @ g
+            finish(work)
+            return grad.index_add_(0, send_idx, back)
 
     def propagate(h):  # noqa: ANN001,ANN202
-        return SpMM.apply(HaloExchange.apply(h))
+        return Propagate.apply(h)
 
     def halo_rows(h):  # noqa: ANN001,ANN202
         """[h; the halo's rows of h] for a tensor no gradient flows into."""
@@ -169,6 +195,9 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
     if aggregate_first:
         x_all = halo_rows(x)
         ax_eval = aggregate(x_all)
+        if args.dropout:  # scaled once; each epoch masks it into one buffer (no fresh pages per epoch)
+            x_all = x_all / (1.0 - args.dropout)
+            x_masked = torch.empty_like(x_all)
 
     def first_layer(training: bool):  # noqa: ANN202
         if not aggregate_first:
@@ -176,7 +205,7 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
         if not (training and args.dropout):
             return ax_eval @ params["W1"]
         keep = halo_mask(torch.rand(x.shape, generator=gen) >= args.dropout)
-        return aggregate(x_all * keep / (1.0 - args.dropout)) @ params["W1"]
+        return aggregate(torch.mul(x_all, keep, out=x_masked)) @ params["W1"]
 
     def forward(training: bool):  # noqa: ANN202
         h = torch.relu(first_layer(training) + params["b1"])

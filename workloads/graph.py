@@ -47,6 +47,16 @@ class SparseRows:
         t_indptr, t_indices = csr_from_sorted(indices[order], rows[order], shape[1])
         return cls(indptr, indices, values, shape, t_indptr, t_indices, values[order])
 
+    def split_columns(self, at: int) -> tuple["SparseRows", "SparseRows"]:
+        """The columns before ``at`` and those from ``at`` on, as two matrices with these rows (a
+        part's own nodes and its halo)."""
+        rows = np.repeat(np.arange(self.shape[0], dtype=np.int64), np.diff(self.indptr))
+        out = []
+        for keep, first, width in ((self.indices < at, 0, at), (self.indices >= at, at, self.shape[1] - at)):
+            indptr, _ = csr_from_sorted(rows[keep], self.indices[keep], self.shape[0])
+            out.append(SparseRows.build(indptr, self.indices[keep] - first, self.values[keep], (self.shape[0], width)))
+        return out[0], out[1]
+
     def matmul(self, h: np.ndarray) -> np.ndarray:
         return spmm(self.indptr, self.indices, self.values, h, self.shape[0])
 
