@@ -61,15 +61,19 @@ def csr_tensor(torch, indptr: np.ndarray, indices: np.ndarray, values: np.ndarra
         )
 
 
-def with_transpose(torch, m: SparseRows) -> tuple:  # noqa: ANN001
-    """A sparse matrix and its transpose as torch CSR tensors."""
-    return (csr_tensor(torch, m.indptr, m.indices, m.values, m.shape),
-            csr_tensor(torch, m.t_indptr, m.t_indices, m.t_values, (m.shape[1], m.shape[0])))
+def sparse(torch, m: SparseRows):  # noqa: ANN001,ANN201
+    """A sparse matrix as a torch CSR tensor."""
+    return csr_tensor(torch, m.indptr, m.indices, m.values, m.shape)
+
+
+def transpose(torch, m: SparseRows):  # noqa: ANN001,ANN201
+    """The transpose of a sparse matrix as a torch CSR tensor (how a product's gradient flows back)."""
+    return csr_tensor(torch, m.t_indptr, m.t_indices, m.t_values, (m.shape[1], m.shape[0]))
 
 
 def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray], stats: dict):  # noqa: ANN201
     torch, dist = td.torch, td.dist
-    a, a_t = with_transpose(torch, adj)
+    a = sparse(torch, adj)  # Â·X, and the products of a rank that is alone
     n_own = int(part["owned_gid"].size)
     send_idx = torch.from_numpy(part["send_idx"].astype(np.int64))
     send_counts = [int(c) for c in part["send_counts"]]
@@ -95,9 +99,12 @@ def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray],
         work.wait()
         stats["comm_s"] += time.perf_counter() - t0
 
-    a_own, a_halo = adj.split_columns(n_own)
-    own, own_t = with_transpose(torch, a_own)
-    halo, halo_t = with_transpose(torch, a_halo)
+    if td.world == 1:
+        a_t = transpose(torch, adj)
+    else:  # the products that overlap the exchanges: own columns, halo columns
+        a_own, a_halo = adj.split_columns(n_own)
+        own, own_t = sparse(torch, a_own), transpose(torch, a_own)
+        halo, halo_t = sparse(torch, a_halo), transpose(torch, a_halo)
 
     class Propagate(torch.autograd.Function):
         """A · [h; the halo's rows of h]. Forward: the halo rows travel while the product over the

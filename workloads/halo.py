@@ -62,8 +62,8 @@ class Halo:
         """[this rank's boolean mask; the owners' masks of the halo rows], sent as bits. Collective."""
         if self.alone:
             return keep
-        got = self._alltoallv(pack_bits(keep[self.send_idx]), self.send_counts, self.recv_counts,
-                              (keep.shape[1] + 7) // 8)
+        bits = pack_bits(keep[self.send_idx])
+        got = self._alltoallv(bits, self.send_counts, self.recv_counts, bits.shape[1])
         return np.concatenate([keep, unpack_bits(got, keep.shape[1])])
 
     def scatter_add_back(self, halo_grad: np.ndarray) -> np.ndarray:
