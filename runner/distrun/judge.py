@@ -11,6 +11,7 @@ Pure and standard library only: the unit tests feed it fake probes, and Ansible 
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -84,12 +85,32 @@ def compare_versions(versions: Mapping[str, Mapping[str, str]], head: str, setup
     return out
 
 
+def _without_own_loopback(host: str, name: str, addresses: str) -> str:
+    """What a node's answer for its own name says to the others: Debian's and Ubuntu's installers
+    put the machine's hostname on 127.0.1.1, harmless beside the cluster address (nothing else
+    reaches a node by its loopback), so a node's loopback answers for itself are left out."""
+    if name != host or not addresses:
+        return addresses
+    kept = []
+    for a in addresses.split(","):
+        try:
+            if ipaddress.ip_address(a).is_loopback:
+                continue
+        except ValueError:
+            pass
+        kept.append(a)
+    return ",".join(kept)
+
+
 def compare_names(names: Mapping[str, Mapping[str, str]], head: str, setup: str) -> dict[str, Item]:
-    """Every node must resolve every cluster name to the same addresses (and resolve it at all)."""
+    """Every node must resolve every cluster name to the same addresses (and resolve it at all);
+    a node that resolves its own name only to loopback addresses agrees with every other."""
     problems: dict[str, list[str]] = {h: [] for h in names}
     all_names = sorted({n for v in names.values() for n in v})
     for name in all_names:
-        values = {h: v.get(name, "") for h, v in names.items()}
+        answers = {h: (v.get(name, ""), _without_own_loopback(h, name, v.get(name, ""))) for h, v in names.items()}
+        # Only loopback for itself: no view of its own address to compare.
+        values = {h: kept for h, (raw, kept) in answers.items() if kept or not raw}
         resolved = {h: a for h, a in values.items() if a}
         ref = _reference(resolved, head) if resolved else ""
         agree = sorted(h for h, a in values.items() if a == ref)

@@ -716,8 +716,11 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
             node.ip = _container_ip(node.container, cluster.network)
             cluster.nodes.append(node)
         for node in cluster.nodes:
-            cluster.exec(node.index, "printf '127.0.0.1\\tlocalhost\\n::1\\tlocalhost ip6-localhost ip6-loopback\\n"
-                         f"{node.ip}\\t{node.name}\\n' > /etc/hosts")
+            # As Debian's and Ubuntu's installers write it: the machine's own hostname on
+            # 127.0.1.1, not on its address (podman's own file would say the address, and a
+            # program that finds itself by its hostname would work here and fail on a real node).
+            cluster.exec(node.index, "printf '127.0.0.1\\tlocalhost\\n127.0.1.1\\t%s\\n\\n"
+                         "::1\\tlocalhost ip6-localhost ip6-loopback\\n' " + shlex.quote(node.name) + " > /etc/hosts")
             cluster.exec(node.index, "install -d -m 0700 /root/.ssh && "
                          "cat > /root/.ssh/authorized_keys && "
                          "chmod 0600 /root/.ssh/authorized_keys", input=pubkey)

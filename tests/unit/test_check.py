@@ -95,6 +95,17 @@ def test_a_wrong_or_missing_name_is_reported_on_the_node_that_has_it():
     assert "/etc/hosts" in out["node2"].fix and "--tags base" in out["node2"].fix
 
 
+def test_a_node_whose_own_name_is_on_127_0_1_1_as_debian_installs_it_is_not_blamed():
+    names = {h: {n: f"10.0.0.{i + 1}" for i, n in enumerate(NODES)} for h in NODES}
+    names["node1"]["node1"] = "127.0.1.1,10.0.0.1"  # the installer's line, then role base's
+    names["node2"]["node2"] = "127.0.1.1"  # the installer's line alone
+    out = compare_names(names, "node1", SETUP)
+    assert all(item.ok for item in out.values()), {h: i.detail for h, i in out.items()}
+    # Loopback for another node's name is still wrong.
+    names["node3"]["node1"] = "127.0.1.1"
+    assert compare_names(names, "node1", SETUP)["node3"].detail == "node3 resolves node1 to 127.0.1.1 but node1,node2 to 10.0.0.1"
+
+
 def test_busy_port_names_the_process_and_the_fix():
     probes = healthy()
     probes["node1"]["ports"] = {"29500": {"ok": False, "detail": "in use by python3 (pid 42)"}}

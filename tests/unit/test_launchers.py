@@ -110,6 +110,10 @@ def test_torchrun_one_agent_per_node_with_its_own_slot_count():
         assert "--rdzv-endpoint=10.0.0.1:29500" in argv
         assert "--rdzv-id=r5" in argv
         assert "--max-restarts=0" in argv
+    # The agent on the endpoint's host starts the store, every other agent joins it: torch is
+    # not left to match the endpoint against the hostname (127.0.1.1 on installed machines).
+    assert [h.net_address for h in plan.hosts if "--rdzv-conf=is_host=1" in cmds[h.name]] == ["10.0.0.1"]
+    assert sum("--rdzv-conf=is_host=0" in argv for argv in cmds.values()) == 2
     from distrun.launchers.torchrun import torchrun_env
     assert torchrun_env(plan, plan.hosts[1])["GLOO_SOCKET_IFNAME"] == "ens5"
     assert torchrun_env(plan, plan.hosts[1])["NCCL_SOCKET_IFNAME"] == "ens5"

@@ -121,6 +121,9 @@ def test_multi_job_mode_master_first_then_workers_with_its_node():
         assert "#SBATCH --nodes=1" in text
         assert '--nnodes=3 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR":29500' in text
         assert "-m mpi4py" not in text  # separate jobs form no MPI world
+    # The master job's agent starts the rendezvous store; the workers' agents only join it.
+    assert "--rdzv-conf=is_host=1" in master and "is_host=0" not in master
+    assert "--rdzv-conf=is_host=0" in worker and "is_host=1" not in files["job-1.sbatch"] + worker
     driver = slurm.driver_script(plan)
     assert 'submit "$script" --export="ALL,MASTER_ADDR=$master"' in driver
     assert "for script in job-1.sbatch job-2.sbatch" in driver

@@ -12,15 +12,18 @@ if TYPE_CHECKING:
     from ..plan import JobPlan, RankHost
 
 
-def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None,
+def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None, store_host: bool | None = None,
                   program: tuple[str, ...] | None = None, launcher_args: tuple[str, ...] | None = None) -> list[str]:
     """The command run on ``host``; every node gets the same rendezvous, its own slot count.
 
     ``endpoint_host`` replaces the plan's master address (Slurm's multi-job mode learns it only
-    when the job runs); ``program`` replaces the plan's program; ``launcher_args`` the plan's
-    --launcher-args (they come after distrun's options, so a repeated option such as
-    --max-restarts takes the user's value).
+    when the job runs) and ``store_host`` says whether this agent hosts the rendezvous store
+    (default: ``host`` is the plan's first rank host, whose address is the endpoint);
+    ``program`` replaces the plan's program; ``launcher_args`` the plan's --launcher-args (they
+    come after distrun's options, so a repeated option such as --max-restarts takes the user's value).
     """
+    if store_host is None:
+        store_host = host.name == plan.hosts[0].name
     torchrun = f"{plan.env_prefix.rstrip('/')}/bin/torchrun"
     return [
         torchrun,
@@ -29,6 +32,11 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint_host or plan.master_addr}:{plan.master_port}",
         f"--rdzv-id={plan.run_id}",
+        # Which agent starts the c10d store. Left to itself, torch decides by matching the
+        # endpoint against the addresses of the machine's hostname, and Debian's and Ubuntu's
+        # installers put that hostname on 127.0.1.1: then no agent starts the store and every
+        # agent waits for it until the rendezvous times out. distrun knows the head: say so.
+        f"--rdzv-conf=is_host={1 if store_host else 0}",
         # How the other agents reach this one (the first one's address becomes the ranks'
         # MASTER_ADDR): the node's cluster address, not a hostname the others may not resolve.
         f"--local-addr={host.net_address or host.address}",

@@ -178,7 +178,7 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     mark = "DISTRUN_MASTER_ADDR"
     # A --workdir command is the user's exact command; distrun's own Python gets no MPI world here.
     program = plan.program if plan.workdir else _without_mpi4py_runner(plan.program)
-    torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, program=program, launcher_args=()))
+    torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, store_host=index == 0, program=program, launcher_args=()))
     torchrun = torchrun.replace(f"--rdzv-endpoint={mark}:", '--rdzv-endpoint="$MASTER_ADDR":', 1)
     # --launcher-args go to srun here too: Slurm starts the ranks' agent.
     lines.append(shlex.join(["srun", "--ntasks=1", "--kill-on-bad-exit=1", *plan.launcher_args]) + f" {torchrun}")
