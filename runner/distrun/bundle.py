@@ -94,6 +94,8 @@ def _host_block(plan: JobPlan) -> str:
                            for h in plan.hosts if h.address and h.address != h.name)
     by_name = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_HOST={shlex.quote(h.name)} ;;" for h in plan.hosts)
     ifaces = "\n".join(f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface)
+    # The ranks this node runs, as placed: mpirun and srun do not say so in torch's words.
+    local = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_LOCAL_SIZE={int(h.slots)} ;;" for h in plan.hosts)
     block = "DISTRUN_HOST=\n"
     if by_address:
         block += f'case " $(hostname -I 2>/dev/null || true) " in\n{by_address}\nesac\n'
@@ -102,6 +104,7 @@ def _host_block(plan: JobPlan) -> str:
               + '    *) DISTRUN_HOST="$(hostname -s)" ;;\n  esac\nfi\nexport DISTRUN_HOST\nIFACE=\n')
     if ifaces:
         block += f'case "$DISTRUN_HOST" in\n{ifaces}\nesac\n'
+    block += f'DISTRUN_LOCAL_SIZE=1\ncase "$DISTRUN_HOST" in\n{local}\nesac\n'
     return block
 
 
@@ -134,7 +137,8 @@ export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALI
 if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
 export MASTER_ADDR
 export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
-{iface_block}if [ -n "$IFACE" ]; then
+{iface_block}export LOCAL_WORLD_SIZE="${{LOCAL_WORLD_SIZE:-${{OMPI_COMM_WORLD_LOCAL_SIZE:-$DISTRUN_LOCAL_SIZE}}}}"
+if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
 fi

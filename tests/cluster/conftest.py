@@ -91,6 +91,14 @@ def provisioned(first_setup, cluster3):
     return cluster3
 
 
+@pytest.fixture(scope="session")
+def cell_script(tmp_path_factory):
+    """The matrix cells' torch program (tests/harness/matrix.py)."""
+    path = tmp_path_factory.mktemp("cell") / "cell.py"
+    path.write_text(matrix.CELL_SCRIPT)
+    return path
+
+
 def run_processes(cluster, run_id: str, nodes: tuple[int, ...] = (1, 2, 3)) -> list[str]:
     """Processes whose environment carries DISTRUN_RUN_ID=<run_id> (the tag 'distrun stop'
     kills by), still alive on the given nodes: 'node<k>:/proc/<pid>/environ' each."""

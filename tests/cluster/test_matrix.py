@@ -42,13 +42,6 @@ def modes_a(mode_inventories):
         yield switch
 
 
-@pytest.fixture(scope="session")
-def cell_script(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cell") / "cell.py"
-    path.write_text(matrix.CELL_SCRIPT)
-    return path
-
-
 def _cell(modes_a, distrun_home, cell_script, launcher: str, mode: str) -> None:
     inventory = modes_a.to(mode)
     matrix.run_cell(distrun, inventory, launcher, mode, "yaml-root", distrun_home, cell_script, HOSTS)

@@ -25,11 +25,20 @@ from pathlib import Path
 from typing import Any
 
 LAUNCHERS = ("mpirun", "torchrun", "slurm")
+# Slurm's multi-job mode (one job and one torchrun agent per node) is a column of its own where a
+# row runs it; "slurm" is its single mode (one job, srun's ranks).
+COLUMNS = (*LAUNCHERS, "slurm multi-job")
 MODES = ("sync", "sshfs", "external", "nfs")
 INVENTORIES = {
     "yaml-root": "YAML, names = hostnames, admin root",
     "ini-alias-ops": "INI, names alpha/w2/w3 != hostnames node1..3, admin ops (not root) with become",
+    "yaml-slots-2": "the YAML inventory with slots: 2 on every node (6 ranks, 2 per node)",
+    "yaml-slots-2-1-1": "the YAML inventory with slots 2/1/1 (4 ranks, uneven)",
 }
+# The rows an inventory has (its shared folder modes) and the columns it runs; every test node's
+# hostname is on 127.0.1.1 in its /etc/hosts, as Debian's installer writes it.
+ROWS = {"yaml-root": (MODES, LAUNCHERS), "ini-alias-ops": (MODES, LAUNCHERS),
+        "yaml-slots-2": (("sync",), COLUMNS), "yaml-slots-2-1-1": (("sync",), COLUMNS)}
 NOT_RUNNABLE = {
     "nfs": "this kernel has no NFS client or server: the nfs mode is converged rendered-only "
            "(exports, fstab; molecule/nfs), never mounted",
@@ -76,6 +85,10 @@ CELL_SCRIPT = textwrap.dedent(f"""
             torch.save({{"epoch": epoch, "model": model.module.state_dict()}}, "snapshot.pt")
         print(f"CELL epoch {{epoch + 1}}/{EPOCHS} rank={{rank}} loss={{loss.item():.4f}}", flush=True)
 
+    # What the launcher told this rank, beside what the process group says.
+    layout = " ".join(f"{{k}}={{os.environ.get(k, '-')}}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+    print(f"CELL layout rank={{rank}} world={{world}} host={{socket.gethostname()}} {{layout}}", flush=True)
+
     path = os.path.join(os.getcwd(), f"cell-rank{{rank}}.txt")
     with open(path, "w") as fh:
         fh.write(f"rank {{rank}} of {{world}} on {{socket.gethostname()}} sum {{int(total.item())}}")
@@ -94,6 +107,8 @@ CELL_SCRIPT = textwrap.dedent(f"""
 
 CELL_LINE = re.compile(r"CELL rank=(\d+) world=(\d+) host=(\S+) sum=(\d+) cwd=(\S+) file='([^']*)'")
 EPOCH_LINE = re.compile(rf"CELL epoch {EPOCHS}/{EPOCHS} rank=(\d+)")
+LAYOUT_LINE = re.compile(r"CELL layout rank=(\d+) world=(\d+) host=(\S+) RANK=(\S+) LOCAL_RANK=(\S+) WORLD_SIZE=(\S+) "
+                         r"LOCAL_WORLD_SIZE=(\S+)")
 
 
 @dataclass
@@ -127,6 +142,19 @@ def mode_inventory(hosts_file: Path, group_vars: Path, dest: Path, mode: str | N
     path.write_text(f"# A variant of {group_vars}/all.yml (tests/harness/matrix.py: mode {mode})\n"
                     + yaml.safe_dump(values, sort_keys=False, default_flow_style=False))
     return dest
+
+
+def slots_inventory(hosts_file: Path, group_vars: Path, dest: Path, slots: Mapping[str, int]) -> Path:
+    """A copy of a YAML inventory whose hosts run ``slots`` ranks each (the rest as they are)."""
+    import yaml
+
+    inv = mode_inventory(hosts_file, group_vars, dest, None)
+    doc = yaml.safe_load(hosts_file.read_text())
+    for name, n in slots.items():
+        doc["all"]["hosts"][name]["slots"] = int(n)
+    (inv / hosts_file.name).write_text(f"# {hosts_file} with slots {dict(slots)} (tests/harness/matrix.py)\n"
+                                        + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000))
+    return inv
 
 
 def record(cell: Cell) -> None:
@@ -192,40 +220,48 @@ def latest_run(home: Path) -> Path:
 
 
 def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: str, kind: str, home: Path,
-             script: Path, hosts: Mapping[str, str]) -> Cell:
+             script: Path, hosts: Mapping[str, str], slots: Mapping[str, int] | None = None) -> Cell:
     """Run one cell and check what a user would: exit 0, every rank's allreduce and last epoch,
-    the file rank 2 wrote in the run directory read back by 'distrun logs', collected in the record.
+    the rank layout every rank was told (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE), the file
+    the last rank wrote in the run directory read back by 'distrun logs', collected in the record.
 
-    ``hosts``: inventory name -> the machine's hostname, in rank order (one rank per node).
+    ``hosts``: inventory name -> the machine's hostname, in rank order; ``slots``: inventory name
+    -> the ranks it runs (one each when not given). ``launcher`` is a column (COLUMNS).
     Raises AssertionError naming what went wrong; records the cell either way."""
     started = time.monotonic()
     cell = Cell(launcher, mode, kind, "failed: did not finish", 0.0)
+    slots = dict(slots or dict.fromkeys(hosts, 1))
+    world = sum(slots.values())
+    last = world - 1
+    args = ["--launcher", "slurm", "--slurm-mode", "multi-job"] if launcher == "slurm multi-job" else ["--launcher", launcher]
     try:
-        result = distrun("train", "--inventory", inventory, "--launcher", launcher, "--script", str(script),
-                         timeout=600)
+        result = distrun("train", "--inventory", inventory, *args, "--script", str(script), timeout=600)
         shown = result.stdout[-4000:] + result.stderr[-2000:]
         assert result.rc == 0, f"train exited {result.rc}:\n{shown}"
         run = latest_run(home)
         cell.run_id = run.name
         plan = json.loads((run / "plan.json").read_text())
         assert [h["name"] for h in plan["hosts"]] == list(hosts), plan["hosts"]
-        assert plan["shared_dir"] and plan["world_size"] == 3
-        logs = distrun("logs", run.name, "--rank", "2", timeout=120)
+        assert plan["shared_dir"] and plan["world_size"] == world
+        logs = distrun("logs", run.name, "--rank", str(last), timeout=120)
         assert logs.rc == 0, f"distrun logs exited {logs.rc}: {logs.stderr[-2000:]}"
         lines = {int(m[1]): m for m in CELL_LINE.finditer(logs.stdout)}
-        assert set(lines) == {2}, f"'distrun logs --rank 2' shows ranks {sorted(lines)}:\n{logs.stdout[-3000:]}"
-        m = lines[2]
-        last_host, machine = list(hosts.items())[2]
+        assert set(lines) == {last}, f"'distrun logs --rank {last}' shows ranks {sorted(lines)}:\n{logs.stdout[-3000:]}"
+        m = lines[last]
+        machine = list(hosts.values())[-1]
         run_dir = f"{plan['shared_dir'].rstrip('/')}/runs/{run.name}"
-        assert (m[2], m[3], m[4], m[5]) == ("3", machine, "6", run_dir), m.group(0)
-        assert m[6] == f"rank 2 of 3 on {machine} sum 6", m.group(0)
-        assert EPOCH_LINE.search(logs.stdout), f"rank 2 did not reach epoch {EPOCHS}:\n{logs.stdout[-2000:]}"
+        total = str(world * (world + 1) // 2)
+        assert (m[2], m[3], m[4], m[5]) == (str(world), machine, total, run_dir), m.group(0)
+        assert m[6] == f"rank {last} of {world} on {machine} sum {total}", m.group(0)
+        assert EPOCH_LINE.search(logs.stdout), f"rank {last} did not reach epoch {EPOCHS}:\n{logs.stdout[-2000:]}"
         ranks = _rank_lines(run)
-        # one rank per node, each through every epoch of its DistributedSampler
-        assert sorted(ranks) == [0, 1, 2] and {r[0] for r in ranks.values()} == set(hosts.values()), ranks
+        # every rank through every epoch of its DistributedSampler, on the node the plan put it
+        assert sorted(ranks) == list(range(world)) and {r[0] for r in ranks.values()} == set(hosts.values()), ranks
         assert all(r[1] == EPOCHS for r in ranks.values()), ranks
-        files = {p.read_text() for p in (run / "nodes").rglob("cell-rank2.txt")}
-        assert files == {f"rank 2 of 3 on {machine} sum 6"}, f"the record holds {files or 'no'} cell-rank2.txt"
+        assert_layout(run, hosts, slots)
+        files = {p.read_text() for p in (run / "nodes").rglob(f"cell-rank{last}.txt")}
+        assert files == {f"rank {last} of {world} on {machine} sum {total}"}, \
+            f"the record holds {files or 'no'} cell-rank{last}.txt"
         cell.status = "passed"
         return cell
     except AssertionError as exc:
@@ -241,6 +277,28 @@ def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: s
         record(cell)
 
 
+def assert_layout(run: Path, hosts: Mapping[str, str], slots: Mapping[str, int]) -> None:
+    """Every node holds local ranks 0..slots-1 exactly once, global ranks are 0..world-1 in the
+    order of ``hosts``, and each rank's RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE say so."""
+    world = sum(slots.values())
+    seen: dict[int, tuple[str, ...]] = {}
+    for f in (run / "nodes").rglob("*"):
+        if f.is_file() and f.name in ("stdout", "stdout.log"):
+            for m in LAYOUT_LINE.finditer(f.read_text(errors="replace")):
+                seen[int(m[1])] = tuple(m.groups()[1:])
+    assert sorted(seen) == list(range(world)), f"layout lines of ranks {sorted(seen)}, expected 0..{world - 1}"
+    expected_rank = 0
+    for name, machine in hosts.items():
+        mine = sorted((r, v) for r, v in seen.items() if v[1] == machine)
+        assert [r for r, _ in mine] == list(range(expected_rank, expected_rank + slots[name])), \
+            f"{name} ({machine}) holds ranks {[r for r, _ in mine]}, expected {slots[name]} from {expected_rank}"
+        assert sorted(v[3] for _, v in mine) == [str(i) for i in range(slots[name])], f"{name}: LOCAL_RANK {mine}"
+        for r, (w, _, env_rank, _, env_world, local_world) in mine:
+            assert (w, env_rank, env_world, local_world) == (str(world), str(r), str(world), str(slots[name])), \
+                f"rank {r} on {name}: world={w} RANK={env_rank} WORLD_SIZE={env_world} LOCAL_WORLD_SIZE={local_world}"
+        expected_rank += slots[name]
+
+
 def _rank_lines(run: Path) -> dict[int, tuple[str, int]]:
     """Rank -> (machine, epochs done) from every collected rank log of the run."""
     found: dict[int, tuple[str, int]] = {}
@@ -254,15 +312,18 @@ def _rank_lines(run: Path) -> dict[int, tuple[str, int]]:
 
 def table(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """The matrix as Markdown: one row per inventory and shared folder mode, one column per
-    launcher; a cell is its result and seconds, or why it cannot run here."""
+    launcher; a cell is its result and seconds, or why it cannot run here ("-": not a cell of that row)."""
     got = {(r["launcher"], r["mode"], r["inventory"]): r for r in rows}
-    out = ["| inventory | shared folder | " + " | ".join(LAUNCHERS) + " |", "|---|---|" + "---|" * len(LAUNCHERS)]
+    out = ["| inventory | shared folder | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
     for kind in INVENTORIES:
-        for mode in MODES:
+        modes, columns = ROWS[kind]
+        for mode in modes:
             cells = []
-            for launcher in LAUNCHERS:
+            for launcher in COLUMNS:
                 r = got.get((launcher, mode, kind))
-                if mode in NOT_RUNNABLE:
+                if launcher not in columns:
+                    cells.append("-")
+                elif mode in NOT_RUNNABLE:
                     cells.append("not runnable here (1)")
                 elif r is None:
                     cells.append("NOT RUN")

@@ -115,3 +115,20 @@ def test_the_summary_names_a_failing_rank_by_its_inventory_name():
     lines = ["DISTRUN_RANK rank=1 local_rank=0 world_size=3 host=w2 machine=node2 pid=7",
              "MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD"]
     assert first_failure(lines, LAUNCHERS["mpirun"]) == "; first failing rank 1 on w2"
+
+
+def test_every_rank_learns_how_many_ranks_its_node_runs(tmp_path):
+    # w2 has 2 slots, alpha and w3 one: LOCAL_WORLD_SIZE as torchrun would set it, under mpirun
+    # and srun too (they do not set it), unless the launcher already did.
+    plan = build_plan(cluster(), run_id="r1")
+    assert {h.name: h.slots for h in plan.hosts} == {"alpha": 1, "w2": 2, "w3": 1}
+    wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
+    cases = {("node2", "10.0.0.12", ()): "2", ("node3", "10.0.0.13", ()): "1",
+             ("node2", "10.0.0.12", (("OMPI_COMM_WORLD_LOCAL_SIZE", "5"),)): "5",
+             ("node2", "10.0.0.12", (("LOCAL_WORLD_SIZE", "7"),)): "7"}
+    for (short, addresses, extra), expected in cases.items():
+        env = {**_fake_hostname(tmp_path, short, addresses), **dict(extra)}
+        out = subprocess.run(["bash", "-c", wrapper, "bash", "printenv", "LOCAL_WORLD_SIZE"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[1] == expected, (short, extra, out.stdout)
