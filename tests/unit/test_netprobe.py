@@ -87,6 +87,17 @@ def test_the_judge_names_each_cause_of_a_failed_connection():
     assert cause("unreachable: No route to host", 8) == ("No route to host: no route between them (a wrong "
                                                           "interface or address)")
     assert cause("foreign", 8) == "another program answers on that port"
+    assert cause("no address", 8) == "it has no address on the ranks' network (distrun_network)"
+
+
+def test_a_peer_without_an_address_on_the_ranks_network_is_named_not_called():
+    port = free_port()
+    # node3 has no address on distrun_network: an empty address must not reach this node itself.
+    found = run_nodes({**ADDRESS, "node3": ""}, rendezvous=port, mpi_range="20000-60000", timeout=2)
+    ok, detail, _ = net_verdict(found, head="node1")["node2"]
+    assert not ok
+    assert detail == ("node2 cannot open a TCP connection to node3 in Open MPI's TCP port range (no address): "
+                      "it has no address on the ranks' network (distrun_network)")
 
 
 def net(calls=None, listen=None, mpi_range=""):
@@ -104,8 +115,9 @@ def test_a_dropped_connection_refuses_the_run_in_one_line_naming_the_pair():
     assert line == ("network: node2 cannot open a TCP connection to node3 in Open MPI's TCP port range "
                     "(10.0.0.3:40000): no answer within 8s: a firewall drops it, or that address is not on the "
                     "nodes' network on node2: let TCP connections between the nodes through the firewall (TCP ports "
-                    "1024-65535; e.g. allow the cluster's subnet), and check that every node's address is on one "
-                    "network (ansible_host); then 'distrun check'")
+                    "1024-65535; e.g. allow the cluster's subnet), and check that every node has an address on the "
+                    "ranks' network (ansible_host, or distrun_network where the nodes have several); then "
+                    "'distrun check'")
 
 
 @pytest.mark.parametrize("why", ["the head's port is taken", "the peer's probe did not run"])

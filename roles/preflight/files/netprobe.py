@@ -90,6 +90,10 @@ def call(me, nonce, peer, address, ports, deadline):
     The peer listens on the first of ``ports`` it could bind (a port of the range may be taken by
     one of its own outgoing connections), so a port that refuses is not given up on, but the
     ports are tried in turn until one answers; a port where another program answers is dropped."""
+    if not address:
+        # The peer has no address on the run's network (distrun_network): nothing to call, and
+        # an empty address would reach this node itself.
+        return {"ok": False, "address": "", "port": ports[0] if ports else 0, "error": "no address", "foreign": False}
     last, foreign = "timeout", False
     todo = list(ports)
     turn = 0
