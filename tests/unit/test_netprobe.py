@@ -33,13 +33,14 @@ def free_port() -> int:
 
 
 def run_nodes(peers: dict[str, str], *, rendezvous: int, mpi_range: str = "", timeout: float = 3,
-              nodes=NODES) -> dict[str, dict]:
+              nodes=NODES, late: dict[str, float] | None = None) -> dict[str, dict]:
     """Every node's probe at once, each listening on its own loopback address. The nonce is this
     call's own, so another test process probing beside it (the suite runs two Pythons at once)
     listens on other ports and never answers these nodes."""
     nonce = f"unit-{os.getpid()}-{time.time_ns()}"
 
     def one(host):
+        time.sleep((late or {}).get(host, 0))
         cfg = {"host": host, "user": "no-such-user-distrun", "env_prefix": "/nonexistent", "mpi_prefix": "/usr",
                "shared_dir": "/tmp",
                "net": {"nonce": nonce, "timeout": timeout, "head": "node1", "peers": peers, "rendezvous": rendezvous,
@@ -65,6 +66,15 @@ def test_every_node_reaches_the_heads_rendezvous_port_and_every_other_in_the_mpi
     # The probe runs apart from the node's other checks: this "node" was never set up.
     assert found["node2"]["setup"]["ok"] is False
     assert all(item[0] for item in net_verdict(found, head="node1").values())
+
+
+def test_a_node_whose_probe_starts_late_is_waited_for_not_blamed():
+    # On a dozen nodes the play starts the probes over seconds: node3 listens 1.5 s after the
+    # others' 1 s deadline. Nothing is wrong, and nothing is reported.
+    port = free_port()
+    found = run_nodes(ADDRESS, rendezvous=port, mpi_range="20000-60000", timeout=1, late={"node3": 1.5})
+    judged = net_verdict(found, head="node1")
+    assert all(item[0] for item in judged.values()), judged
 
 
 def test_a_node_nobody_can_reach_is_named_as_the_pair_with_the_cause():
