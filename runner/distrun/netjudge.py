@@ -21,6 +21,8 @@ def cause(error: str, timeout: object) -> str:
         return f"no answer within {timeout}s: a firewall drops it, or that address is not on the nodes' network"
     if error == "refused":
         return "refused: a firewall rejects it, or nothing could listen there"
+    if error == "no address":
+        return "it has no address on the ranks' network (distrun_network)"
     if error == "foreign":
         return "another program answers on that port"
     if error.startswith("unreachable"):
@@ -62,13 +64,14 @@ def verdict(probes: Mapping[str, Mapping[str, Any]], *, head: str) -> dict[str, 
                 continue
             if kind == "rendezvous" and rendezvous_taken:
                 continue
-            problems.append(f"{h} cannot open a TCP connection to {_what(key)} "
-                            f"({result.get('address')}:{result.get('port')}): "
+            where = f"{result.get('address')}:{result.get('port')}" if result.get("address") else "no address"
+            problems.append(f"{h} cannot open a TCP connection to {_what(key)} ({where}): "
                             f"{cause(str(result.get('error', '')), timeout)}")
         if problems:
             ports = f"TCP ports {mpi_range}" if mpi_range else "the rendezvous port ('distrun train --port')"
             fix = (f"let TCP connections between the nodes through the firewall ({ports}; e.g. allow the cluster's "
-                   "subnet), and check that every node's address is on one network (ansible_host); "
+                   "subnet), and check that every node has an address on the ranks' network (ansible_host, or "
+                   "distrun_network where the nodes have several); "
                    "then 'distrun check'")
             out[h] = (False, "; ".join(problems), fix)
         else:

@@ -48,25 +48,40 @@ def ifaces_from_facts(facts: Mapping[str, Any]) -> list[Iface]:
     return found
 
 
+def _shown(ifaces: list[Iface]) -> str:
+    return ", ".join(f"{i.name} {i.address}" for i in ifaces) or "none with IPv4"
+
+
 def choose_interfaces(
     addresses: Mapping[str, str],
     ifaces: Mapping[str, list[Iface]],
     overrides: Mapping[str, str] | None = None,
     default_ipv4: Mapping[str, str] | None = None,
+    network: str = "",
 ) -> NetworkChoice:
     """Pick one interface per host on the subnet that every host shares.
 
     ``addresses`` are the inventory addresses (ansible_host); when one is a name rather than an
     IP, the host's default IPv4 address stands in. ``overrides`` (hostvar distrun_iface) win.
+    ``network`` (the inventory's distrun_network, a CIDR) names the network the ranks talk over
+    when it is not the one of the inventory addresses (a fast network beside the management one):
+    every host then uses its interface inside it.
     """
     overrides = overrides or {}
     default_ipv4 = default_ipv4 or {}
     hosts = list(addresses)
     if not hosts:
         raise PlanError("no hosts to choose network interfaces for")
+    try:
+        cidr = rules.cluster_network(network)
+    except ValueError as exc:
+        raise PlanError(f"{exc} (group_vars)") from None
 
     def candidates(host: str) -> list[Iface]:
         return [i for i in ifaces.get(host, []) if not i.name.startswith(VIRTUAL_PREFIXES)]
+
+    def inside(i: Iface) -> bool:
+        return ipaddress.ip_address(i.address) in ipaddress.ip_network(cidr)
 
     def wanted_ip(host: str) -> str | None:
         return rules.address(addresses[host], default_ipv4.get(host, "")) or None
@@ -81,6 +96,17 @@ def choose_interfaces(
                     f"host {host}: distrun_iface={overrides[host]!r} has no IPv4 address there "
                     f"(interfaces: {have}); fix distrun_iface in the inventory"
                 )
+            if cidr and not inside(match[0]):
+                raise PlanError(f"host {host}: distrun_iface={overrides[host]!r} ({match[0].address}) is not on "
+                                f"distrun_network {cidr}; point distrun_iface at its interface on that network "
+                                f"(interfaces: {_shown(ifaces.get(host, []))}) or remove it")
+            chosen[host] = match[0]
+            continue
+        if cidr:
+            match = [i for i in candidates(host) if inside(i)]
+            if not match:
+                raise PlanError(f"host {host}: no network interface on distrun_network {cidr} (interfaces: "
+                                f"{_shown(ifaces.get(host, []))}); give it an address there, or correct distrun_network")
             chosen[host] = match[0]
             continue
         ip = wanted_ip(host)

@@ -70,7 +70,7 @@ def network(cluster: Cluster) -> NetworkChoice | None:
     overrides = {n.name: n.iface for n in cluster.workers if n.iface}
     if all(n.connection == "local" for n in cluster.workers):
         return None  # one machine: loopback is the network, nothing to choose
-    return choose_interfaces(addresses, ifaces, overrides, default_ipv4)
+    return choose_interfaces(addresses, ifaces, overrides, default_ipv4, str(cluster.group_vars.get("distrun_network") or ""))
 
 
 def facts_unusable(cluster: Cluster) -> str | None:

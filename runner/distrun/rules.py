@@ -59,6 +59,36 @@ def node_address(ansible_host: object, facts: Mapping[str, Any] | None, fallback
     return address(ansible_host, default_ipv4(facts), fallback)
 
 
+def cluster_network(value: object) -> str:
+    """The inventory's distrun_network as a CIDR ('' when unset); ValueError naming the value."""
+    text = str(value or "").strip()
+    if not text:
+        return ""
+    try:
+        return str(ipaddress.IPv4Network(text, strict=False))
+    except ValueError:
+        raise ValueError(f"distrun_network={text!r} is not an IPv4 network; write it as a CIDR "
+                         "such as 10.1.0.0/16 (the network the ranks talk over), or leave it unset") from None
+
+
+def network_address(ansible_host: object, facts: Mapping[str, Any] | None, network: str, fallback: str = "") -> str:
+    """A node's address on the network its ranks talk over: with ``network`` (a CIDR), its IPv4
+    address inside it from its facts ('' when it has none); without, ``node_address``."""
+    if not network:
+        return node_address(ansible_host, facts, fallback)
+    net = ipaddress.IPv4Network(network, strict=False)
+    inventory = str(ansible_host or "").strip()
+    candidates = [inventory] if is_ip(inventory) else []
+    candidates += [str(a) for a in (_fact(_facts(facts), "all_ipv4_addresses") or [])]
+    for addr in candidates:
+        try:
+            if ipaddress.ip_address(addr) in net:
+                return addr
+        except ValueError:
+            continue
+    return ""
+
+
 def local_fact(facts: Mapping[str, Any] | None) -> Mapping[str, Any]:
     """What role mpi_env wrote in /etc/ansible/facts.d/distrun.fact ({} when absent)."""
     local = _fact(_facts(facts), "local") or {}

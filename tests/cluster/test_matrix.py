@@ -58,6 +58,16 @@ def test_sshfs_cell(modes_a, distrun_home, cell_script, launcher):
     _cell(modes_a, distrun_home, cell_script, launcher, "sshfs")
 
 
+@pytest.mark.phase(1)
+def test_check_twice_in_a_row_on_sshfs_finds_nothing_wrong(modes_a):
+    # sshfs keeps a folder's listing for seconds: a second check that looked for the head's new
+    # probe file in a listing of the shared folder would miss it while nothing is wrong.
+    inventory = modes_a.to("sshfs")
+    for attempt in (1, 2):
+        res = distrun("check", "--inventory", inventory, timeout=300)
+        assert res.rc == 0, f"check {attempt} of 2:\n{res.stdout[-3000:]}\n{res.stderr[-2000:]}"
+
+
 def _fstype(cluster, k: int) -> str:
     """The filesystem type mounted at the shared folder on node k ("" when nothing is)."""
     return cluster.exec(k, f"findmnt -n -o FSTYPE --mountpoint {SHARED_DIR} || true").stdout.strip()

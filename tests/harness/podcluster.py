@@ -431,7 +431,8 @@ class Node:
     index: int
     name: str        # nodeK: hostname, DNS alias on the cluster network, inventory name
     container: str   # <cluster>-nodeK
-    ip: str
+    ip: str          # on the cluster network: the inventory's ansible_host (management)
+    fast_ip: str = ""  # on the second network: internal, no gateway (a fast network beside it)
 
 
 @dataclass
@@ -442,6 +443,10 @@ class Cluster:
     state_dir: Path
     inventory: Path
     nodes: list[Node] = field(default_factory=list)
+    # The second network every node has (<cluster>-fast: internal, no gateway), as real nodes
+    # have a management network and a fast one; its CIDR is what distrun_network names.
+    fast_network: str = ""
+    fast_cidr: str = ""
 
     # -- paths the inventory points at
     @property
@@ -612,8 +617,9 @@ def _remove_leftovers(name: str) -> None:
              if re.fullmatch(rf"{re.escape(name)}-node\d+", ln)]
     if named:
         _podman("rm", "-f", "-t", "0", *named, timeout=300)
-    if _podman("network", "exists", f"{name}-net", check=False).returncode == 0:
-        _podman("network", "rm", "-f", f"{name}-net")
+    for network in (f"{name}-net", f"{name}-fast"):
+        if _podman("network", "exists", network, check=False).returncode == 0:
+            _podman("network", "rm", "-f", network)
 
 
 def _node_mac(ip: ipaddress.IPv4Address) -> str:
@@ -671,7 +677,7 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
         binds += ["-v", f"{Path(host_path).resolve()}:{node_path}:{mode}"]
     state = state_dir_for(name)
     cluster = Cluster(name=name, network=f"{name}-net", image=ref, state_dir=state,
-                      inventory=Path(inventory or DEFAULT_INVENTORY).resolve())
+                      inventory=Path(inventory or DEFAULT_INVENTORY).resolve(), fast_network=f"{name}-fast")
     _remove_leftovers(name)
     try:
         shutil.rmtree(state, ignore_errors=True)
@@ -681,21 +687,26 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
         pubkey = cluster.key.with_suffix(".pub").read_text()
         _podman("network", "create", "--label", f"{LABEL}={name}", cluster.network)
         subnet = _network_subnet(cluster.network)
+        _podman("network", "create", "--internal", "--label", f"{LABEL}={name}", cluster.fast_network)
+        fast = _network_subnet(cluster.fast_network)
+        cluster.fast_cidr = str(fast)
         for k in range(1, n + 1):
-            node = Node(index=k, name=f"node{k}", container=f"{name}-node{k}", ip="")
+            node = Node(index=k, name=f"node{k}", container=f"{name}-node{k}", ip="",
+                        fast_ip=str(fast.network_address + 10 + k))
             args = ["run", "-d", "--name", node.container, "--hostname", node.name,
-                    "--network", cluster.network, "--network-alias", node.name,
+                    # A fixed address per node on each network: a node stopped and started again
+                    # (failure tests) comes back where every other node's /etc/hosts expects it,
+                    # and with its old MAC, or the others' ARP caches point at a dead veth.
+                    "--network", f"{cluster.network}:ip={subnet.network_address + 10 + k},"
+                                 f"mac={_node_mac(subnet.network_address + 10 + k)}",
+                    "--network", f"{cluster.fast_network}:ip={node.fast_ip},mac={_node_mac(fast.network_address + 10 + k)}",
+                    "--network-alias", node.name,
                     "--label", f"{LABEL}={name}", "--systemd=always",
                     # sshfs (the shared-folder mode this kernel supports) needs FUSE.
                     "--device", "/dev/fuse", "--cap-add", "SYS_ADMIN",
                     # Debian's ping carries file capability cap_net_raw; without it in the
                     # bounding set exec fails with EPERM, unlike on a real host.
                     "--cap-add", "NET_RAW",
-                    # A fixed address per node: a node stopped and started again (failure
-                    # tests) comes back where every other node's /etc/hosts expects it.
-                    # ... and with its old MAC, or the others' ARP caches point at a dead veth.
-                    "--ip", str(subnet.network_address + 10 + k),
-                    "--mac-address", _node_mac(subnet.network_address + 10 + k),
                     # /etc/hosts is the node's own file, as on a machine: podman would write a
                     # fresh one at every start, dropping what role base manages there, so a
                     # restarted node could no longer resolve the others.

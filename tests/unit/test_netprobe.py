@@ -33,13 +33,14 @@ def free_port() -> int:
 
 
 def run_nodes(peers: dict[str, str], *, rendezvous: int, mpi_range: str = "", timeout: float = 3,
-              nodes=NODES) -> dict[str, dict]:
+              nodes=NODES, late: dict[str, float] | None = None) -> dict[str, dict]:
     """Every node's probe at once, each listening on its own loopback address. The nonce is this
     call's own, so another test process probing beside it (the suite runs two Pythons at once)
     listens on other ports and never answers these nodes."""
     nonce = f"unit-{os.getpid()}-{time.time_ns()}"
 
     def one(host):
+        time.sleep((late or {}).get(host, 0))
         cfg = {"host": host, "user": "no-such-user-distrun", "env_prefix": "/nonexistent", "mpi_prefix": "/usr",
                "shared_dir": "/tmp",
                "net": {"nonce": nonce, "timeout": timeout, "head": "node1", "peers": peers, "rendezvous": rendezvous,
@@ -67,6 +68,15 @@ def test_every_node_reaches_the_heads_rendezvous_port_and_every_other_in_the_mpi
     assert all(item[0] for item in net_verdict(found, head="node1").values())
 
 
+def test_a_node_whose_probe_starts_late_is_waited_for_not_blamed():
+    # On a dozen nodes the play starts the probes over seconds: node3 listens 1.5 s after the
+    # others' 1 s deadline. Nothing is wrong, and nothing is reported.
+    port = free_port()
+    found = run_nodes(ADDRESS, rendezvous=port, mpi_range="20000-60000", timeout=1, late={"node3": 1.5})
+    judged = net_verdict(found, head="node1")
+    assert all(item[0] for item in judged.values()), judged
+
+
 def test_a_node_nobody_can_reach_is_named_as_the_pair_with_the_cause():
     port = free_port()
     # node3's listener is where the others do not look: every call to it is refused.
@@ -87,6 +97,17 @@ def test_the_judge_names_each_cause_of_a_failed_connection():
     assert cause("unreachable: No route to host", 8) == ("No route to host: no route between them (a wrong "
                                                           "interface or address)")
     assert cause("foreign", 8) == "another program answers on that port"
+    assert cause("no address", 8) == "it has no address on the ranks' network (distrun_network)"
+
+
+def test_a_peer_without_an_address_on_the_ranks_network_is_named_not_called():
+    port = free_port()
+    # node3 has no address on distrun_network: an empty address must not reach this node itself.
+    found = run_nodes({**ADDRESS, "node3": ""}, rendezvous=port, mpi_range="20000-60000", timeout=2)
+    ok, detail, _ = net_verdict(found, head="node1")["node2"]
+    assert not ok
+    assert detail == ("node2 cannot open a TCP connection to node3 in Open MPI's TCP port range (no address): "
+                      "it has no address on the ranks' network (distrun_network)")
 
 
 def net(calls=None, listen=None, mpi_range=""):
@@ -104,8 +125,9 @@ def test_a_dropped_connection_refuses_the_run_in_one_line_naming_the_pair():
     assert line == ("network: node2 cannot open a TCP connection to node3 in Open MPI's TCP port range "
                     "(10.0.0.3:40000): no answer within 8s: a firewall drops it, or that address is not on the "
                     "nodes' network on node2: let TCP connections between the nodes through the firewall (TCP ports "
-                    "1024-65535; e.g. allow the cluster's subnet), and check that every node's address is on one "
-                    "network (ansible_host); then 'distrun check'")
+                    "1024-65535; e.g. allow the cluster's subnet), and check that every node has an address on the "
+                    "ranks' network (ansible_host, or distrun_network where the nodes have several); then "
+                    "'distrun check'")
 
 
 @pytest.mark.parametrize("why", ["the head's port is taken", "the peer's probe did not run"])

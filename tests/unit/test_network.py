@@ -49,3 +49,40 @@ def test_override_must_exist_on_the_node():
     assert choose_interfaces({"a": "10.0.0.1"}, f, overrides={"a": "eth0"}).per_host["a"].name == "eth0"
     with pytest.raises(PlanError, match="distrun_iface='ib0' has no IPv4 address there"):
         choose_interfaces({"a": "10.0.0.1"}, f, overrides={"a": "ib0"})
+
+
+# Two networks per node, as real clusters have them: management (the inventory's addresses) and fast.
+TWO_NETS = {"w1": [Iface("eth0", "10.0.0.11", "10.0.0.0/24"), Iface("ib0", "10.9.0.11", "10.9.0.0/24")],
+            "w2": [Iface("ens5", "10.0.0.12", "10.0.0.0/24"), Iface("ens6", "10.9.0.12", "10.9.0.0/24")]}
+MGMT = {"w1": "10.0.0.11", "w2": "10.0.0.12"}
+
+
+def test_the_ranks_network_is_the_inventory_addresses_one_unless_distrun_network_names_another():
+    assert choose_interfaces(MGMT, TWO_NETS).cidr == "10.0.0.0/24"
+    choice = choose_interfaces(MGMT, TWO_NETS, network="10.9.0.0/24")
+    assert choice.cidr == "10.9.0.0/24"
+    assert {h: (i.name, i.address) for h, i in choice.per_host.items()} == {"w1": ("ib0", "10.9.0.11"),
+                                                                          "w2": ("ens6", "10.9.0.12")}
+    # A host address inside the network is normalised ("10.9.0.7/24" is the network 10.9.0.0/24).
+    assert choose_interfaces(MGMT, TWO_NETS, network="10.9.0.7/24").cidr == "10.9.0.0/24"
+
+
+def test_a_host_without_an_address_on_distrun_network_or_an_override_off_it_is_refused_naming_both():
+    ifaces = {**TWO_NETS, "w2": TWO_NETS["w2"][:1]}
+    with pytest.raises(PlanError, match=r"^host w2: no network interface on distrun_network 10\.9\.0\.0/24 "
+                                        r"\(interfaces: ens5 10\.0\.0\.12\); give it an address there"):
+        choose_interfaces(MGMT, ifaces, network="10.9.0.0/24")
+    with pytest.raises(PlanError, match=r"^host w1: distrun_iface='eth0' \(10\.0\.0\.11\) is not on distrun_network "
+                                        r"10\.9\.0\.0/24; point distrun_iface at its interface on that network"):
+        choose_interfaces(MGMT, TWO_NETS, overrides={"w1": "eth0"}, network="10.9.0.0/24")
+    with pytest.raises(PlanError, match=r"^distrun_network='fast' is not an IPv4 network; write it as a CIDR"):
+        choose_interfaces(MGMT, TWO_NETS, network="fast")
+
+
+def test_the_preflight_calls_each_node_at_its_address_on_the_ranks_network():
+    from distrun import rules
+
+    facts = {"ansible_all_ipv4_addresses": ["10.0.0.12", "10.9.0.12"]}
+    assert rules.network_address("10.0.0.12", facts, "10.9.0.0/24") == "10.9.0.12"
+    assert rules.network_address("10.0.0.12", facts, "") == "10.0.0.12"
+    assert rules.network_address("10.0.0.12", facts, "10.7.0.0/24") == ""  # none there: the call says so

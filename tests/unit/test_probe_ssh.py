@@ -165,3 +165,50 @@ def test_the_probe_running_as_root_never_follows_a_link_or_waits_on_a_fifo_in_th
     linked = fingerprint(node)
     (elsewhere / "id_ed25519.pub").write_text("ssh-ed25519 CHANGED head\n")
     assert fingerprint(node) == linked, "~/.ssh as a link was followed"
+
+
+# The mesh of logins: every node logs in to every other at once in 'distrun check'. On a dozen
+# nodes and more, a target's sshd drops pending connections past MaxStartups (10 by default).
+
+FAKE_SSH = """#!/bin/sh
+# ssh as the probe calls it: ... -- TARGET true. Logs start and end; 'busy' drops the first try.
+eval "target=\${$(($# - 1))}"
+echo "start $target $(date +%s.%N)" >> "$SSH_LOG"
+sleep 0.3
+echo "end $target $(date +%s.%N)" >> "$SSH_LOG"
+if [ "$target" = busy ] && [ ! -e "$SSH_LOG.busy" ]; then
+    touch "$SSH_LOG.busy"
+    echo "kex_exchange_identification: Connection closed by remote host" >&2
+    exit 255
+fi
+[ "$target" != down ] || { echo "ssh: connect to host down port 22: Connection refused" >&2; exit 255; }
+exit 0
+"""
+
+
+def test_the_mesh_logs_in_to_a_ring_of_the_others_a_few_at_a_time_and_retries_a_busy_sshd(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    log = tmp_path / "ssh.log"
+    targets = [f"n{i:02d}" for i in range(1, 13) if i != 5] + ["busy", "down"]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SSH_LOG": str(log)}
+    base = {"host": "n05", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "", "shared_dir": str(tmp_path),
+            "ssh_timeout": 2, "ssh_targets": targets}
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(base)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    ssh = json.loads(out.stdout.strip().splitlines()[-1])["ssh"]
+    # A dropped pending connection is tried again; a refused one is reported as it is.
+    assert ssh["busy"]["ok"] and all(ssh[t]["ok"] for t in targets if t != "down"), ssh
+    assert ssh["down"] == {"ok": False, "check": "login", "detail": "ssh: connect to host down port 22: Connection refused"}
+    events = [line.split() for line in log.read_text().splitlines()]
+    starts = [t for kind, t, _ in events if kind == "start"]
+    # The ring starts after this node (n05): every node of a mesh begins with a different target.
+    assert starts[:4] == ["n06", "n07", "n08", "n09"], starts
+    running, most = 0, 0
+    for kind, _, _ in sorted(events, key=lambda e: float(e[2])):
+        running += 1 if kind == "start" else -1
+        most = max(most, running)
+    assert most <= 4, f"{most} logins at once"

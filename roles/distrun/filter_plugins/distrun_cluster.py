@@ -36,6 +36,16 @@ def node_address(hostvars: object, fallback: str = "") -> str:
     return rules.node_address(_get(hostvars, "ansible_host"), {"ansible_facts": facts or {}}, str(fallback))
 
 
+def network_address(hostvars: object, network: object = "", fallback: str = "") -> str:
+    """A node's address on the network its ranks talk over (distrun_network; '' when it has none there)."""
+    try:
+        cidr = rules.cluster_network(network)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    facts = _get(hostvars, "ansible_facts")
+    return rules.network_address(_get(hostvars, "ansible_host"), {"ansible_facts": facts or {}}, cidr, str(fallback))
+
+
 def gpus(hostvars: object) -> int:
     return rules.gpus({"ansible_facts": _get(hostvars, "ansible_facts") or {}})
 
@@ -101,6 +111,7 @@ class FilterModule:
     def filters(self) -> dict:
         return {
             "distrun_node_address": node_address,
+            "distrun_network_address": network_address,
             "distrun_is_ip": rules.is_ip,
             "distrun_gpus": gpus,
             "distrun_gpu_count": gpu_count,

@@ -83,17 +83,24 @@ class Listener:
         return {"ok": True, "port": self.port, "seen": sorted(self.seen)}
 
 
-def call(me, nonce, peer, address, ports, deadline):
+def call(me, nonce, peer, address, ports, deadline, late=None):
     """Connect to ``peer``'s listener, retrying until the deadline (it may not listen yet); on
-    failure, what went wrong in words the judge turns into a cause.
+    failure, what went wrong in words the judge turns into a cause. A refused connection is tried
+    until ``late`` (default: the deadline): nothing listens there yet while that node's own probe
+    has not started, and on many nodes the play starts the probes over several seconds.
 
     The peer listens on the first of ``ports`` it could bind (a port of the range may be taken by
     one of its own outgoing connections), so a port that refuses is not given up on, but the
     ports are tried in turn until one answers; a port where another program answers is dropped."""
+    if not address:
+        # The peer has no address on the run's network (distrun_network): nothing to call, and
+        # an empty address would reach this node itself.
+        return {"ok": False, "address": "", "port": ports[0] if ports else 0, "error": "no address", "foreign": False}
     last, foreign = "timeout", False
     todo = list(ports)
     turn = 0
-    while todo and time.monotonic() < deadline:
+    late = max(deadline, late or deadline)
+    while todo and time.monotonic() < (late if last == "refused" else deadline):
         port = todo[turn % len(todo)]
         turn += 1
         left = deadline - time.monotonic()
@@ -135,23 +142,26 @@ class NetworkProbe:
         self.said = {"timeout": timeout, "mpi_range": cfg.get("mpi_range", "")}
         nonce = str(cfg["nonce"])
         deadline = time.monotonic() + float(timeout)
+        # How late a peer's probe may start (the play reaches the nodes over seconds): as long
+        # again. Listeners wait that long for callers not seen yet; calls retry a refusal as long.
+        late = deadline + float(timeout)
         peers = {p: a for p, a in (cfg.get("peers") or {}).items() if p != me}
         head, rendezvous = cfg.get("head", ""), int(cfg.get("rendezvous") or 0)
         address = cfg.get("listen_address") or "0.0.0.0"
         self.listeners, jobs = {}, {}
         if rendezvous and me == head:
-            self.listeners["rendezvous"] = Listener(nonce, me, [rendezvous], peers, deadline, address)
+            self.listeners["rendezvous"] = Listener(nonce, me, [rendezvous], peers, late, address)
         elif rendezvous and head in peers:
             jobs[f"rendezvous {head}"] = (head, peers[head], [rendezvous])
         if cfg.get("mpi_range"):
             low, high = (int(x) for x in str(cfg["mpi_range"]).split("-"))
-            self.listeners["mpi"] = Listener(nonce, me, range_ports(nonce, me, low, high), peers, deadline, address)
+            self.listeners["mpi"] = Listener(nonce, me, range_ports(nonce, me, low, high), peers, late, address)
             for peer, peer_address in sorted(peers.items()):
                 jobs[f"mpi {peer}"] = (peer, peer_address, range_ports(nonce, peer, low, high))
         self.calls = {}
 
         def run(key, job):
-            self.calls[key] = call(me, nonce, job[0], job[1], job[2], deadline)
+            self.calls[key] = call(me, nonce, job[0], job[1], job[2], deadline, late)
 
         self.threads = [threading.Thread(target=run, args=(k, j), daemon=True) for k, j in jobs.items()]
         for t in self.threads:

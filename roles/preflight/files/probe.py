@@ -92,19 +92,44 @@ def in_thread(fn, *args, **kwargs):
     return wait
 
 
-FAN_OUT = 16  # checks of other nodes (ssh, names, rsync) at once
+FAN_OUT = 16  # checks of other nodes (names, rsync) at once
+SSH_FAN_OUT = 4  # ssh logins to other nodes at once: with every node of the mesh logging in to a ring of
+                 # the others, each sshd sees about this many pending connections per wave
 
 
-def fan_out(fn, items, *args, **kwargs):
-    """fn(item, *args, **kwargs) for each item, FAN_OUT at a time, in threads; item -> the
-    function that waits for its value (in_thread)."""
-    slots = threading.BoundedSemaphore(FAN_OUT)
+def fan_out(fn, items, *args, limit=FAN_OUT, **kwargs):
+    """fn(item, *args, **kwargs) for each item, ``limit`` at a time and started in the items'
+    order, in threads; item -> the function that waits for its value (or raises its error)."""
+    todo = list(dict.fromkeys(items))
+    boxes = {item: {} for item in todo}
+    done = {item: threading.Event() for item in todo}
+    lock = threading.Lock()
+    pending = iter(todo)
 
-    def one(item):
-        with slots:
-            return fn(item, *args, **kwargs)
+    def worker():
+        while True:
+            with lock:
+                item = next(pending, done)  # ``done`` marks the end: it is never an item
+            if item is done:
+                return
+            try:
+                boxes[item]["value"] = fn(item, *args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - raised again where the value is asked for
+                boxes[item]["error"] = exc
+            done[item].set()
 
-    return {item: in_thread(one, item) for item in items}
+    for _ in range(min(limit, len(todo))):
+        threading.Thread(target=worker, daemon=True).start()
+
+    def waiter(item):
+        def wait():
+            done[item].wait()
+            if "error" in boxes[item]:
+                raise boxes[item]["error"]
+            return boxes[item]["value"]
+        return wait
+
+    return {item: waiter(item) for item in todo}
 
 
 def as_user(argv, timeout=60):
@@ -243,12 +268,32 @@ def probe_openmpi():
     return "missing" if proc.returncode == 127 else f"unknown ({_last_line(proc.stderr or proc.stdout)})"
 
 
+# What a target's sshd says when it drops a connection that has not authenticated yet because
+# too many are pending (MaxStartups, 10 by default): every node of a large cluster logging in to
+# every other at once sees it, and it says nothing about the target.
+SSH_BUSY = re.compile(r"Connection reset by|Connection closed by|kex_exchange_identification")
+SSH_TRIES = 3
+
+
 def probe_ssh(target):
-    proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
-                   timeout=TIMEOUT + 10)
-    if proc.returncode == 0:
-        return {"ok": True, "check": "login", "detail": "ssh in batch mode works"}
+    for attempt in range(SSH_TRIES):
+        proc = as_user(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
+                       timeout=TIMEOUT + 10)
+        if proc.returncode == 0:
+            return {"ok": True, "check": "login", "detail": "ssh in batch mode works"}
+        if attempt + 1 < SSH_TRIES and proc.returncode == 255 and SSH_BUSY.search(proc.stderr or ""):
+            time.sleep(0.3 + 0.7 * int.from_bytes(os.urandom(1), "big") / 255)
+            continue
+        break
     return {"ok": False, "check": "login", "detail": _last_line(proc.stderr) or f"ssh exited {proc.returncode}"}
+
+
+def ssh_order(targets, me):
+    """The targets in the order this node logs in to them: the sorted ring of nodes, starting after
+    this one, so that nodes logging in to every other at once each begin with a different one."""
+    ring = sorted(set(targets) | {me})
+    start = ring.index(me) + 1
+    return [t for t in ring[start:] + ring[:start] if t != me and t in targets]
 
 
 def probe_banner(target):
@@ -641,7 +686,7 @@ def body(report):
     env_f = in_thread(probe_env_once, ompi_f)
     writable_f = in_thread(probe_writable, CFG["shared_dir"])
     check_ssh = probe_banner if CFG.get("ssh_mode") == "banner" else probe_ssh
-    ssh_f = fan_out(check_ssh, CFG.get("ssh_targets", []))
+    ssh_f = fan_out(check_ssh, ssh_order(CFG.get("ssh_targets", []), CFG["host"]), limit=SSH_FAN_OUT)
     names_f = fan_out(resolve, CFG.get("names", []))
     env, versions, report["env_probe"] = env_f()
     report["env"] = env
