@@ -13,7 +13,7 @@ import click
 from . import __version__, paths
 from . import cli_params as P
 from .cli_parse import Command, Group, ProgramCommand, exit_now
-from .errors import UserError
+from .errors import ExitCode, UserError
 from .ui import console
 
 inventory_option = click.option(
@@ -67,7 +67,7 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     run.finish(0 if result.ok else 1, f"changed={result.changed}")
     console.print(f"run record: {run.dir}", markup=False, soft_wrap=True)
     if not result.ok:
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
 
 
 @main.command(cls=Command)
@@ -156,7 +156,8 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     With --json, stdout holds one JSON object when the run ends (run_id, status, exit_code,
     result, ...; see docs/guide/cli.md) and the progress goes to stderr. Exit codes: 0 success,
     1 the job failed, 2 bad usage, 3 preflight refused, 4 staging failed, 5 launch failed,
-    130 interrupted; Slurm's final states 124, 137, 143, 255 ('distrun --help').
+    6 contact lost, 130 interrupted, 143 terminated; Slurm's final states 124, 137, 143, 255
+    ('distrun --help' lists every code).
     """
     t0 = time.monotonic()
     P.check_train(click.get_current_context())
@@ -253,7 +254,7 @@ def check(inventory: P.Inventory, as_json: bool) -> None:
         report, _ = run_check(inv, inventory.label, progress=lambda names: PlaybookProgress(
             f"distrun check on {len(names)} node(s) from {inv}", names))
         print_check_report(report)
-    sys.exit(0 if report["ok"] else 1)
+    sys.exit(ExitCode.OK if report["ok"] else ExitCode.FAILED)
 
 
 @main.command(cls=Command)
@@ -307,7 +308,7 @@ def fetch(run_id: str, run_paths: tuple[str, ...], host: str | None) -> None:
     for h, (files, size) in sorted(got.brought.items()):
         console.print(f"{h}: {files} file(s), {size / (1 << 20):.1f} MiB into {got.dest / h}", markup=False, soft_wrap=True)
     if got.errors:
-        raise UserError("; ".join(f"{h}: {why}" for h, why in sorted(got.errors.items())), exit_code=1)
+        raise UserError("; ".join(f"{h}: {why}" for h, why in sorted(got.errors.items())), exit_code=ExitCode.FAILED)
 
 
 @main.command(cls=Command)
