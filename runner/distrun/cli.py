@@ -46,8 +46,9 @@ def main() -> None:
 @main.command(cls=Command)
 @inventory_option
 @click.option("--check", "check_mode", is_flag=True, help="Ansible check mode: report what would change, change nothing.")
-@click.option("--tags", default=None, help="Only run roles/steps with these Ansible tags (comma-separated).")
-@click.option("--limit", default=None, help="Only these hosts (Ansible --limit pattern).")
+@click.option("--tags", default=None, callback=P.tags,
+              help="Only run roles/steps with these Ansible tags (comma-separated; each must exist).")
+@click.option("--limit", default=None, callback=P.limit, help="Only these hosts (Ansible --limit pattern).")
 def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str | None) -> None:
     """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
     from .ansible_bridge import run_playbook
@@ -59,6 +60,8 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     inv = inventory.path
     cluster = load_cluster(inv)
     refuse_setup(inv, cluster.slurm_existing)
+    P.check_limit(inv, limit, [n.name for n in cluster.nodes], ["all", "head", "workers", "ungrouped",
+                                                                   *cluster.group_vars.get("group_names", [])])
     run = new_run("setup", inv)
     started = time.monotonic()
     with PlaybookProgress(f"setup.yml on {len(cluster.nodes)} node(s) from {inv}", [n.name for n in cluster.nodes]) as progress:
@@ -84,7 +87,7 @@ def hostfile(inventory: P.Inventory) -> None:
 
 def gdc_options(fn):  # noqa: ANN001,ANN201
     """--use-gdc and its two settings, shared by train and partition."""
-    fn = click.option("--gdc-topk", type=click.IntRange(1), default=128, show_default=True,
+    fn = click.option("--gdc-topk", type=P.Bounded(1), default=128, show_default=True,
                       help="With --use-gdc: entries kept per node.")(fn)
     fn = click.option("--gdc-alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
                       show_default=True, help="With --use-gdc: PPR teleport probability.")(fn)
@@ -120,7 +123,7 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 @click.option("--detach", is_flag=True,
               help="Return once every rank started, printing the run id; the run goes on by itself "
                    "(follow it with 'distrun attach', 'status', 'logs -f').")
-@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="N",
+@click.option("--max-restarts", type=P.Bounded(0, 100), default=0, show_default=True, metavar="N",
               help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
                    "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from).")
 @click.option("--exclude-failed", is_flag=True,
@@ -183,6 +186,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         from .variables import split_words
 
         check_flags(workdir, script, prepare_text, program_args)
+        P.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
         request = JobRequest(
             inventory=inventory.path, launcher=launcher, np=np, workload=workload,
             script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
@@ -270,6 +274,7 @@ def partition(inventory: P.Inventory, dataset: str, data_dir: str | None, np: in
     from .train import run_partition_only
     from .ui_run import TrainView
 
+    P.check_gdc(click.get_current_context())
     request = JobRequest(inventory=inventory.path, np=np, dataset=dataset, data_dir=data_dir,
                          gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
     sys.exit(run_partition_only(request, TrainView()))
@@ -318,10 +323,20 @@ def stop(run_id: str) -> None:
 
     RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last
     train run). Exits 1 naming the nodes it could not reach."""
+    from .runs import load_run
     from .stop import stop_run
     from .ui_run import print_stop_report
 
-    report = stop_run(run_id)
+    run = load_run(run_id, verb="train")
+    inventory = Path(run.meta.inventory)
+    if run.meta.verb == "train" and not inventory.exists():
+        raise UserError(f"run {run.id}: its inventory {inventory} is gone, so its nodes cannot be reached and nothing "
+                        "was stopped; put the inventory back there and run 'distrun stop' again",
+                        exit_code=ExitCode.FAILED)
+    report = stop_run(run.id)
+    if not report.stopped and not report.missed:
+        raise UserError(f"run {run.id}: no node answered the stop (inventory {inventory}); nothing was stopped",
+                        exit_code=ExitCode.FAILED)
     print_stop_report(report)
     if report.missed:
         raise report.refusal()

@@ -26,6 +26,15 @@ def _suggest(word: str, choices: Sequence[str]) -> str:
     return f"; did you mean {' or '.join(close)}?" if close else ""
 
 
+def _long_name(ctx: click.Context | None, option: str) -> str:
+    """-i as the user reads it in --help: --inventory."""
+    for param in ctx.command.params if ctx is not None else []:
+        opts = getattr(param, "opts", [])
+        if option in opts:
+            return max(opts, key=len)
+    return option
+
+
 def usage_line(exc: click.ClickException) -> str:
     """Click's account of a command-line mistake, as one line with the fix."""
     ctx = getattr(exc, "ctx", None)
@@ -35,12 +44,19 @@ def usage_line(exc: click.ClickException) -> str:
     if isinstance(exc, click.NoSuchOption):
         names = [o for p in (ctx.command.params if ctx else []) for o in getattr(p, "opts", []) if o.startswith("-")]
         hint = _suggest(exc.option_name, names) or _suggest(exc.option_name, exc.possibilities or [])
-        return (f"{where}no such option {exc.option_name}{hint} ('{path} --help' lists them); "
-                "arguments for your program go after '--'")
-    if isinstance(exc, click.BadOptionUsage) and "requires" in exc.message:
-        return f"{where}{exc.option_name} needs a value ('{path} --help' says which)"
+        program = "; arguments for your program go after '--'" if isinstance(ctx and ctx.command, ProgramCommand) else ""
+        return f"{where}no such option {exc.option_name}{hint} ('{path} --help' lists them){program}"
+    if isinstance(exc, click.BadOptionUsage):
+        flag = _long_name(ctx, exc.option_name)
+        if "requires" in exc.message:
+            return f"{where}{flag} needs a value ('{path} --help' says which)"
+        if "does not take a value" in exc.message:
+            return f"{where}{flag} is a flag and takes no value: write {flag} alone"
     if isinstance(exc, click.MissingParameter) and isinstance(exc.param, click.Argument):
         return f"{where}missing argument {exc.param.human_readable_name!r} ('{path} --help' shows what it takes)"
+    if isinstance(exc, click.MissingParameter) and isinstance(exc.param, click.Option):
+        flag = max(exc.param.opts, key=len)
+        return f"{where}{flag} is required: add {flag} {exc.param.metavar or 'VALUE'} ('{path} --help' says what it takes)"
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         param = exc.param
         given = exc.param_hint
@@ -216,7 +232,7 @@ class Group(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
-            hint = _suggest(name, self.list_commands(ctx))
+            hint = _suggest(name.lower(), self.list_commands(ctx))
             raise click.UsageError(f"no such command {name!r}{hint} ('distrun --help' lists them)", ctx)
         return super().resolve_command(ctx, args)
 

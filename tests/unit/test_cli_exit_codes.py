@@ -121,3 +121,34 @@ def test_an_unwritable_folder_and_a_name_too_long_are_one_line(tmp_path):
     long = _distrun(f"init {'n' * 300} --head a --workers a --dir {tmp_path}", tmp_path)
     assert long.returncode in (ExitCode.LOCAL_IO, ExitCode.USAGE)
     assert "too long" in _one_clean_line(long)
+
+
+def _cli(args: list[str]) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    from distrun.cli import main
+
+    result = CliRunner().invoke(main, args, prog_name="distrun")
+    assert "Traceback" not in result.output + result.stderr
+    return result.exit_code, result.stderr.strip()
+
+
+def test_logs_of_a_setup_run_names_what_it_is_and_where_its_log_is(private_state, tmp_path):
+    from distrun.runs import new_run
+
+    run = new_run("setup", tmp_path / "hosts.ini")
+    run.finish(0, "changed=0")
+    code, err = _cli(["logs", run.id])
+    assert code == ExitCode.USAGE and len(err.splitlines()) == 1
+    assert f"run {run.id} is a 'setup' run" in err and "ansible.log" in err and "does not exist yet" not in err
+
+
+def test_stop_of_a_run_whose_inventory_is_gone_fails_and_says_so(private_state, tmp_path):
+    from distrun.runs import new_run
+
+    gone = tmp_path / "gone" / "hosts.ini"
+    run = new_run("train", gone)  # still running, as far as its record knows
+    code, err = _cli(["stop", run.id])
+    assert code == ExitCode.FAILED and len(err.splitlines()) == 1
+    assert f"its inventory {gone} is gone" in err and "put the inventory back" in err
+    assert "stopped 0 process" not in err
