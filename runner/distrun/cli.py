@@ -178,6 +178,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     try:
         from . import planning, records
         from .planning import JobRequest
+        from .printable import printable
         from .project import check_flags
         from .selection import host_names
         from .train import run_job
@@ -210,7 +211,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         if as_json:
             click.echo(json.dumps(dry_run_json(dry), indent=2))
         else:
-            click.echo(dry_run_text(dry), nl=False)
+            click.echo(printable(dry_run_text(dry)), nl=False)
         return
     if not as_json:
         sys.exit(run_job(request, view, early, t0))
@@ -288,10 +289,13 @@ def logs(run_id: str, rank: int | None, follow: bool) -> None:
     """Print a train run's logs: the launcher's, or one rank's with --rank. RUN_ID: an id
     from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last train run)."""
     from .logs import log_text
+    from .printable import Stream
 
+    shown = Stream()  # what the job wrote is data: no escape sequence reaches the terminal
     for chunk in log_text(run_id, rank, follow):
-        sys.stdout.write(chunk)
+        sys.stdout.write(shown.feed(chunk))
         sys.stdout.flush()
+    sys.stdout.write(shown.end())
 
 
 @main.command(cls=Command)

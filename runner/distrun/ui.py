@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
+from .printable import printable
 
 
 def _make(stderr: bool) -> Console:
@@ -38,6 +39,10 @@ class _Console:
     def configure(self, stderr: bool) -> None:
         self._console = _make(stderr)
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Rich's print, each text first made printable (it may hold what a job printed)."""
+        self.current().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.current(), name)
 
@@ -61,6 +66,8 @@ def print_table(columns: list[str], rows: list[list[str]], title: str | None = N
     """A table on a terminal; elsewhere one plain line per row, columns two spaces apart, no cell
     ever cut. Cells are text, never markup."""
     out = _now(console)
+    columns = [printable(c) for c in columns]
+    rows = [[printable(c) for c in row] for row in rows]
     if out.is_terminal:
         table = Table(title=escape(title) if title else None, show_edge=False)
         for i, col in enumerate(columns):
@@ -106,7 +113,8 @@ class PlaybookProgress:
             table.add_column(col)
         for h in self.hosts.values():
             style = {"ok": "", "failed": "red", "unreachable": "red"}[h.state]
-            table.add_row(escape(h.name), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)), escape(h.task[:60]), style=style)
+            table.add_row(escape(printable(h.name)), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)),
+                          escape(printable(h.task)[:60]), style=style)
         return table
 
     def __call__(self, ev: PlaybookEvent) -> None:
@@ -171,10 +179,10 @@ def print_check_report(report: dict) -> None:
         table = Table(show_edge=False, pad_edge=False)
         table.add_column("check")
         for h in hosts:
-            table.add_column(escape(h), justify="center")
+            table.add_column(escape(printable(h)), justify="center")
         colour = {"✓": "[green]✓[/green]", "✗": "[red]✗[/red]", "-": "-"}
         for check, *cells in rows:
-            table.add_row(escape(check), *(colour[c] for c in cells))
+            table.add_row(escape(printable(check)), *(colour[c] for c in cells))
         console.print(table)
     failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
     for check, host, item in failures:
