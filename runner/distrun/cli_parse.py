@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import click
 
-from . import ui
+from . import terminating, ui
 from .cli_params import utf8
 from .errors import EXIT_CODES, ExitCode, UserError
 
@@ -156,6 +156,7 @@ class Group(click.Group):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         closed = _closed_streams()
+        terminating.install()
         ui.configure()
         if closed:
             what = " and ".join(f"standard {'output' if n == 'stdout' else 'error'}" for n in closed)
@@ -175,7 +176,7 @@ class Group(click.Group):
         except UserError as exc:  # raised while the options were read (an inventory, a run id)
             _fail(str(exc), exc.exit_code)
         except click.Abort:  # Ctrl-C: click turns KeyboardInterrupt into Abort
-            _fail("interrupted", ExitCode.INTERRUPTED)
+            _fail(terminating.word(), terminating.exit_code())
         except _ReaderGone:
             _silence(1)  # the reader went away (distrun runs | head): quietly, as other tools do
             sys.exit(ExitCode.LOCAL_IO)
@@ -203,8 +204,8 @@ class Group(click.Group):
             raise
         except UserError as exc:
             _fail(str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted", ExitCode.INTERRUPTED)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (terminating)
+            _fail(terminating.word(), terminating.exit_code())
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args and not ctx.resilient_parsing:
