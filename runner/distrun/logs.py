@@ -84,7 +84,11 @@ class _Watch:
             return True
         if time.monotonic() >= self.next_ask:
             self.next_ask = time.monotonic() + ASK_EVERY_S
-            self.last = live_state(self.run).state == "running"
+            state = live_state(self.run)
+            if state.state == "unreachable":  # not an end: nothing can be said, and that is a failure
+                raise UserError(f"run {self.run.id}: {state.reason}; the run may still be going: 'distrun status "
+                                f"{self.run.id}' when its nodes answer", exit_code=CONTACT_LOST)
+            self.last = state.state == "running"
         return self.last
 
 
