@@ -333,14 +333,12 @@ def stop(run_id: str) -> None:
 
     run = load_run(run_id, verb="train")
     inventory = Path(run.meta.inventory)
-    if run.meta.verb == "train" and not inventory.exists():
-        raise UserError(f"run {run.id}: its inventory {inventory} is gone, so its nodes cannot be reached and nothing "
-                        "was stopped; put the inventory back there and run 'distrun stop' again",
-                        exit_code=ExitCode.FAILED)
     report = stop_run(run.id)
-    if not report.stopped and not report.missed:
-        raise UserError(f"run {run.id}: no node answered the stop (inventory {inventory}); nothing was stopped",
-                        exit_code=ExitCode.FAILED)
+    if not report.stopped and not report.missed:  # no node was even tried: never a success
+        why = (f"its inventory {inventory} is gone, so its nodes could not be reached; put the inventory back there "
+               "and run 'distrun stop' again") if not inventory.exists() else \
+            f"no node of inventory {inventory} answered the stop"
+        raise UserError(f"run {run.id}: {why}; nothing was stopped", exit_code=ExitCode.FAILED)
     print_stop_report(report)
     if report.missed:
         raise report.refusal()

@@ -108,6 +108,8 @@ def _ask_ansible(path: Path) -> dict[str, Any]:
     # Unparseable sources are warnings by default, which would turn a typo into an empty cluster.
     env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"
     env["ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED"] = "True"
+    # A key given twice (a host, a variable) would silently keep the last: refused, with its line.
+    env["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "error"
     env.setdefault("ANSIBLE_NOCOLOR", "1")
     proc = subprocess.run(
         [ansible_bin("ansible-inventory"), "-i", str(path), "--list"],
@@ -171,7 +173,8 @@ def parse_failure(stderr: str, path: Path) -> str:
         message = ("a line that is neither a [group] header nor a host with key=value pairs (an unclosed "
                    "'[group', a stray word); close each header, e.g. [head]")
     where = f" at {origin}" if origin else ""
-    return f"{message}{where} ({plugin} plugin)"
+    fix = "; give each key once (keep one of the two, or merge them)" if "duplicate mapping key" in message else ""
+    return f"{message}{where} ({plugin} plugin){fix}"
 
 
 def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:

@@ -223,3 +223,10 @@ add("relative HOME", fixed(["runs"]), ("HOME is 'home', a relative path", "DISTR
 add("DISTRUN_HOME ./state", fixed(["show"]), ("is a relative path", "absolute"), env={"DISTRUN_HOME": "./state"})
 add("DISTRUN_INVENTORY that is a folder with nothing", fixed(["hostfile"]), ("DISTRUN_INVENTORY='/nonexistent-inventory'",),
     env={"DISTRUN_INVENTORY": "/nonexistent-inventory"})
+add("YAML host listed twice in a group", lambda t: ["hostfile", "-i", write(t, "h.yml",
+    "all:\n  children:\n    head:\n      hosts:\n        w1: {ansible_host: 192.0.2.1}\n    workers:\n      hosts:\n"
+    "        w1: {slots: 1}\n        w1: {slots: 2}\n")], ("duplicate mapping key 'w1'", "h.yml:9", "give each key once"), reads_inventory=True)
+add("YAML variable given twice", lambda t: ["hostfile", "-i", write(t, "h.yml",
+    "all:\n  children:\n    head:\n      hosts:\n        w1: {ansible_host: 192.0.2.1, ansible_host: 192.0.2.9}\n"
+    "    workers:\n      hosts:\n        w1:\n")], ("duplicate mapping key 'ansible_host'", "h.yml", "give each key once"),
+    reads_inventory=True)
