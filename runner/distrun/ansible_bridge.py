@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from . import paths, terminating
 from .ansible_start import ARGS_FROM, CACHE_ENV, unix_address
 
 STEP_FACT = "distrun_step"
@@ -336,6 +336,7 @@ class _FlagSignals:
 
     def _flag(self, signum: int, frame: Any) -> None:
         self.raised = True
+        terminating.note(signum)  # the exit code tells SIGTERM from Ctrl-C
 
     def __exit__(self, *exc: object) -> None:
         for signum, previous in self.saved.items():

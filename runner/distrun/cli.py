@@ -13,7 +13,7 @@ import click
 from . import __version__, paths
 from . import cli_params as P
 from .cli_parse import Command, Group, ProgramCommand, exit_now
-from .errors import UserError
+from .errors import ExitCode, UserError
 from .ui import console
 
 inventory_option = click.option(
@@ -46,8 +46,9 @@ def main() -> None:
 @main.command(cls=Command)
 @inventory_option
 @click.option("--check", "check_mode", is_flag=True, help="Ansible check mode: report what would change, change nothing.")
-@click.option("--tags", default=None, help="Only run roles/steps with these Ansible tags (comma-separated).")
-@click.option("--limit", default=None, help="Only these hosts (Ansible --limit pattern).")
+@click.option("--tags", default=None, callback=P.tags,
+              help="Only run roles/steps with these Ansible tags (comma-separated; each must exist).")
+@click.option("--limit", default=None, callback=P.limit, help="Only these hosts (Ansible --limit pattern).")
 def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str | None) -> None:
     """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
     from .ansible_bridge import run_playbook
@@ -59,6 +60,8 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     inv = inventory.path
     cluster = load_cluster(inv)
     refuse_setup(inv, cluster.slurm_existing)
+    P.check_limit(inv, limit, [n.name for n in cluster.nodes], ["all", "head", "workers", "ungrouped",
+                                                                   *cluster.group_vars.get("group_names", [])])
     run = new_run("setup", inv)
     started = time.monotonic()
     with PlaybookProgress(f"setup.yml on {len(cluster.nodes)} node(s) from {inv}", [n.name for n in cluster.nodes]) as progress:
@@ -67,7 +70,7 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     run.finish(0 if result.ok else 1, f"changed={result.changed}")
     console.print(f"run record: {run.dir}", markup=False, soft_wrap=True)
     if not result.ok:
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
 
 
 @main.command(cls=Command)
@@ -84,7 +87,7 @@ def hostfile(inventory: P.Inventory) -> None:
 
 def gdc_options(fn):  # noqa: ANN001,ANN201
     """--use-gdc and its two settings, shared by train and partition."""
-    fn = click.option("--gdc-topk", type=click.IntRange(1), default=128, show_default=True,
+    fn = click.option("--gdc-topk", type=P.Bounded(1), default=128, show_default=True,
                       help="With --use-gdc: entries kept per node.")(fn)
     fn = click.option("--gdc-alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
                       show_default=True, help="With --use-gdc: PPR teleport probability.")(fn)
@@ -120,7 +123,7 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 @click.option("--detach", is_flag=True,
               help="Return once every rank started, printing the run id; the run goes on by itself "
                    "(follow it with 'distrun attach', 'status', 'logs -f').")
-@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="N",
+@click.option("--max-restarts", type=P.Bounded(0, 100), default=0, show_default=True, metavar="N",
               help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
                    "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from).")
 @click.option("--exclude-failed", is_flag=True,
@@ -156,7 +159,8 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     With --json, stdout holds one JSON object when the run ends (run_id, status, exit_code,
     result, ...; see docs/guide/cli.md) and the progress goes to stderr. Exit codes: 0 success,
     1 the job failed, 2 bad usage, 3 preflight refused, 4 staging failed, 5 launch failed,
-    130 interrupted; Slurm's final states 124, 137, 143, 255 ('distrun --help').
+    6 contact lost, 130 interrupted, 143 terminated; Slurm's final states 124, 137, 143, 255
+    ('distrun --help' lists every code).
     """
     t0 = time.monotonic()
     P.check_train(click.get_current_context())
@@ -174,6 +178,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     try:
         from . import planning, records
         from .planning import JobRequest
+        from .printable import printable
         from .project import check_flags
         from .selection import host_names
         from .train import run_job
@@ -182,6 +187,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         from .variables import split_words
 
         check_flags(workdir, script, prepare_text, program_args)
+        P.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
         request = JobRequest(
             inventory=inventory.path, launcher=launcher, np=np, workload=workload,
             script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
@@ -205,7 +211,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         if as_json:
             click.echo(json.dumps(dry_run_json(dry), indent=2))
         else:
-            click.echo(dry_run_text(dry), nl=False)
+            click.echo(printable(dry_run_text(dry)), nl=False)
         return
     if not as_json:
         sys.exit(run_job(request, view, early, t0))
@@ -253,7 +259,7 @@ def check(inventory: P.Inventory, as_json: bool) -> None:
         report, _ = run_check(inv, inventory.label, progress=lambda names: PlaybookProgress(
             f"distrun check on {len(names)} node(s) from {inv}", names))
         print_check_report(report)
-    sys.exit(0 if report["ok"] else 1)
+    sys.exit(ExitCode.OK if report["ok"] else ExitCode.FAILED)
 
 
 @main.command(cls=Command)
@@ -269,6 +275,7 @@ def partition(inventory: P.Inventory, dataset: str, data_dir: str | None, np: in
     from .train import run_partition_only
     from .ui_run import TrainView
 
+    P.check_gdc(click.get_current_context())
     request = JobRequest(inventory=inventory.path, np=np, dataset=dataset, data_dir=data_dir,
                          gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
     sys.exit(run_partition_only(request, TrainView()))
@@ -282,10 +289,13 @@ def logs(run_id: str, rank: int | None, follow: bool) -> None:
     """Print a train run's logs: the launcher's, or one rank's with --rank. RUN_ID: an id
     from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last train run)."""
     from .logs import log_text
+    from .printable import Stream
 
+    shown = Stream()  # what the job wrote is data: no escape sequence reaches the terminal
     for chunk in log_text(run_id, rank, follow):
-        sys.stdout.write(chunk)
+        sys.stdout.write(shown.feed(chunk))
         sys.stdout.flush()
+    sys.stdout.write(shown.end())
 
 
 @main.command(cls=Command)
@@ -307,7 +317,7 @@ def fetch(run_id: str, run_paths: tuple[str, ...], host: str | None) -> None:
     for h, (files, size) in sorted(got.brought.items()):
         console.print(f"{h}: {files} file(s), {size / (1 << 20):.1f} MiB into {got.dest / h}", markup=False, soft_wrap=True)
     if got.errors:
-        raise UserError("; ".join(f"{h}: {why}" for h, why in sorted(got.errors.items())), exit_code=1)
+        raise UserError("; ".join(f"{h}: {why}" for h, why in sorted(got.errors.items())), exit_code=ExitCode.FAILED)
 
 
 @main.command(cls=Command)
@@ -317,10 +327,18 @@ def stop(run_id: str) -> None:
 
     RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last' (the last
     train run). Exits 1 naming the nodes it could not reach."""
+    from .runs import load_run
     from .stop import stop_run
     from .ui_run import print_stop_report
 
-    report = stop_run(run_id)
+    run = load_run(run_id, verb="train")
+    inventory = Path(run.meta.inventory)
+    report = stop_run(run.id)
+    if not report.stopped and not report.missed:  # no node was even tried: never a success
+        why = (f"its inventory {inventory} is gone, so its nodes could not be reached; put the inventory back there "
+               "and run 'distrun stop' again") if not inventory.exists() else \
+            f"no node of inventory {inventory} answered the stop"
+        raise UserError(f"run {run.id}: {why}; nothing was stopped", exit_code=ExitCode.FAILED)
     print_stop_report(report)
     if report.missed:
         raise report.refusal()

@@ -9,7 +9,7 @@ import sys
 import click
 
 from .cli_parse import Command
-from .errors import UserError
+from .errors import ExitCode, UserError
 
 
 @click.command(cls=Command)
@@ -20,8 +20,12 @@ def status(run_id: str, as_json: bool) -> None:
     """A train run's state, read from its nodes: per host, the launcher running or its exit code,
     the run's processes and the ranks that started; a record nothing follows is corrected.
 
+    Exits 0 once the state is known, whatever it is (running, succeeded, failed, stopped, lost);
+    6 when no node of the run answers (state 'unreachable', in --json too): the run may still
+    be going, and a script must not take the record's word for it.
+
     RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last'."""
-    from .reconcile import view
+    from .reconcile import UNREACHABLE, view
     from .runs import load_run
     from .ui_run import print_status
 
@@ -33,6 +37,8 @@ def status(run_id: str, as_json: bool) -> None:
         click.echo(json.dumps(now.as_dict(), indent=2))
     else:
         print_status(now)
+    if now.state == UNREACHABLE:
+        sys.exit(ExitCode.CONTACT_LOST)
 
 
 @click.command(cls=Command)

@@ -41,7 +41,7 @@ class Bounded(click.ParamType):
             number = value
         else:
             text = str(value).strip()
-            if not re.fullmatch(r"[+-]?\d+", text):
+            if not re.fullmatch(r"[+-]?[0-9]+", text):  # ASCII only: int() would read '３' too
                 self.fail(f"{text!r} is not a whole number; {self._fix()}", param, ctx)
             number = int(text)
         if number < self.low or (self.high is not None and number > self.high):
@@ -180,19 +180,123 @@ def given(ctx: click.Context, name: str) -> bool:
     return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_text", "").replace("_", "-")
+
+
+def check_gdc(ctx: click.Context) -> None:
+    """--gdc-alpha and --gdc-topk say how --use-gdc diffuses: without it they would do nothing."""
+    if ctx.params.get("use_gdc"):
+        return
+    for name in ("gdc_alpha", "gdc_topk"):
+        if given(ctx, name):
+            raise click.UsageError(f"{_flag(name)} only matters with --use-gdc: add --use-gdc or drop {_flag(name)}", ctx)
+
+
+# What distrun itself gives each launcher (launchers/): a second one in --launcher-args would
+# contradict the plan (world size, hosts, rendezvous) or the files distrun reads back.
+LAUNCHER_SETS: dict[str, tuple[str, ...]] = {
+    "mpirun": ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
+               "--prefix", "--map-by", "--output-filename"),
+    "torchrun": ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--rdzv-backend",
+                 "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--master-addr",
+                 "--master_addr", "--master-port", "--master_port", "--standalone", "--no-python", "--no_python"),
+    "slurm": ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
+              "--output", "-o", "--mpi"),
+}
+
+
+def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
+    """--launcher-args must add to what distrun gives the launcher, not give it again."""
+    owned = LAUNCHER_SETS.get(launcher, ())
+    for word in words:
+        name = word.split("=", 1)[0]
+        if name in owned:
+            raise UserError(f"--launcher-args {word!r}: distrun already gives {launcher} {name} (from the inventory "
+                            "and the other options); drop it, and set that through distrun's own option "
+                            "(--np, --hosts, --port) or the inventory")
+
+
 def check_train(ctx: click.Context) -> None:
     """What train's options mean together: refused now rather than ignored later."""
     params = ctx.params
-    if params.get("script") is not None:
-        for name in ("workload", "dataset", "data_dir", "epochs"):
+    for owner, flag in (("script", "--script"), ("workdir", "--workdir")):
+        if params.get(owner) is None:
+            continue
+        for name in ("workload", "dataset", "data_dir", "epochs", "use_gdc"):
             if given(ctx, name):
-                flag = "--" + name.replace("_", "-")
                 raise click.UsageError(
-                    f"{flag} is an option of the reference workloads, not of --script; pass your program's own "
-                    f"options after '--' (e.g. -- {flag} ...)", ctx)
+                    f"{_flag(name)} is an option of the reference workloads, not of {flag}; pass your program's own "
+                    f"options after '--' (e.g. -- {_flag(name)} ...)", ctx)
+    check_gdc(ctx)
     if params.get("slurm_mode") is not None and params.get("launcher") != "slurm":
         raise click.UsageError(f"--slurm-mode goes with --launcher slurm (this run uses {params.get('launcher')}); "
                                "add --launcher slurm or drop --slurm-mode", ctx)
+    if params.get("dry_run") and params.get("detach"):
+        raise click.UsageError("--detach and --dry-run: a dry run starts nothing, so --detach would do nothing; "
+                               "drop one of them", ctx)
+    for name in ("prepare_text", "launcher_args_text"):
+        value = params.get(name)
+        if value is not None and not value.strip():
+            raise click.UsageError(f"{_flag(name)} is empty: give it a command (words as a shell would split them) "
+                                   f"or drop {_flag(name)}", ctx)
+    for name in ("hosts", "exclude"):
+        for value in params.get(name) or ():
+            if not value.strip(", \t"):
+                raise click.UsageError(f"--{name} {value!r} names no host: give worker names (--{name} w1,w2) or "
+                                       f"drop --{name}", ctx)
+
+
+# Ansible's own tags, beside those setup's playbooks and roles carry.
+_SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
+
+
+def setup_tags() -> set[str]:
+    """Every tag setup.yml's playbooks and roles carry (the words of each 'tags:' line)."""
+    root = paths.project_dir()
+    found: set[str] = set(_SPECIAL_TAGS)
+    for f in [*(root / "playbooks").glob("*.yml"), *(root / "roles").glob("*/tasks/*.yml")]:
+        for m in re.finditer(r"^\s*-?\s*tags:\s*\[?([^\]\n]*)", f.read_text(), re.M):
+            found |= {w.strip(" '\"") for w in m.group(1).split(",") if w.strip(" '\"")}
+    return found
+
+
+def tags(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """setup --tags: tags that exist (Ansible would go on and run nothing for a misspelt one)."""
+    if value is None or ctx.resilient_parsing:
+        return value
+    words = [w.strip() for w in value.split(",")]
+    if not any(words):
+        raise click.BadParameter("is empty: give tags (comma-separated, e.g. --tags mpi_env,hostfile) or drop --tags",
+                                 ctx, param)
+    known = setup_tags()
+    for word in words:
+        if word not in known:
+            close = difflib.get_close_matches(word, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
+            roles = sorted(t for t in known if (paths.project_dir() / "roles" / t).is_dir())
+            raise click.BadParameter(f"{word!r} is no tag of setup; {hint}the roles' tags: {', '.join(roles)}", ctx, param)
+    return value
+
+
+def limit(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """setup --limit: a pattern that selects something (an empty one would select every host)."""
+    if value is not None and not value.strip(" ,:"):
+        raise click.BadParameter("is empty, and would mean every host: give hosts or groups (--limit w1,w2) or "
+                                 "drop --limit", ctx, param)
+    return value
+
+
+def check_limit(inventory: Path, value: str | None, hosts: list[str], groups: list[str]) -> None:
+    """Plain names in --limit must be hosts or groups of the inventory (Ansible would run on none
+    and call it a success); patterns (*, ~, !, &) are Ansible's to read."""
+    if not value:
+        return
+    for word in re.split(r"[,:]", value):
+        word = word.strip()
+        if word and re.fullmatch(r"[A-Za-z0-9._-]+", word) and word not in hosts and word not in groups:
+            raise UserError(f"--limit {word}: no such host or group in inventory {inventory} (hosts: "
+                            f"{', '.join(hosts)}); give one of them")
 
 
 def utf8(text: str) -> bool:

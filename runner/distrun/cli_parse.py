@@ -14,16 +14,25 @@ from typing import Any, NoReturn
 
 import click
 
-from . import ui
+from . import terminating, ui
 from .cli_params import utf8
-from .errors import EXIT_CODES, UserError
+from .errors import EXIT_CODES, ExitCode, UserError
 
-USAGE_EXIT = 2
+USAGE_EXIT = ExitCode.USAGE
 
 
 def _suggest(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
     return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _long_name(ctx: click.Context | None, option: str) -> str:
+    """-i as the user reads it in --help: --inventory."""
+    for param in ctx.command.params if ctx is not None else []:
+        opts = getattr(param, "opts", [])
+        if option in opts:
+            return max(opts, key=len)
+    return option
 
 
 def usage_line(exc: click.ClickException) -> str:
@@ -35,12 +44,19 @@ def usage_line(exc: click.ClickException) -> str:
     if isinstance(exc, click.NoSuchOption):
         names = [o for p in (ctx.command.params if ctx else []) for o in getattr(p, "opts", []) if o.startswith("-")]
         hint = _suggest(exc.option_name, names) or _suggest(exc.option_name, exc.possibilities or [])
-        return (f"{where}no such option {exc.option_name}{hint} ('{path} --help' lists them); "
-                "arguments for your program go after '--'")
-    if isinstance(exc, click.BadOptionUsage) and "requires" in exc.message:
-        return f"{where}{exc.option_name} needs a value ('{path} --help' says which)"
+        program = "; arguments for your program go after '--'" if isinstance(ctx and ctx.command, ProgramCommand) else ""
+        return f"{where}no such option {exc.option_name}{hint} ('{path} --help' lists them){program}"
+    if isinstance(exc, click.BadOptionUsage):
+        flag = _long_name(ctx, exc.option_name)
+        if "requires" in exc.message:
+            return f"{where}{flag} needs a value ('{path} --help' says which)"
+        if "does not take a value" in exc.message:
+            return f"{where}{flag} is a flag and takes no value: write {flag} alone"
     if isinstance(exc, click.MissingParameter) and isinstance(exc.param, click.Argument):
         return f"{where}missing argument {exc.param.human_readable_name!r} ('{path} --help' shows what it takes)"
+    if isinstance(exc, click.MissingParameter) and isinstance(exc.param, click.Option):
+        flag = max(exc.param.opts, key=len)
+        return f"{where}{flag} is required: add {flag} {exc.param.metavar or 'VALUE'} ('{path} --help' says what it takes)"
     if isinstance(exc, click.BadParameter) and exc.param is not None:
         param = exc.param
         given = exc.param_hint
@@ -71,15 +87,67 @@ def exit_now(code: str | int | None) -> NoReturn:
     atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python's exit would run
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):
             pass  # a reader that went away, or a closed stream: nothing more can be told
     os._exit(status)
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    ui.fatal(message)
+    try:
+        ui.fatal(message)
+    except (OSError, ValueError):
+        _silence(2)  # stderr is gone or full: the exit code is all that can still be told
     sys.exit(code)
+
+
+def _silence(fd: int) -> None:
+    """Point a standard stream that cannot be written at /dev/null, so that nothing written or
+    flushed later (at exit too) fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    if devnull != fd:  # a closed descriptor is the first free one: /dev/null may have taken it
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    name = "stdout" if fd == 1 else "stderr"
+    setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - the process's own stream
+
+
+def _closed_streams() -> list[str]:
+    """Python leaves sys.stdout or sys.stderr None when the shell closed it (>&-, 2>&-). Each
+    gets /dev/null at once, so that no file distrun opens later takes its descriptor."""
+    closed = [name for name in ("stdout", "stderr") if getattr(sys, name) is None]
+    for name in closed:
+        _silence(1 if name == "stdout" else 2)
+    return closed
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OSError at the program's edge (a file or folder it writes or reads, its own output) as
+    one line: what, why, and the fix."""
+    where = exc.filename if exc.filename is not None else "distrun's output"
+    fixes = {
+        errno.ENOSPC: "the disk is full: free some space or write somewhere else",
+        errno.EDQUOT: "your disk quota is used up: free some space or write somewhere else",
+        errno.EACCES: "you may not write or read there: choose a folder you own or fix its permissions",
+        errno.EPERM: "you may not write or read there: choose a folder you own or fix its permissions",
+        errno.EROFS: "that file system is read-only: choose a writable folder",
+        errno.ENAMETOOLONG: "a name is too long for the file system: choose a shorter name",
+        errno.ENOENT: "a folder on that path does not exist: create it first or give another path",
+        errno.ENOTDIR: "a part of that path is a file, not a folder: give another path",
+        errno.EBADF: "the output is closed: give distrun a file, a pipe or /dev/null for it",
+        errno.EIO: "an I/O error: check the disk or the terminal",
+    }
+    fix = fixes.get(exc.errno or 0, "check that path and its permissions")
+    return f"{where}: {exc.strerror or exc}; {fix}"
+
+
+class _ReaderGone(Exception):  # noqa: N818 - not an error of the user's
+    """EPIPE on distrun's output, carried past click (whose main would exit 1 for it itself)."""
+
+
+class _ShortUsage(click.UsageError):
+    """Bare 'distrun': how to start, on stderr, without an error prefix."""
 
 
 class Group(click.Group):
@@ -87,36 +155,85 @@ class Group(click.Group):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        closed = _closed_streams()
+        terminating.install()
         ui.configure()
+        if closed:
+            what = " and ".join(f"standard {'output' if n == 'stdout' else 'error'}" for n in closed)
+            line = f"{what} closed (>&-); give distrun a file, a pipe or /dev/null (> /dev/null)"
+            if "stderr" in closed and "stdout" not in closed:
+                print(f"distrun: error: {line}", file=sys.stdout, flush=True)  # the only stream left
+                sys.exit(ExitCode.LOCAL_IO)
+            _fail(line, ExitCode.LOCAL_IO)
         try:
             rv = super().main(args, prog_name or "distrun", complete_var, standalone_mode=False, **extra)
+            sys.stdout.flush()  # a full disk or a closed pipe on stdout is told here, not at exit
+        except _ShortUsage as exc:
+            click.echo(exc.message, err=True)
+            sys.exit(USAGE_EXIT)
         except click.ClickException as exc:
             _fail(usage_line(exc), exc.exit_code if exc.exit_code else USAGE_EXIT)
         except UserError as exc:  # raised while the options were read (an inventory, a run id)
             _fail(str(exc), exc.exit_code)
         except click.Abort:  # Ctrl-C: click turns KeyboardInterrupt into Abort
-            _fail("interrupted", 130)
+            _fail(terminating.word(), terminating.exit_code())
+        except _ReaderGone:
+            _silence(1)  # the reader went away (distrun runs | head): quietly, as other tools do
+            sys.exit(ExitCode.LOCAL_IO)
         except OSError as exc:
-            if exc.errno != errno.EPIPE:
-                raise
-            # The reader went away (distrun runs | head): stop quietly, as other tools do.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            sys.exit(1)
+            if exc.filename is None and exc.errno in (errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT):
+                _silence(1)  # distrun's own output failed: nothing more goes there, at exit neither
+            _fail(os_error_line(exc), ExitCode.LOCAL_IO)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)  # --help and --version print here
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise _ReaderGone from exc
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:
+                raise _ReaderGone from exc
+            raise
         except UserError as exc:
             _fail(str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (terminating)
+            _fail(terminating.word(), terminating.exit_code())
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args and not ctx.resilient_parsing:
+            verbs = ", ".join(self.list_commands(ctx))
+            raise _ShortUsage(f"usage: distrun COMMAND [OPTIONS]  (commands: {verbs})\n"
+                              "'distrun --help' says what each does; 'distrun COMMAND --help' lists its options")
+        own = {o for p in self.params for o in getattr(p, "opts", [])} | set(ctx.help_option_names)
+        verb = next((a for a in args if not a.startswith("-") and self.get_command(ctx, a) is not None), None)
+        first = args[0]
+        if first.startswith("-") and first.split("=", 1)[0] not in own and not ctx.resilient_parsing:
+            command = self.get_command(ctx, verb) if verb is not None else None
+            if verb is not None and command is not None and first.split("=", 1)[0] not in {
+                    o for p in command.params for o in getattr(p, "opts", [])}:
+                raise click.UsageError(f"no such option {first}{_suggest(first, sorted(own))} (distrun takes only "
+                                       f"--help and --version before a command; 'distrun {verb} --help' lists "
+                                       f"{verb}'s options)", ctx)
+            if verb is not None:
+                moved = " ".join(args[:args.index(verb)])
+                raise click.UsageError(f"{first} is an option of '{verb}', not of distrun: put it after the verb "
+                                       f"(distrun {verb} {moved} ...)", ctx)
+            raise click.UsageError(f"{first} before any command: give a command first, its options after it "
+                                   "(distrun COMMAND [OPTIONS]; 'distrun --help' lists the commands)", ctx)
+        return super().parse_args(ctx, args)
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
-            hint = _suggest(name, self.list_commands(ctx))
+            hint = _suggest(name.lower(), self.list_commands(ctx))
             raise click.UsageError(f"no such command {name!r}{hint} ('distrun --help' lists them)", ctx)
         return super().resolve_command(ctx, args)
 

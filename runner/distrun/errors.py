@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 
 class UserError(Exception):
     """A problem the user can fix: the message names the file, host or flag, and the fix."""
 
-    exit_code = 2
+    exit_code: int = 2  # ExitCode.USAGE
 
     def __init__(self, message: str, *, exit_code: int | None = None) -> None:
         super().__init__(message)
@@ -22,19 +24,44 @@ class PlanError(UserError):
     """The requested job does not fit the cluster (world size, script, flags)."""
 
 
-# Every exit code distrun returns, and what it means ('distrun --help' and docs/guide/cli.md
-# list them). A launcher's own codes are mapped to these (Slurm's final states: 124-255).
-EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (0, "success"),
-    (1, "the job failed (a rank exited non-zero, a node was lost), a check failed, 'setup' or 'partition' failed, "
-        "'stop' could not reach a node"),
-    (2, "bad usage: an option, inventory, run id or value was refused before anything ran"),
-    (3, "the preflight refused the run; nothing was started"),
-    (4, "staging failed: the run's files did not reach every node; nothing was started"),
-    (5, "the launch failed on a node"),
-    (124, "Slurm: the job reached its time limit or deadline"),
-    (130, "interrupted (Ctrl-C), or the Slurm job was cancelled"),
-    (137, "Slurm: a task ran out of memory"),
-    (143, "Slurm: the job was preempted"),
-    (255, "Slurm: a node of the job failed"),
-)
+class ExitCode(IntEnum):
+    """Every exit code distrun returns ('distrun --help' and docs/guide/cli.md list them, a unit
+    test greps the code for others). A launcher's own codes are mapped to these."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    PREFLIGHT = 3
+    STAGING = 4
+    LAUNCH = 5
+    CONTACT_LOST = 6
+    LOCAL_IO = 7
+    SLURM_TIME_LIMIT = 124
+    INTERRUPTED = 130
+    SLURM_OUT_OF_MEMORY = 137
+    TERMINATED = 143
+    SLURM_NODE_FAIL = 255
+
+
+MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "success",
+    ExitCode.FAILED: "the job failed (a rank exited non-zero, a node was lost), a check failed, 'setup' or "
+                     "'partition' failed, 'stop' could not reach a node or had no inventory to reach them with",
+    ExitCode.USAGE: "bad usage: an option, inventory, run id or value was refused before anything ran",
+    ExitCode.PREFLIGHT: "the preflight refused the run; nothing was started",
+    ExitCode.STAGING: "staging failed: the run's files did not reach every node; nothing was started",
+    ExitCode.LAUNCH: "the launch failed on a node",
+    ExitCode.CONTACT_LOST: "contact lost: no node of the run answers ('train', 'attach', 'logs -f', 'status'); "
+                           "the run may go on without distrun",
+    ExitCode.LOCAL_IO: "a local file, folder or distrun's own output could not be written or read "
+                       "(closed or full stdout, a folder you may not write, a name too long)",
+    ExitCode.SLURM_TIME_LIMIT: "Slurm: the job reached its time limit or deadline",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or the Slurm job was cancelled",
+    ExitCode.SLURM_OUT_OF_MEMORY: "Slurm: a task ran out of memory",
+    ExitCode.TERMINATED: "terminated (SIGTERM, SIGHUP) while following a run, which was then stopped; "
+                         "or the Slurm job was preempted",
+    ExitCode.SLURM_NODE_FAIL: "Slurm: a node of the job failed",
+}
+
+# (code, meaning) in order, for the help text and the docs.
+EXIT_CODES: tuple[tuple[int, str], ...] = tuple((int(code), MEANINGS[code]) for code in ExitCode)

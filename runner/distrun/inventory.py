@@ -19,7 +19,15 @@ from typing import Any
 
 from . import contract, inventory_cache, rules, slurm_site
 from .errors import InventoryError
-from .inventory_values import check_address, check_host_name, check_values
+from .inventory_values import (
+    EXAMPLE,
+    check_address,
+    check_duplicates,
+    check_host_name,
+    check_slots,
+    check_source,
+    check_values,
+)
 
 
 @dataclass(frozen=True)
@@ -95,10 +103,13 @@ def read_inventory_json(path: Path) -> dict[str, Any]:
 
 
 def _ask_ansible(path: Path) -> dict[str, Any]:
+    check_source(path)
     env = dict(os.environ)
     # Unparseable sources are warnings by default, which would turn a typo into an empty cluster.
     env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"
     env["ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED"] = "True"
+    # A key given twice (a host, a variable) would silently keep the last: refused, with its line.
+    env["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "error"
     env.setdefault("ANSIBLE_NOCOLOR", "1")
     proc = subprocess.run(
         [ansible_bin("ansible-inventory"), "-i", str(path), "--list"],
@@ -145,7 +156,10 @@ def parse_failure(stderr: str, path: Path) -> str:
     if not found:
         errors = [ln for ln in lines if ln.startswith("[ERROR]")]
         rest = [ln for ln in lines if ln]
-        return (errors[-1] if errors else rest[-1] if rest else "no output").removeprefix("[ERROR]: ")
+        last = (errors[-1] if errors else rest[-1] if rest else "no output").removeprefix("[ERROR]: ")
+        if "Completely failed to parse inventory source" in last:
+            return f"no inventory plugin could read it as an inventory file; list the hosts in it, {EXAMPLE}"
+        return last
     suffix = Path(found[0][2].split(":")[0] or str(path)).suffix.lower()
     preferred = ("yaml", "auto") if suffix in (".yml", ".yaml", ".json") else ("ini",)
 
@@ -155,8 +169,12 @@ def parse_failure(stderr: str, path: Path) -> str:
 
     plugin, message, origin = min(found, key=rank)
     message = message.removeprefix("Failed to parse inventory: ").rstrip(".")
+    if "not enough values to unpack" in message or "too many values to unpack" in message:
+        message = ("a line that is neither a [group] header nor a host with key=value pairs (an unclosed "
+                   "'[group', a stray word); close each header, e.g. [head]")
     where = f" at {origin}" if origin else ""
-    return f"{message}{where} ({plugin} plugin)"
+    fix = "; give each key once (keep one of the two, or merge them)" if "duplicate mapping key" in message else ""
+    return f"{message}{where} ({plugin} plugin){fix}"
 
 
 def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
@@ -252,6 +270,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         check_values(path, name, hv)
         gpus = rules.gpus(load_facts(fact_cache, name))
         slots, source = _slots(path, name, hv, gpus)
+        check_slots(path, name, slots)
         return Node(
             name=name,
             address=str(hv.get("ansible_host") or name),
@@ -264,6 +283,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         )
 
     nodes = {name: make(name) for name in dict.fromkeys([head_name, *ordered])}
+    check_duplicates(path, nodes)
     if existing:
         compute = slurm_site.compute_nodes(path, hv_head)
         nodes.update({c.name: Node(c.name, c.address, c.slots, c.slots_source, c.gpus, False, True) for c in compute})

@@ -71,3 +71,51 @@ def check_values(path: Path, host: str, hv: Mapping[str, Any]) -> None:
             raise InventoryError(
                 f"inventory {path}: host {host} has {key}={_shown(value)}; use letters, digits and ._- only"
             )
+
+
+EXAMPLE = ("e.g. hosts.yml: 'all: {children: {head: {hosts: {w1: {ansible_host: 10.0.0.11}}}, "
+           "workers: {hosts: {w1: {}}}}}' ('distrun init NAME --head w1=10.0.0.11 --workers w1' writes one)")
+
+
+def check_source(path: Path) -> None:
+    """What Ansible would only call 'failed to parse', said before it is asked: a folder with no
+    inventory file in it, a file that is empty or that you may not read."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+        files = [n for n in inside if n not in ("group_vars", "host_vars") and (path / n).is_file()]
+        if not files and not any((path / n).is_dir() for n in inside if n not in ("group_vars", "host_vars")):
+            held = f"only {', '.join(inside)}" if inside else "nothing"
+            raise InventoryError(f"inventory {path}: the folder holds no inventory file ({held}); add one listing "
+                                 f"the hosts, {EXAMPLE}")
+        return
+    try:
+        with path.open("rb") as f:
+            empty = not f.read(1)
+    except PermissionError:
+        raise InventoryError(f"inventory {path}: you may not read it; fix its permissions (chmod u+r {path})") from None
+    except OSError as exc:
+        raise InventoryError(f"inventory {path}: cannot be read ({exc.strerror}); give a readable file") from None
+    if empty:
+        raise InventoryError(f"inventory {path}: the file is empty; list the hosts in it, {EXAMPLE}")
+
+
+def check_duplicates(path: Path, nodes: Mapping[str, Any]) -> None:
+    """Two hosts at one address (and port) would be one machine counted twice: its slots, its
+    ranks and its claim on the run's port."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, node in nodes.items():
+        hv = getattr(node, "hostvars", None) or {}
+        key = (str(getattr(node, "address", name)).lower().rstrip("."), str(hv.get("ansible_port") or 22))
+        if key in seen:
+            raise InventoryError(f"inventory {path}: hosts {seen[key]} and {name} have the same address {key[0]} "
+                                 f"(port {key[1]}); give each host its own ansible_host, or keep one of them")
+        seen[key] = name
+
+
+MAX_SLOTS = 1024
+
+
+def check_slots(path: Path, host: str, slots: int) -> None:
+    if slots > MAX_SLOTS:
+        raise InventoryError(f"inventory {path}: host {host} has slots={slots}, more ranks than one machine runs; "
+                             f"set slots to its GPU count (or cores), at most {MAX_SLOTS}")

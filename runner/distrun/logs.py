@@ -17,7 +17,7 @@ from typing import Any
 
 from . import contract, controller, paths
 from .diagnosis import rank_logs
-from .errors import UserError
+from .errors import ExitCode, UserError
 from .inventory import Cluster, load_cluster
 from .launchers import LAUNCHERS, launcher_named
 from .launchers.base import fill
@@ -84,7 +84,11 @@ class _Watch:
             return True
         if time.monotonic() >= self.next_ask:
             self.next_ask = time.monotonic() + ASK_EVERY_S
-            self.last = live_state(self.run).state == "running"
+            state = live_state(self.run)
+            if state.state == "unreachable":  # not an end: nothing can be said, and that is a failure
+                raise UserError(f"run {self.run.id}: {state.reason}; the run may still be going: 'distrun status "
+                                f"{self.run.id}' when its nodes answer", exit_code=CONTACT_LOST)
+            self.last = state.state == "running"
         return self.last
 
 
@@ -102,6 +106,10 @@ def _cluster(run: Run) -> Cluster:
 def log_text(run_id: str, rank: int | None, follow: bool) -> Iterator[str]:
     """The launcher's log (rank None) or one rank's, as it grows while ``follow`` and the run runs."""
     run = load_run(run_id, verb="train")
+    if run.meta.verb != "train":
+        ansible = run.dir / "ansible.log"
+        raise UserError(f"run {run.id} is a '{run.meta.verb}' run: 'distrun logs' reads train runs; its Ansible log "
+                        f"is {ansible} ('distrun show {run.id}' says what it did)")
     watch = _Watch(run)
     if rank is None:
         # The runner writes launcher.log as the run goes: following it is following the run,
@@ -201,7 +209,8 @@ def _remote_rank(run: Run, rank: int, watch: _Watch) -> Iterator[str]:
     node = next((n for n in cluster.nodes if n.name == host), None)
     if node is None:
         raise UserError(f"run {run.id}: host {host} of rank {rank} is no longer in inventory {run.meta.inventory}")
-    proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            bufsize=1)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -227,6 +236,12 @@ def _remote_rank(run: Run, rank: int, watch: _Watch) -> Iterator[str]:
             # The last lines tail printed before the run was marked finished.
             if ended_at is not None and time.monotonic() - ended_at > 1.5:
                 break
+        if ended_at is None and proc.wait() != 0:  # tail ended while the run goes on: the node or ssh failed
+            said = [ln.strip() for ln in (proc.stderr.read() if proc.stderr else "").splitlines() if ln.strip()]
+            why = said[-1] if said else f"ssh exited {proc.returncode}"
+            raise UserError(f"run {run.id}: rank {rank}'s log on {host} cannot be followed: {why}; the run may still "
+                            f"be going: 'distrun status {run.id}', then try again",
+                            exit_code=ExitCode.CONTACT_LOST if proc.returncode == 255 else ExitCode.FAILED)
     finally:
         if proc.poll() is None:
             proc.terminate()

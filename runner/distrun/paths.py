@@ -33,12 +33,24 @@ def project_dir() -> Path:
 
 def state_dir() -> Path:
     """Per-user state: run directories and the fact cache. Kept private (0700)."""
-    base = os.environ.get("DISTRUN_HOME") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "distrun"
-    )
+    fix = "point DISTRUN_HOME at a folder you own (default ~/.local/state/distrun)"
+    own = os.environ.get("DISTRUN_HOME")
+    if own is not None and own.strip() and not os.path.isabs(own):
+        raise UserError(f"DISTRUN_HOME={own!r} is a relative path: its state would move with the current folder; "
+                        f"give an absolute path (e.g. DISTRUN_HOME=$HOME/.local/state/distrun)")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    if xdg and not os.path.isabs(xdg):
+        xdg = None  # the XDG spec: a relative path is invalid and ignored
+    if not own and not xdg:
+        home = os.environ.get("HOME")
+        if home is not None and not os.path.isabs(home):
+            what = "empty" if not home.strip() else f"{home!r}, a relative path"
+            raise UserError(f"HOME is {what}: distrun would keep its state outside your home folder; set HOME to "
+                            f"your home folder, or {fix}")
+    base = own or os.path.join(xdg or os.path.expanduser("~/.local/state"), "distrun")
     path = Path(base)
-    where = "DISTRUN_HOME" if os.environ.get("DISTRUN_HOME") else "distrun's state folder"
-    _private_dir(path, f"{where} {path}", "point DISTRUN_HOME at a folder you own (default ~/.local/state/distrun)")
+    where = "DISTRUN_HOME" if own else "distrun's state folder"
+    _private_dir(path, f"{where} {path}", fix)
     return path
 
 

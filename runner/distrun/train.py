@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import sshmesh
+from . import sshmesh, terminating
 from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
@@ -339,9 +339,9 @@ class _Run:
                 phases.mark("collect")
         if self.left_running:
             return 0
-        if interrupted:
-            run.finish(130, "interrupted", status="stopped")
-            return 130
+        if interrupted:  # Ctrl-C (130), or SIGTERM/SIGHUP taken the same way (143)
+            run.finish(terminating.exit_code(), terminating.word(), status="stopped")
+            return terminating.exit_code()
         assert rc is not None and self.plan is not None
         code = self.end.summarise(rc, time.monotonic() - started, self.plan)
         phases.mark("summary")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
 from .ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
+from .printable import printable
 
 
 def _make(stderr: bool) -> Console:
@@ -38,6 +40,10 @@ class _Console:
     def configure(self, stderr: bool) -> None:
         self._console = _make(stderr)
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Rich's print, each text first made printable (it may hold what a job printed)."""
+        self.current().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.current(), name)
 
@@ -57,25 +63,57 @@ def configure(progress_to_stderr: bool = False) -> None:
     err_console.configure(stderr=True)
 
 
-def print_table(columns: list[str], rows: list[list[str]], title: str | None = None) -> None:
+def print_table(columns: list[str], rows: list[list[str]], title: str | None = None, *, keep: tuple[int, ...] = (0,),
+                drop: tuple[int, ...] | None = None, wrap: tuple[int, ...] = ()) -> None:
     """A table on a terminal; elsewhere one plain line per row, columns two spaces apart, no cell
-    ever cut. Cells are text, never markup."""
+    ever cut. Cells are text, never markup.
+
+    On a terminal no cell is cut: the ``wrap`` columns wrap; when the terminal is too narrow for
+    the rest, whole columns are dropped in the order ``drop`` gives (by default the last first),
+    never one of ``keep``; when even those do not fit, the rows are printed as plain lines."""
     out = _now(console)
+    columns = [printable(c) for c in columns]
+    rows = [[printable(c) for c in row] for row in rows]
     if out.is_terminal:
-        table = Table(title=escape(title) if title else None, show_edge=False)
-        for i, col in enumerate(columns):
-            # The first column names the row (a run id, a host): shown whole, the rest wraps.
-            whole = max(len(r[i]) for r in [columns, *rows]) if i == 0 else None
-            table.add_column(escape(col), no_wrap=i == 0, min_width=whole)
-        for row in rows:
-            table.add_row(*(escape(c) for c in row))
-        out.print(table)
-        return
+        order = list(drop) if drop is not None else [i for i in reversed(range(len(columns))) if i not in keep]
+        shown = list(range(len(columns)))
+        while True:
+            if _least_width(columns, rows, shown, wrap) <= out.width:
+                out.print(_table(columns, rows, shown, wrap, title))
+                return
+            droppable = [i for i in order if i in shown and i not in keep]
+            if not droppable:
+                break
+            shown.remove(droppable[0])
     if title:
-        out.print(title, markup=False)
+        out.print(title, markup=False, soft_wrap=True)
     widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
     for row in [columns, *rows]:
-        out.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), markup=False)
+        out.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), markup=False, soft_wrap=True)
+
+
+WRAP_MIN = 12  # a wrapping column narrower than this is dropped instead
+
+
+def _least_width(columns: list[str], rows: list[list[str]], shown: list[int], wrap: tuple[int, ...]) -> int:
+    """The narrowest the table can be with no cell cut: every column whole but the wrapping ones,
+    one space of padding each side, a rule between two columns."""
+    widths = [max(cell_len(r[i]) for r in [columns, *rows]) for i in shown]
+    least = sum(min(w, WRAP_MIN) if i in wrap else w for i, w in zip(shown, widths, strict=True))
+    return least + 2 * len(shown) + len(shown) - 1
+
+
+def _table(columns: list[str], rows: list[list[str]], shown: list[int], wrap: tuple[int, ...], title: str | None) -> Table:
+    table = Table(title=escape(title) if title else None, show_edge=False)
+    for i in shown:
+        whole = max(cell_len(r[i]) for r in [columns, *rows])
+        if i in wrap:
+            table.add_column(escape(columns[i]), overflow="fold", min_width=min(whole, WRAP_MIN))
+        else:  # shown whole or not at all
+            table.add_column(escape(columns[i]), no_wrap=True, overflow="ignore", min_width=whole)
+    for row in rows:
+        table.add_row(*(escape(row[i]) for i in shown))
+    return table
 
 
 class PlaybookProgress:
@@ -106,7 +144,8 @@ class PlaybookProgress:
             table.add_column(col)
         for h in self.hosts.values():
             style = {"ok": "", "failed": "red", "unreachable": "red"}[h.state]
-            table.add_row(escape(h.name), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)), escape(h.task[:60]), style=style)
+            table.add_row(escape(printable(h.name)), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)),
+                          escape(printable(h.task)[:60]), style=style)
         return table
 
     def __call__(self, ev: PlaybookEvent) -> None:
@@ -171,10 +210,10 @@ def print_check_report(report: dict) -> None:
         table = Table(show_edge=False, pad_edge=False)
         table.add_column("check")
         for h in hosts:
-            table.add_column(escape(h), justify="center")
+            table.add_column(escape(printable(h)), justify="center")
         colour = {"✓": "[green]✓[/green]", "✗": "[red]✗[/red]", "-": "-"}
         for check, *cells in rows:
-            table.add_row(escape(check), *(colour[c] for c in cells))
+            table.add_row(escape(printable(check)), *(colour[c] for c in cells))
         console.print(table)
     failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
     for check, host, item in failures:

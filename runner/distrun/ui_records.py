@@ -21,7 +21,10 @@ def print_runs(listing: dict[str, Any]) -> None:
     rows = [[r["run_id"], r["verb"], r["status"], "" if r["rc"] is None else str(r["rc"]),
              "" if r["duration_s"] is None else f"{r['duration_s']:.1f}s", r["inventory"], r["summary"]]
             for r in listing["runs"]]
-    print_table(["run", "verb", "status", "rc", "duration", "inventory", "summary"], rows)
+    # Run id and status are never cut; the summary wraps; on a narrow terminal the inventory goes
+    # first, then the duration, the verb, the exit code and the summary (docs/guide/cli.md).
+    print_table(["run", "verb", "status", "rc", "duration", "inventory", "summary"], rows,
+                keep=(0, 2), drop=(5, 4, 1, 3, 6), wrap=(6,))
 
 
 def show_lines(d: dict[str, Any]) -> list[str]:

@@ -133,6 +133,36 @@ def test_ctrl_c_while_the_run_starts_ends_it_as_interrupted(provisioned, distrun
     assert not run_processes(provisioned, run.name)
 
 
+def test_sigterm_while_the_run_is_followed_ends_it_as_ctrl_c_does(provisioned, distrun_home, tmp_path):
+    """SIGTERM ('timeout 1200 distrun train ...') once every rank runs: every rank is stopped on
+    every node, the logs are collected, the record says stopped, and distrun exits 143."""
+    import signal
+
+    script = tmp_path / "sleeps.py"
+    script.write_text(MPI_SCRIPT)
+    log = tmp_path / "cli.log"
+    with log.open("w") as out:
+        proc = start_distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=600", log=out)
+        try:
+            deadline = time.monotonic() + 240
+            while "SCRIPT rank=2" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.1)
+            assert "SCRIPT rank=2" in log.read_text(), log.read_text()[-3000:]
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert rc == 143, text[-3000:]
+    assert "stopping every rank on every node" in text, text[-3000:]
+    run = _latest_run(distrun_home)
+    meta = json.loads((run / "meta.json").read_text())
+    assert (meta["status"], meta["rc"]) == ("stopped", 143), meta
+    assert sorted(_rank_lines(run)) == [0, 1, 2]  # every rank's log came home
+    assert not run_processes(provisioned, run.name)
+
+
 def test_logs_follow_reads_a_running_ranks_output_live_from_its_node(provisioned, distrun_home, tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(MPI_SCRIPT)

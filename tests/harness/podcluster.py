@@ -122,7 +122,7 @@ done
 """
 
 # Errors podman prints when the host needs containers.conf settings (see
-# /work/shared/docs/testbed.md). Each maps to the settings that fix it.
+# ../shared/docs/testbed.md beside the repository). Each maps to the settings that fix it.
 _RLIMIT_ERRORS = re.compile(r"setrlimit RLIMIT_NOFILE|error setting rlimit|RLIMIT_NPROC")
 _CGROUP_ERRORS = re.compile(
     r"cgroups in hybrid mode|systemd cgroup flag passed|sd-bus call|Failed to connect to bus")
@@ -281,7 +281,7 @@ def ensure_podman(log: Log = _stderr, conf: Path = CONTAINERS_CONF) -> None:
             why = "this host's cgroup setup (hybrid v1/v2) needs runc with cgroupfs"
         else:
             raise HarnessError(f"podman cannot run a container: {_last_line(err)} "
-                               f"(see /work/shared/docs/testbed.md for known host settings)")
+                               f"(see ../shared/docs/testbed.md, beside the repository, for known host settings)")
         _apply_containers_conf(settings, conf)
         shown = ", ".join(f"[{t}] {k} = {json.dumps(v)}" for (t, k), v in settings.items())
         log(f"podcluster: wrote {shown} to {conf} because {why}")

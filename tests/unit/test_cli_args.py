@@ -21,6 +21,7 @@ from distrun.cli import main
 from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.runs import new_run
 
+from .cli_cases import CASES
 from .conftest import REPO, distrun_bin
 
 TWO = str(REPO / "tests" / "golden" / "inventories" / "two-nodes")
@@ -83,7 +84,7 @@ BAD: list[Bad] = [
     Bad("inventory path that does not exist", lambda t: ["hostfile", "-i", str(t / "gone" / "hosts.ini")],
         ("no such inventory", "a path to an inventory file")),
     Bad("malformed INI section", lambda t: ["train", "-i", inv(t, "[head\nx\n"), "--dry-run"],
-        ("Ansible cannot parse it", "not enough values to unpack", "hosts.ini (ini plugin)"), reads_inventory=True),
+        ("Ansible cannot parse it", "close each header, e.g. [head]", "hosts.ini (ini plugin)"), reads_inventory=True),
     Bad("INI host variable without a value", lambda t: ["hostfile", "-i", inv(t, "[head]\na\n[workers]\na slots\n")],
         ("Expected key=value host variable assignment, got: slots", "hosts.ini"), reads_inventory=True),
     Bad("YAML syntax error keeps line and column", lambda t: ["hostfile", "-i", inv(t, "all:\n  children:\n    head: [\n", "h.yml")],
@@ -141,7 +142,7 @@ BAD: list[Bad] = [
     Bad("--slurm-mode unknown", lambda t: [*D, "--launcher", "slurm", "--slurm-mode", "multi"], ("--slurm-mode: 'multi' is not one of", "multi-job")),
     Bad("slurm launcher on an inventory without Slurm", lambda t: ["train", "-i", inv(t, NO_SLURM), "--launcher", "slurm"],
         ("--launcher slurm needs Slurm on the nodes", "set slurm_enabled: true"), reads_inventory=True),
-    Bad("--dry-run given a value", lambda t: [*T, "--dry-run=yes"], ("--dry-run", "does not take a value")),
+    Bad("--dry-run given a value", lambda t: [*T, "--dry-run=yes"], ("--dry-run is a flag and takes no value", "write --dry-run alone")),
     Bad("--script that does not exist", lambda t: [*D, "--script", str(t / "nope.py")], ("--script: ", "nope.py: no such file", "pass the path")),
     Bad("--script that is a folder", lambda t: [*D, "--script", str(t)], ("--script: ", "not a file", "pass the path")),
     Bad("--script named like the rank wrapper", lambda t: [*D, "--script", script(t, "rank-env.sh")],
@@ -202,6 +203,8 @@ BAD: list[Bad] = [
     Bad("hostfile: stray argument", lambda t: ["hostfile", "-i", TWO, "extra"], ("unexpected argument 'extra'", "--help")),
 ]
 
+BAD += [Bad(label, argv, expect, env, reads, code) for label, argv, expect, env, reads, code in CASES]
+
 
 @pytest.fixture
 def records(private_state):
@@ -227,9 +230,13 @@ def _invoke(case: Bad, tmp: Path) -> tuple[int, str, str, BaseException | None, 
 
 
 def test_every_bad_invocation_is_one_line_with_the_fix(tmp_path, records, private_state, capsys):
-    assert len(BAD) >= 60
-    verbs = {next((w for w in b.argv(tmp_path) if not w.startswith("-")), "") for b in BAD}
-    assert {"setup", "check", "hostfile", "train", "partition", "runs", "show", "logs", "stop", "fetch"} <= verbs
+    assert len(BAD) >= 250
+    verbs = set()
+    for i, b in enumerate(BAD):
+        (tmp_path / "verbs" / str(i)).mkdir(parents=True)
+        verbs.add(next((w for w in b.argv(tmp_path / "verbs" / str(i)) if not w.startswith("-")), ""))
+    assert {"setup", "check", "hostfile", "train", "partition", "runs", "show", "logs", "stop", "fetch", "status",
+            "attach", "init"} <= verbs
     before = sorted(p.name for p in (private_state / "runs").iterdir())
     problems: list[str] = []
     slow: list[str] = []
@@ -261,7 +268,8 @@ def test_every_bad_invocation_is_one_line_with_the_fix(tmp_path, records, privat
             problems.append(f"{case.label}: {'; '.join(why)}\n    stderr: {err.strip()!r}")
     after = sorted(p.name for p in (private_state / "runs").iterdir())
     with capsys.disabled():
-        print(f"\n{len(BAD)} bad invocations refused, each in one line; slowest {max(times):.2f}s, "
+        print(f"\n{len(BAD)} bad invocations tried, {len(BAD) - len(problems)} refused cleanly (the right exit code, "
+              f"one stderr line naming the problem and the fix, no traceback), {len(problems)} not; slowest {max(times):.2f}s, "
               f"{sum(1 for b in BAD if not b.reads_inventory)} without reading an inventory "
               f"(slowest {max(t for t, b in zip(times, BAD, strict=True) if not b.reads_inventory):.3f}s); "
               f"3 s or more: {', '.join(slow) or 'none'}")
