@@ -52,7 +52,7 @@ def main() -> None:
 def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str | None) -> None:
     """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
     from .ansible_bridge import run_playbook
-    from .inventory import load_cluster
+    from .inventory import load_cluster, read_inventory_json
     from .runs import new_run
     from .slurm_site import refuse_setup
     from .ui import PlaybookProgress, print_summary
@@ -60,8 +60,9 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     inv = inventory.path
     cluster = load_cluster(inv)
     refuse_setup(inv, cluster.slurm_existing)
-    P.check_limit(inv, limit, [n.name for n in cluster.nodes], ["all", "head", "workers", "ungrouped",
-                                                                   *cluster.group_vars.get("group_names", [])])
+    # Every group of the inventory (ansible-inventory's answer is kept: no second call to Ansible).
+    groups = [g for g in read_inventory_json(inv) if not g.startswith("_")]
+    P.check_limit(inv, limit, [n.name for n in cluster.nodes], ["all", "head", "workers", "ungrouped", *groups])
     run = new_run("setup", inv)
     started = time.monotonic()
     with PlaybookProgress(f"setup.yml on {len(cluster.nodes)} node(s) from {inv}", [n.name for n in cluster.nodes]) as progress:

@@ -145,3 +145,12 @@ def test_every_documented_exit_code_is_listed_in_help():
     guide = (REPO / "docs" / "guide" / "cli.md").read_text()
     for code, _ in EXIT_CODES:
         assert f"| {code} |" in guide, f"exit code {code} is not in docs/guide/cli.md"
+
+
+def test_setup_limit_takes_any_group_of_the_inventory_and_refuses_a_name_it_lacks(private_state, tmp_path):
+    inv = tmp_path / "hosts.ini"
+    # A group that does not hold the head: its name is a valid --limit.
+    inv.write_text("[head]\nw1 ansible_host=10.0.0.11\n\n[workers]\nw1\nw2 ansible_host=10.0.0.12\n\n[gpu]\nw2\n")
+    code, _, err = cli(["setup", "-i", str(inv), "--limit", "gpu,w9"])
+    assert code == 2
+    assert "--limit w9: no such host or group" in err and "--limit gpu" not in err
