@@ -170,7 +170,7 @@ def test_the_probe_running_as_root_never_follows_a_link_or_waits_on_a_fifo_in_th
 # The mesh of logins: every node logs in to every other at once in 'distrun check'. On a dozen
 # nodes and more, a target's sshd drops pending connections past MaxStartups (10 by default).
 
-FAKE_SSH = """#!/bin/sh
+FAKE_SSH = r"""#!/bin/sh
 # ssh as the probe calls it: ... -- TARGET true. Logs start and end; 'busy' drops the first try.
 eval "target=\${$(($# - 1))}"
 echo "start $target $(date +%s.%N)" >> "$SSH_LOG"
