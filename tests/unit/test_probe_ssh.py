@@ -206,7 +206,8 @@ def test_the_mesh_logs_in_to_a_ring_of_the_others_a_few_at_a_time_and_retries_a_
     events = [line.split() for line in log.read_text().splitlines()]
     starts = [t for kind, t, _ in events if kind == "start"]
     # The ring starts after this node (n05): every node of a mesh begins with a different target.
-    assert starts[:4] == ["n06", "n07", "n08", "n09"], starts
+    # (The first four start together: their order in the log is the processes' race.)
+    assert sorted(starts[:4]) == ["n06", "n07", "n08", "n09"], starts
     running, most = 0, 0
     for kind, _, _ in sorted(events, key=lambda e: float(e[2])):
         running += 1 if kind == "start" else -1
