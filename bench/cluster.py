@@ -362,8 +362,8 @@ class Bench:
         """What every ansible-playbook run costs before its first task, here: the interpreter and
         Ansible's imports (`ansible-playbook --version`), and an empty play (one no-op task on this
         machine) through ansible-runner, to its first event and to its end: started as
-        ansible-playbook, and as distrun starts it (distrun-ansible-playbook, Ansible's start-up
-        parses kept in a private folder that one run filled first), interleaved. run.yml pays these
+        ansible-playbook, and as distrun starts it (distrun-ansible-playbook: the same program,
+        nothing of Ansible changed), interleaved. run.yml pays these
         on every `distrun train`; they bound how small the launch gap can get."""
         bin_dir = Path(sys.executable).parent
         env = {**self.env(), "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
@@ -374,8 +374,6 @@ class Bench:
                         "    - name: No-op\n      ansible.builtin.meta: noop\n")
         private = self.tmp / "floor"
         private.mkdir(exist_ok=True)
-        kept = self.tmp / "ansible-kept"
-        kept.mkdir(mode=0o700, exist_ok=True)
         probe = ("import sys, time, ansible_runner\n"
                  "first = []\n"
                  "program = sys.argv[3] if len(sys.argv) > 3 else None\n"
@@ -385,11 +383,9 @@ class Bench:
                  " suppress_env_files=True, event_handler=lambda e: first.append(time.monotonic()) or True)\n"
                  "print(round(first[0] - t0, 3), round(time.monotonic() - t0, 3))\n")
         program = str(bin_dir / "distrun-ansible-playbook")
-        kept_env = {**env, "DISTRUN_ANSIBLE_CACHE": str(kept)}
-        run([sys.executable, "-c", probe, str(private), str(play), program], env=kept_env, timeout=120)  # fills it
         out: dict = {"version_s": [round(x, 2) for x in version]}
         for _ in range(reps):
-            for key, argv, where in (("empty", [], env), ("kept", [program], kept_env)):
+            for key, argv, where in (("empty", [], env), ("distrun", [program], env)):
                 proc, _wall = run([sys.executable, "-c", probe, str(private), str(play), *argv], env=where, timeout=120)
                 try:
                     a, b = (float(x) for x in proc.stdout.split()[-2:])
@@ -400,7 +396,7 @@ class Bench:
                 out.setdefault(f"{key}_total_s", []).append(b)
         say(f"ansible floor: ansible-playbook --version {median(version):.2f} s, empty play through ansible-runner: "
             f"first event {median(out.get('empty_first_event_s') or [0]):.2f} s "
-            f"(distrun-ansible-playbook {median(out.get('kept_first_event_s') or [0]):.2f} s), "
+            f"(distrun-ansible-playbook {median(out.get('distrun_first_event_s') or [0]):.2f} s), "
             f"end {median(out.get('empty_total_s') or [0]):.2f} s")
         return out
 
@@ -416,16 +412,14 @@ class Bench:
             return {"cold": cold}
         # Five of each, interleaved: one run on this machine varies by a few tenths of a second.
         reps = 1 if self.quick else 5
-        warm, hand, unkept = [], [], []
+        warm, hand = [], []
         for _ in range(reps):
             hand.append(self.by_hand(cluster, cold["remote_run_dir"]))
             warm.append(self.distrun_train(script))
-            # The same run with nothing of Ansible's start-up and templates kept (distrun.ansible_start).
-            unkept.append(self.distrun_train(script, extra_env={"DISTRUN_ANSIBLE_CACHE": ""}))
         skip = None if self.quick else self.distrun_train(script, ("--skip-preflight",))
         ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
         ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]
-        return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm, "unkept": unkept,
+        return {"ssh_true_s": round(ssh_s, 2), "ssh_rc": ssh_probe.returncode, "cold": cold, "warm": warm,
                 "ansible_floor": self.ansible_floor(1 if self.quick else 3),
                 "hand": hand, "skip_preflight": skip, "distrun_median_s": median(ok_w),
                 "hand_median_s": median(ok_h), "gap_s": round(median(ok_w) - median(ok_h), 2) if ok_w and ok_h else None}

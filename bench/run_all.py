@@ -162,10 +162,6 @@ def render_launch(c: dict) -> list[str]:
     if mp:
         out.append(f"| of which mpirun itself (timed on the head) | {len(mp)} | {', '.join(f(x, 2) for x in mp)} | {f(sorted(mp)[len(mp) // 2], 2)} |")
     out.append(f"| `distrun train --script` | {len(dw)} | {', '.join(f(x, 2) for x in dw)} | {f(L['distrun_median_s'], 2)} |")
-    uk = [r["wall_s"] for r in L.get("unkept") or [] if r["rc"] == 0]
-    if uk:
-        out.append(f"| `distrun train --script` with `DISTRUN_ANSIBLE_CACHE=` (nothing of Ansible's start-up and templates kept) "
-                   f"| {len(uk)} | {', '.join(f(x, 2) for x in uk)} | {f(median(uk), 2)} |")
     out.append(f"| `distrun train --script`, first run on fresh nodes | 1 | {f(L['cold']['wall_s'], 2)} | |")
     sk = L.get("skip_preflight") or {}
     if sk.get("wall_s") is None:
@@ -175,8 +171,8 @@ def render_launch(c: dict) -> list[str]:
     fl = L.get("ansible_floor") or {}
     for label, key in (("`ansible-playbook --version` here (interpreter and Ansible's imports)", "version_s"),
                        ("an empty play through ansible-runner here: to its first event", "empty_first_event_s"),
-                       ("the same, started as `distrun` starts it (distrun-ansible-playbook, "
-                        "Ansible's start-up parses kept): to its first event", "kept_first_event_s"),
+                       ("the same, started as `distrun` starts it (distrun-ansible-playbook): to its first event",
+                        "distrun_first_event_s"),
                        ("the same empty play: to its end", "empty_total_s")):
         xs = fl.get(key) or []
         if xs:
@@ -193,7 +189,7 @@ def render_launch(c: dict) -> list[str]:
             budget = (LAUNCH_TARGET_RATIO - 1) * L["hand_median_s"]
             out.append(f"The target allows {budget:.2f} s over the hand-started run; before its first task, any "
                        f"ansible-playbook run through ansible-runner takes {median(first):.2f} s here (an "
-                       f"empty play; {median(fl.get('kept_first_event_s') or first):.2f} s as distrun starts "
+                       f"empty play; {median(fl.get('distrun_first_event_s') or first):.2f} s as distrun starts "
                        "it), and run.yml, which also loads the inventory, the preflight and job roles and "
                        "their filter plugins, more. The rest of the budget is for distrun's own start, the "
                        "preflight's probe and judge, staging, the launch and noticing the end, less what the hand "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths, terminating
-from .ansible_start import ARGS_FROM, CACHE_ENV, unix_address
+from .ansible_start import ARGS_FROM, unix_address
 
 STEP_FACT = "distrun_step"
 
@@ -131,10 +131,6 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_TIMEOUT": os.environ.get("ANSIBLE_TIMEOUT", "10"),
         # The folder distrun's own ssh sessions look for Ansible's master connections in.
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(paths.ssh_control_dir()),
-        # What ansible-playbook repeats at every start and in every worker (parsing Ansible's own
-        # YAML, compiling templates), kept by digest (distrun.ansible_start); an empty
-        # DISTRUN_ANSIBLE_CACHE keeps nothing.
-        CACHE_ENV: os.environ[CACHE_ENV] if CACHE_ENV in os.environ else str(paths.ansible_cache_dir()),
     }
 
 
@@ -200,7 +196,7 @@ def _scrub_command(path: Path, late: list[str] | None = None) -> None:
     except (OSError, ValueError):
         return
     if isinstance(data, dict) and isinstance(data.get("env"), dict):
-        data["env"] = {k: v for k, v in data["env"].items() if k.startswith(("ANSIBLE_", "AWX_")) or k in ("PATH", CACHE_ENV)}
+        data["env"] = {k: v for k, v in data["env"].items() if k.startswith(("ANSIBLE_", "AWX_")) or k == "PATH"}
         command = data.get("command")
         if late is not None and isinstance(command, list) and command[1:2] == [ARGS_FROM]:
             data["command"] = [command[0], *command[3:], *late]

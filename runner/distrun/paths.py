@@ -78,14 +78,6 @@ def ssh_control_dir() -> Path:
     return Path(os.path.expanduser(os.environ.get("ANSIBLE_HOME") or "~/.ansible")) / "cp"
 
 
-def ansible_cache_dir() -> Path:
-    """What ansible-playbook parses of Ansible's own files and the templates it compiles, kept by
-    digest (distrun.ansible_start)."""
-    path = state_dir() / "ansible"
-    _private_dir(path, f"the folder {path}", "remove or rename what is there")
-    return path
-
-
 def runs_dir() -> Path:
     path = state_dir() / "runs"
     _private_dir(path, f"the runs folder {path}", "remove or rename what is there")
