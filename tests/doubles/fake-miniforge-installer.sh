@@ -11,7 +11,7 @@
 # ENV is a `python3 -m venv --system-site-packages` venv (bin/python -> the system python3, so the
 # distro's python3-mpi4py is importable) with bin/mpirun, mpiexec, orterun, orted, ompi_info
 # linked to the distro's Open MPI. What it can't show: a real solve, real conda packages, and
-# Open MPI 4.0.5 itself (`conda list` reports the pinned 4.0.5; the binaries are the distro's).
+# the pinned Open MPI itself (`conda list` reports the pin; the binaries are the distro's).
 set -euo pipefail
 
 prefix=""
@@ -48,7 +48,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 
-# The spec's dependencies as JSON records: "openmpi=4.0.5" -> {"name": "openmpi", "version": "4.0.5"}.
+# The spec's dependencies as JSON records: "openmpi=4.1.6" -> {"name": "openmpi", "version": "4.1.6"}.
 records() {
   /usr/bin/python3 - "$1" <<'PY'
 import json, re, sys
