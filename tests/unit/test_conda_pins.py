@@ -52,3 +52,46 @@ def test_solvable_pins_pass(tmp_path: Path, python: str, openmpi: str) -> None:
 def test_the_defaults_pass(tmp_path: Path) -> None:
     result = run_checks(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+CHECK_PLAY = """\
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - name: The role's check of the env's Open MPI
+      ansible.builtin.include_role:
+        name: mpi_env
+        tasks_from: conda_check.yml
+"""
+INSTALLER = ROOT / "tests" / "doubles" / "fake-miniforge-installer.sh"
+
+
+def check_env(tmp_path: Path, channel: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """Install the fake Miniforge, solve the pinned spec against a fake channel, run the role's check."""
+    miniforge, env_prefix = tmp_path / "miniforge", tmp_path / "env"
+    subprocess.run(["bash", str(INSTALLER), "-b", "-p", str(miniforge)], check=True, capture_output=True)
+    if channel is not None:
+        (miniforge / "fake-channel.json").write_text(json.dumps(channel))
+    spec = tmp_path / "environment.yml"
+    spec.write_text("dependencies:\n  - python=3.11\n  - openmpi=4.1.6\n  - mpi4py\n")
+    conda = str(miniforge / "bin" / "conda")
+    subprocess.run([conda, "env", "create", "--prefix", str(env_prefix), "--file", str(spec)], check=True, capture_output=True)
+    play = tmp_path / "check.yml"
+    play.write_text(CHECK_PLAY)
+    extra = {"ansible_python_interpreter": sys.executable, "_mpi_env_conda": conda, "mpi_env_prefix": str(env_prefix), "mpi_env_conda_openmpi_version": "4.1.6"}
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(play), "-e", json.dumps(extra)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+
+
+def test_the_role_check_fails_when_the_channel_installs_another_openmpi(tmp_path: Path) -> None:
+    result = check_env(tmp_path, {"openmpi": "4.1.5"})
+    assert result.returncode != 0
+    assert f"{tmp_path / 'env'} lacks openmpi=4.1.6: conda list says" in result.stdout
+    assert '"version": "4.1.5"' in result.stdout
+
+
+def test_the_role_check_passes_when_the_pinned_openmpi_is_installed(tmp_path: Path) -> None:
+    result = check_env(tmp_path, {"openmpi": "4.1.6"})
+    assert result.returncode == 0, result.stdout + result.stderr
