@@ -90,7 +90,7 @@ ansible_python_interpreter: /usr/bin/python3
 distrun_user: distrun              # the unprivileged training user, created on every node
 distrun_shared_dir: /srv/distrun   # the folder every node sees: runs, workdirs, partitions
 distrun_shared_fs_mode: sync       # sync (rsync from the head) | nfs (server on the head) | sshfs
-distrun_mpi_provider: venv         # venv (the distro's Open MPI and a venv) | conda (Miniforge, openmpi=4.0.5)
+distrun_mpi_provider: venv         # venv (the distro's Open MPI and a venv) | conda (Miniforge, openmpi=4.1.6)
 
 # Python packages in the env. The default workload ('distrun train' with no --workload) is the
 # Jittor GCN over Metis parts: it needs jittor and pymetis, and Jittor compiles its kernels with

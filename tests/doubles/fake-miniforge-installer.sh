@@ -7,11 +7,13 @@
 # understands only what roles/mpi_env calls:
 #   conda env create --prefix ENV --file SPEC      make ENV (see below)
 #   conda env update --prefix ENV --file SPEC --prune
-#   conda list --json --prefix ENV                 the spec's packages, pins as versions
+#   conda list --json --prefix ENV                 the spec's packages, pins as versions, except what
+#                                                  PREFIX/fake-channel.json holds ({"openmpi": "4.1.5"}):
+#                                                  that version is what was installed
 # ENV is a `python3 -m venv --system-site-packages` venv (bin/python -> the system python3, so the
 # distro's python3-mpi4py is importable) with bin/mpirun, mpiexec, orterun, orted, ompi_info
 # linked to the distro's Open MPI. What it can't show: a real solve, real conda packages, and
-# Open MPI 4.0.5 itself (`conda list` reports the pinned 4.0.5; the binaries are the distro's).
+# the pinned Open MPI itself (`conda list` reports the pin; the binaries are the distro's).
 set -euo pipefail
 
 prefix=""
@@ -48,11 +50,15 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
 done
 
-# The spec's dependencies as JSON records: "openmpi=4.0.5" -> {"name": "openmpi", "version": "4.0.5"}.
+# The spec's dependencies as JSON records: "openmpi=4.1.6" -> {"name": "openmpi", "version": "4.1.6"}.
 records() {
-  /usr/bin/python3 - "$1" <<'PY'
-import json, re, sys
+  /usr/bin/python3 - "$1" "$root" <<'PY'
+import json, os, re, sys
 deps, inside = [], False
+# A fake channel: PREFIX/fake-channel.json ({"openmpi": "4.1.5"}) holds the only version of a package
+# it names, and that version is installed whatever the spec pins (a mirror with another build).
+channel_file = os.path.join(sys.argv[2], "fake-channel.json")
+channel = json.load(open(channel_file)) if os.path.exists(channel_file) else {}
 for line in open(sys.argv[1]):
     if re.match(r"^dependencies:", line):
         inside = True
@@ -61,7 +67,8 @@ for line in open(sys.argv[1]):
         m = re.match(r"^\s+-\s+([A-Za-z0-9_.\-]+)\s*(?:(==|=|<|>|<=|>=)\s*([^\s#]+))?", line)
         if m:
             name, op, ver = m.groups()
-            deps.append({"name": name, "version": ver if op in ("=", "==") else "0.0.0.fake",
+            held = channel.get(name)
+            deps.append({"name": name, "version": held or (ver if op in ("=", "==") else "0.0.0.fake"),
                          "channel": "fake-double", "base_url": "fake://double"})
         elif re.match(r"^\S", line):
             inside = False
