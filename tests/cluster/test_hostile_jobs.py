@@ -74,3 +74,29 @@ def test_collect_stops_at_its_file_cap_and_says_where_the_rest_is(provisioned, d
     assert f"the rest stays in {run_dir} on node1" in capped[0] and "distrun fetch" in capped[0]
     brought = [p for p in (run / "nodes").rglob("*") if p.is_file()]
     assert not TALLY.record("collect brings more files than its cap", len(brought) > 3 * 100), len(brought)
+
+
+# Node-local rank 0 of each node appends its own key to the training user's authorized_keys.
+APPEND_KEY = textwrap.dedent("""
+    import os
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        with open(os.path.expanduser("~/.ssh/authorized_keys"), "a") as f:
+            f.write("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJobsWayBackInJobsWayBackInJobsWayBackIn00 job@away\\n")
+""")
+
+
+def test_a_key_a_job_appended_to_authorized_keys_does_not_survive_setup(provisioned, tmp_path):
+    script = tmp_path / "append_key.py"
+    script.write_text(APPEND_KEY)
+    keys = f"{HOME}/.ssh/authorized_keys"
+    res = distrun("train", "--inventory", "test", "--script", str(script), timeout=600)
+    assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    for k in (1, 2, 3):
+        assert "job@away" in provisioned.exec(k, f"cat {keys}").stdout, f"not appended on node{k}"
+    setup = distrun("setup", "--inventory", "test", timeout=900)
+    assert setup.rc == 0, setup.stdout[-4000:]
+    kept = [k for k in (1, 2, 3) if "job@away" in provisioned.exec(k, f"cat {keys}").stdout]
+    assert not TALLY.record("a key a job appended to authorized_keys survives setup", bool(kept)), kept
+    # The cluster key is still there: the mesh works (the head reaches every node as the user).
+    check = distrun("check", "--inventory", "test", "--json", timeout=300)
+    assert check.rc == 0, check.stdout[-3000:]
