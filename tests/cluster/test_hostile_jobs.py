@@ -48,7 +48,7 @@ def test_a_module_planted_in_the_home_cannot_forge_what_check_reports(provisione
         res = distrun("train", "--inventory", "test", "--script", str(script), timeout=600)
         assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
         for k in (1, 2, 3):
-            assert provisioned.exec(k, f"test -f {HOME}/json.py", check=False).rc == 0, f"not planted on node{k}"
+            assert provisioned.exec(k, f"test -f {HOME}/json.py", check=False).returncode == 0, f"not planted on node{k}"
         check = distrun("check", "--inventory", "test", "--json", timeout=300)
         assert check.rc == 0, check.stdout[-3000:] + check.stderr[-2000:]
         json.loads(check.stdout)
