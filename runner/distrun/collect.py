@@ -35,6 +35,9 @@ from .restarts import ATTEMPT_FILES
 
 COLLECT_TIMEOUT_S = 600
 COLLECT_MAX_BYTES = 2 << 30
+# Files per node: a job's thousands of empty files cost the controller inodes and time that
+# bytes do not count. The node's packer stops one past it, so the controller sees the cap hit.
+COLLECT_MAX_FILES = 10000
 # Prefixes of a node's error that another way in (the playbook) would not fix: a node ssh
 # could not reach (the playbook would wait for the same connect timeout), a run dir refused
 # as unsafe, a run dir over the cap or a pull over its time. Such a node is reported, not retried.
@@ -150,12 +153,13 @@ def _safe(member: tarfile.TarInfo) -> bool:
     return member.isfile() or member.isdir()
 
 
-def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection) -> str:
+def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection,
+                max_files: int = COLLECT_MAX_FILES) -> str:
     """The node-side command: refuse a run dir that is a link, whose runs folder is a link, or
     that is not where it should be once every link above it is resolved (a job may replace its
     run dir or the runs folder); then print the files the selection leaves (``size<TAB>path<NUL>``
     each, when it lists them), one more NUL, and a tar of the plain files it selects (never a
-    link: find does not follow one). It runs as the training user (``as_user``: through sudo),
+    link: find does not follow one), at most ``max_files`` + 1 of them. It runs as the training user (``as_user``: through sudo),
     so it reads nothing that user could not read anyway."""
     runs_dir = run_dir.rstrip("/").rsplit("/", 1)[0]
     test = selection.find_test()
@@ -170,7 +174,8 @@ def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection) ->
         'cd -P -- "$d" || exit 1; '
         + listing
         + "printf '\\0'; "
-        f"find . -xdev -type f {test} -print0 2>/dev/null | exec tar --null --no-recursion -T - -c{'z' if selection.gzip else ''}f -"
+        f"find . -xdev -type f {test} -print0 2>/dev/null | head -z -n {max_files + 1} | "
+        f"exec tar --null --no-recursion -T - -c{'z' if selection.gzip else ''}f -"
     )
     if not as_user:
         return script
@@ -227,19 +232,19 @@ def read_listing(stream: IO[bytes]) -> tuple[Left, bytes]:
 
 
 def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
-          timeout_s: float) -> _NodePull:
+          max_files: int, timeout_s: float) -> _NodePull:
     """Unpack node's selected files of run_dir into dest: why it failed (or None), what stays there, what came."""
     out = _NodePull()
     out.error = _stream(node, run_dir, dest, user=user, selection=selection, max_bytes=max_bytes,
-                        timeout_s=timeout_s, out=out)
+                        max_files=max_files, timeout_s=timeout_s, out=out)
     return out
 
 
 def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
-            timeout_s: float, out: _NodePull) -> str | None:
+            max_files: int, timeout_s: float, out: _NodePull) -> str | None:
     """_pull's stream, counting into ``out``; why it failed, or None."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    command = tar_command(run_dir, user, not _runs_as(node, user), selection)
+    command = tar_command(run_dir, user, not _runs_as(node, user), selection, max_files)
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, UserError) as exc:
@@ -253,7 +258,7 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
 
     timer = threading.Timer(timeout_s, expire)
     timer.start()
-    capped = False
+    capped = ""
     try:
         out.left, rest = read_listing(proc.stdout)
         with tarfile.open(fileobj=_Rest(rest, proc.stdout), mode="r|*") as tar:  # type: ignore[call-overload]
@@ -261,7 +266,10 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
                 if not _safe(member):
                     continue
                 if member.isfile() and out.bytes + member.size > max_bytes:
-                    capped = True
+                    capped = f"the cap of {_size(max_bytes)}"
+                    break
+                if member.isfile() and out.files >= max_files:
+                    capped = f"the cap of {max_files} files"
                     break
                 tar.extract(member, dest, set_attrs=False, **_DATA_FILTER)
                 if member.isfile():
@@ -284,8 +292,10 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
     if capped:
         proc.kill()
         proc.wait()
-        return (f"{CAPPED}stopped at the cap of {_size(max_bytes)} after {out.files} file(s) ({_size(out.bytes)}); "
-                f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_MAX_MB to bring more)")
+        raise_var = "DISTRUN_COLLECT_MAX_MB" if "MiB" in capped else "DISTRUN_COLLECT_MAX_FILES"
+        return (f"{CAPPED}stopped at {capped} after {out.files} file(s) ({_size(out.bytes)}); "
+                f"the rest stays in {run_dir} on {node.name} (to bring it: raise {raise_var} and "
+                f"'distrun fetch RUN PATH')")
     if timed_out.is_set():
         proc.wait()
         return (f"{CAPPED}stopped after {timeout_s:.0f}s with {out.files} file(s) ({_size(out.bytes)}); "
@@ -309,13 +319,15 @@ def _size(n: int) -> str:
 
 
 def pull_run(cluster: Cluster, run_dir: str, hosts: list[str], dest: Path, selection: Selection, *,
-             max_bytes: int = COLLECT_MAX_BYTES, timeout_s: float = COLLECT_TIMEOUT_S) -> Pulled:
+             max_bytes: int = COLLECT_MAX_BYTES, max_files: int = COLLECT_MAX_FILES,
+             timeout_s: float = COLLECT_TIMEOUT_S) -> Pulled:
     """Pull the selected files of every host's run_dir into dest/<host>, all hosts at once, with
-    the listing of the others. Each host brings at most ``max_bytes`` of file data within ``timeout_s``."""
+    the listing of the others. Each host brings at most ``max_bytes`` of file data in ``max_files``
+    files within ``timeout_s``."""
     nodes = {n.name: n for n in cluster.nodes}
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
         futures = {h: pool.submit(_pull, nodes[h], run_dir, dest / h, user=cluster.user, selection=selection,
-                                  max_bytes=max_bytes, timeout_s=timeout_s) for h in hosts}
+                                  max_bytes=max_bytes, max_files=max_files, timeout_s=timeout_s) for h in hosts}
     out = Pulled()
     for h, f in futures.items():
         node = f.result()

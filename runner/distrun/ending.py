@@ -37,10 +37,11 @@ KEEP_LINES = 4000
 
 
 def collect_limits() -> dict[str, int]:
-    """Bytes and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB and
-    DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
+    """Bytes, files and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB,
+    DISTRUN_COLLECT_MAX_FILES and DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
     limits: dict[str, int] = {}
-    for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
+    for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_MAX_FILES", "max_files", 1),
+                            ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
         text = os.environ.get(var)
         if text:
             if not text.isdigit() or int(text) == 0:

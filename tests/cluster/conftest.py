@@ -120,3 +120,10 @@ def rank_headers(run: Path) -> dict[int, tuple[int, str, str]]:
             if m:
                 found[int(m[1])] = (int(m[2]), m[3], m[4])
     return found
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The hostile-job suite's one line (tests/cluster/hostile.py), when any attack was tried."""
+    from .hostile import TALLY
+    for line in TALLY.lines():
+        terminalreporter.write_line(line)

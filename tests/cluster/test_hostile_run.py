@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .conftest import distrun, run_processes
+from .hostile import TALLY
 
 ATTACKS: list[tuple[str, bool]] = []
 EXPECTED_ATTACKS = 16
@@ -25,6 +26,7 @@ EXPECTED_ATTACKS = 16
 
 def attack(name: str, succeeded: bool, detail: str = "") -> None:
     ATTACKS.append((name, succeeded))
+    TALLY.record(name, succeeded)
     assert not succeeded, f"attack succeeded: {name}: {detail}"
 
 

@@ -12,6 +12,7 @@ import json
 import shlex
 
 from .conftest import distrun
+from .hostile import TALLY
 
 HOME = "/home/distrun"
 SHARED = "/srv/distrun"
@@ -95,15 +96,15 @@ def attack_round(cluster, tmp_path, attacks) -> int:
         # One line: the node, the path, where it points, and the fix.
         assert any(f"(it points to {target}) and run distrun setup again" in ln for ln in hits), hits
     succeeded = 0
-    for k, _, target, _ in attacks:
-        if fingerprint(cluster, k, target) != before[(k, target)]:
-            succeeded += 1
+    for k, link, target, _ in attacks:
+        succeeded += TALLY.record(f"setup writes through a link at {link} on node{k}",
+                                  fingerprint(cluster, k, target) != before[(k, target)])
     # The secret the job pointed the key host's key at reached no node.
     # (A planted link itself still points at the secret: only a real key file counts.)
     key = f"{HOME}/.ssh/id_ed25519"
     secret_leaked = any("distrun test victim" in cluster.exec(k, f"[ -L {key} ] || cat {key} 2>/dev/null || true",
                                                                check=False).stdout for k in (1, 2, 3))
-    return succeeded + int(secret_leaked)
+    return succeeded + TALLY.record("the key host's key pointed at a root secret reaches the nodes", secret_leaked)
 
 
 def test_links_planted_by_a_job_are_refused_and_no_root_path_changes(provisioned, tmp_path):

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from distrun import collect
 from distrun.cli import main
+from distrun.ending import collect_limits
 from distrun.errors import UserError
 from distrun.fetch import check_path, holders
 from distrun.inventory import cluster_from_json
@@ -155,3 +156,26 @@ def test_fetch_of_a_run_that_never_reached_its_nodes_is_one_line(private_state):
     assert result.exit_code != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "has no plan.json" in lines[0], result.stderr
+
+
+def test_collect_stops_at_a_file_count_and_says_where_the_rest_is(tmp_path, monkeypatch):
+    """Bytes and time do not bound a job's thousands of empty files: the count does, on the node's
+    side (its packer stops one past the cap) and on this side, with one line naming what stayed."""
+    d = tmp_path / "srv" / "runs" / "r1"
+    for i in range(60):
+        write(d / "many" / f"f{i:03}.txt", 0)
+    script = collect.tar_command(str(d), getpass.getuser(), False, collect.run_end_selection(), max_files=20)
+    packed = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    tar_start = packed.index(b"\0") + 1  # no listing: every empty file is selected
+    members = subprocess.run(["tar", "-tzf", "-"], input=packed[tar_start:], capture_output=True, check=True).stdout
+    assert len(members.splitlines()) == 21
+
+    monkeypatch.setenv("DISTRUN_COLLECT_MAX_FILES", "20")
+    dest = tmp_path / "dest"
+    pulled = collect.pull_run(local_cluster(), str(d), ["n1"], dest, collect.run_end_selection(),
+                              **collect_limits())
+    assert len(list((dest / "n1" / "many").iterdir())) == 20 and pulled.brought["n1"] == (20, 0)
+    error = pulled.errors["n1"]
+    assert error.startswith(collect.CAPPED) and "the cap of 20 files" in error
+    assert f"the rest stays in {d} on n1" in error and "DISTRUN_COLLECT_MAX_FILES" in error
+    assert "distrun fetch" in error

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from .test_probe_ssh import run_probe
+from .test_probe_ssh import PROBE, run_probe
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the probe keeps env records only as root (a job, running as the training user, "
@@ -112,3 +115,23 @@ def test_a_record_root_did_not_write_as_its_own_is_not_read(env, tmp_path, plant
         record.write_text(json.dumps({**data, "time": data["time"] - 2 * 86400}))
     found, starts = probe(env, records)
     assert found["env_probe"] == "ran" and starts == 2
+
+
+def test_a_planted_json_module_cannot_forge_the_envs_versions(tmp_path):
+    """A job can write the training user's home, where the env's Python used to start: a json.py
+    there (or in PYTHONPATH, or the user's site folder) ran inside the probe and forged what
+    'check' reports and root records. The probe runs as the role runs it (-I -S), from that folder."""
+    prefix = tmp_path / "env"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(sys.executable)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "json.py").write_text('print(\'{"python": "forged", "mpi4py": "9.9.9"}\')\nraise SystemExit(0)\n')
+    config = {"host": "here", "user": "root", "env_prefix": str(prefix), "mpi_prefix": "", "shared_dir": "/tmp",
+              "ssh_timeout": 2, "env_records_dir": str(tmp_path / "records")}
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE.read_text(), json.dumps(config)], cwd=home,
+                         env={**os.environ, "PYTHONPATH": str(home)}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["versions"]["python"] == platform.python_version()
+    assert "9.9.9" not in out.stdout

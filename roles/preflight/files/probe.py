@@ -36,6 +36,9 @@ ENV_RECORD_MAX_AGE_S = 86400
 
 # Run by the env's Python as the training user: versions by package metadata (importing torch or
 # jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
+# -I: neither the working directory, PYTHON* variables nor the user's site folder (~/.local, which
+# a job can write) reach sys.path; the env's own site-packages still do.
+ENV_FLAGS = ["-I", "-c"]
 ENV_SCRIPT = r"""
 import hashlib, importlib.util, json, os, platform, sys
 from importlib import metadata
@@ -133,14 +136,16 @@ def fan_out(fn, items, *args, limit=FAN_OUT, **kwargs):
 
 
 def as_user(argv, timeout=60):
-    """Run argv as the training user (from root), or directly when we already are that user."""
-    kwargs = {}
+    """Run argv as the training user (from root), or directly when we already are that user.
+    The working directory is / (root's), never the user's home: a job can write its home, and a
+    program that reads its working directory (Python's -c puts it first on sys.path) would run
+    what the job planted there."""
+    kwargs = {"cwd": "/"}
     if os.geteuid() == 0 and USER != "root":
         pw = pwd.getpwnam(USER)
-        kwargs = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(USER, pw.pw_gid),
-                  "cwd": pw.pw_dir if os.path.isdir(pw.pw_dir) else "/",
-                  "env": {"HOME": pw.pw_dir, "USER": USER, "LOGNAME": USER,
-                          "PATH": f"{PREFIX}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}}
+        kwargs.update({"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(USER, pw.pw_gid),
+                       "env": {"HOME": pw.pw_dir, "USER": USER, "LOGNAME": USER,
+                               "PATH": f"{PREFIX}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}})
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
     except FileNotFoundError as exc:
@@ -153,7 +158,7 @@ def probe_env():
     python = f"{PREFIX}/bin/python"
     if not os.path.exists(python):
         return {"ok": False, "detail": f"{python} is missing"}, {}
-    proc = as_user([python, "-c", ENV_SCRIPT, json.dumps(CFG.get("modules", []))])
+    proc = as_user([python, *ENV_FLAGS, ENV_SCRIPT, json.dumps(CFG.get("modules", []))])
     if proc.returncode != 0:
         return {"ok": False, "detail": f"{python} does not start as {USER}: {_last_line(proc.stderr)}"}, {}
     try:
@@ -179,7 +184,7 @@ def env_fingerprint(openmpi):
     the script that asks."""
     pw = pwd.getpwnam(USER)
     parts = [PREFIX, USER, str(pw.pw_uid), str(pw.pw_gid), pw.pw_dir, str(os.getgrouplist(USER, pw.pw_gid)),
-             json.dumps(sorted(CFG.get("modules", []))), str(openmpi), ENV_SCRIPT]
+             json.dumps(sorted(CFG.get("modules", []))), str(openmpi), str(ENV_FLAGS), ENV_SCRIPT]
     lib = []
     with contextlib.suppress(OSError):
         lib = sorted(f"{PREFIX}/lib/{n}" for n in os.listdir(f"{PREFIX}/lib") if n.startswith("python"))
