@@ -106,9 +106,9 @@ def test_uneven_slots_place_ranks_with_an_arbitrary_distribution():
     assert "--ntasks-per-node=2" not in script.replace("srun --ntasks-per-node=1", "")
     assert files["slurm-hostfile"] == slurm_hostfile(plan) == "n1\nn1\nn2\nn3\nn3\nn3\n"
     # The step that makes the rank folders runs once on every node, whatever the job's
-    # distribution: arbitrary, it would follow the hostfile's first lines (n1, n1, n2) and
-    # leave n3 without its folders.
-    assert "srun --ntasks-per-node=1 --ntasks=3 --distribution=block mkdir -p ranks/0" in script
+    # distribution: with the submission's SLURM_HOSTFILE, srun followed the hostfile's first
+    # lines (n1, n1, n2) and left n3 without its folders.
+    assert "env -u SLURM_HOSTFILE srun --ntasks-per-node=1 --ntasks=3 --distribution=block mkdir -p ranks/0" in script
     assert "export SLURM_HOSTFILE=/srv/distrun/runs/r1/slurm-hostfile" in slurm.driver_script(plan)
 
 

@@ -137,9 +137,10 @@ def sbatch_script(plan: JobPlan) -> str:
     rank_dirs = " ".join(f"ranks/{r}" for r in range(plan.world_size))
     # srun opens each rank's output file on that rank's node: the folders must exist there
     # (in sync mode every node has its own copy of the run directory). One task per node, in
-    # block distribution: the job's own is arbitrary where slots are uneven, and srun would then
-    # place these tasks by the hostfile's first lines and leave the last nodes out.
-    lines.append(f"srun --ntasks-per-node=1 --ntasks={nodes} --distribution=block mkdir -p {rank_dirs}")
+    # block distribution and without the job's SLURM_HOSTFILE (the submission's, where slots are
+    # uneven): srun would place these tasks on its first lines and leave the last nodes out.
+    unset = "env -u SLURM_HOSTFILE " if placed_by_hostfile(plan) else ""
+    lines.append(f"{unset}srun --ntasks-per-node=1 --ntasks={nodes} --distribution=block mkdir -p {rank_dirs}")
     srun = ["srun", f"--mpi={plan.slurm.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
             f"--output={plan.run_dir}/ranks/%t/stdout"]
     if placed_by_hostfile(plan):
