@@ -560,7 +560,7 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
     if cluster is not None:
         lines += render_cluster(cluster)
     lines += render_partition(quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
-    lines += [NOT_MEASURED]
+    lines += [GPU_SECTION, NOT_MEASURED]
     out.write_text("\n".join(lines).rstrip() + "\n")
     say(f"re-rendered {out}")
     return 0
@@ -635,6 +635,35 @@ def render_summary(c: dict | None, t: dict | None, s: dict | None) -> list[str]:
     out.append("")
     return out
 
+
+# No bench section measures the GPU: scripts/gpu-check does, on a machine that has one; its
+# table replaces this one's "not run" rows here and in docs/benchmarks.md.
+GPU_SECTION = """\
+## GPU: the torch trainers and the DDP example on CUDA (NCCL)
+
+Not run: no machine with a GPU has been available to this project yet. `scripts/gpu-check` is
+prepared for one: it needs no network, only this repository and a Python with a CUDA build of
+torch and numpy (pymetis for partitions of more than one part, or `--parts DIR` with partitions made
+elsewhere by `workloads/partition.py`). It runs every program under `python -m
+torch.distributed.run --standalone --nproc-per-node=N` at 1 rank and, with several GPUs, at 2 and
+at the GPU count, and prints the table below filled in (exit 1 on a failure; where torch sees no
+CUDA GPU it exits 2 with one line saying so). The checks are the CPU tests': logits, loss and
+gradients against the float64 reference (abs < 1e-5, rel < 1e-4, so every rank count agrees with
+one rank), Cora test accuracy ≥ 0.795 after 200 epochs, a falling loss of `ddp_minimal.py`. Without
+Cora (`--cora DIR`, `$DISTRUN_TEST_CORA` or `../shared/datasets/cora`) the exactness rows use a
+generated graph and the accuracy rows say `skip`. Only its plan, verdicts and table are tested
+(`tests/unit/test_gpu_check.py`).
+
+    scripts/gpu-check --cora DIR        # with the Python that holds torch; log in /tmp/gpu-check/log.txt
+
+| configuration | ranks | device | epoch time | checked number | verdict |
+|---|---:|---|---:|---|---|
+| gcn_torch exact (cora) | 1, 2, GPUs | — | — | max error abs, rel | not run |
+| gcn_ddp exact (cora) | 1, 2, GPUs | — | — | max error abs, rel | not run |
+| gcn_torch accuracy (cora) | 1, 2, GPUs | — | — | test accuracy (≥ 0.795) | not run |
+| gcn_ddp accuracy (cora) | 1, 2, GPUs | — | — | test accuracy (≥ 0.795) | not run |
+| ddp_minimal | 1, 2, GPUs | — | — | loss first → last epoch | not run |
+"""
 
 NOT_MEASURED = """\
 ## Not measured, and why

@@ -28,7 +28,9 @@ stay identical without any broadcast. Dropout masks are drawn per rank, as per n
 
 Runs under torchrun, mpirun (Open MPI's variables are mapped to torch's; MASTER_ADDR and
 MASTER_PORT come from the environment) and Slurm (distrun's rank wrapper exports torch's
-variables). The result reports, per rank, compute and communication time per epoch (for the
+variables). Under NCCL (a GPU that torch sees, --backend auto or nccl) its tensors live on
+cuda:LOCAL_RANK; only the halo rows' dropout masks are packed into bits on the CPU. The result
+reports, per rank, compute and communication time per epoch (for the
 exchanges that overlap a product, the time spent starting them and waiting for them after it)
 and the bytes its halo exchanges and gradient allreduce sent.
 """
@@ -42,7 +44,7 @@ import numpy as np
 
 import common
 import torch_dist
-from common import CollectiveError, EpochStats, Reporter
+from common import EpochStats, Reporter
 from graph import SparseRows, init_params
 from halo import pack_bits, unpack_bits
 
@@ -72,10 +74,10 @@ def transpose(torch, m: SparseRows):  # noqa: ANN001,ANN201
 
 
 def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray], stats: dict):  # noqa: ANN201
-    torch, dist = td.torch, td.dist
-    a = sparse(torch, adj)  # Â·X, and the products of a rank that is alone
+    torch, dist, dev = td.torch, td.dist, td.device
+    a = sparse(torch, adj).to(dev)  # Â·X, and the products of a rank that is alone
     n_own = int(part["owned_gid"].size)
-    send_idx = torch.from_numpy(part["send_idx"].astype(np.int64))
+    send_idx = torch.from_numpy(part["send_idx"].astype(np.int64)).to(dev)
     send_counts = [int(c) for c in part["send_counts"]]
     recv_counts = [int(c) for c in part["recv_counts"]]
     num_halo = sum(recv_counts)
@@ -100,11 +102,11 @@ def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray],
         stats["comm_s"] += time.perf_counter() - t0
 
     if td.world == 1:
-        a_t = transpose(torch, adj)
+        a_t = transpose(torch, adj).to(dev)
     else:  # the products that overlap the exchanges: own columns, halo columns
         a_own, a_halo = adj.split_columns(n_own)
-        own, own_t = sparse(torch, a_own), transpose(torch, a_own)
-        halo, halo_t = sparse(torch, a_halo), transpose(torch, a_halo)
+        own, own_t = sparse(torch, a_own).to(dev), transpose(torch, a_own).to(dev)
+        halo, halo_t = sparse(torch, a_halo).to(dev), transpose(torch, a_halo).to(dev)
 
     class Propagate(torch.autograd.Function):
         """A · [h; the halo's rows of h]. Forward: the halo rows travel while the product over the
@@ -142,8 +144,9 @@ def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray],
         """The owners' dropout masks of the halo rows, sent as bits (8 bytes per 64 features)."""
         if td.world == 1:
             return keep
-        got = exchange(torch.from_numpy(pack_bits(keep[send_idx].numpy())), send_counts, recv_counts, num_halo)
-        return torch.cat([keep, torch.from_numpy(unpack_bits(got.numpy(), keep.shape[1]))])
+        bits = torch.from_numpy(pack_bits(keep[send_idx].cpu().numpy())).to(dev)
+        got = exchange(bits, send_counts, recv_counts, num_halo)
+        return torch.cat([keep, torch.from_numpy(unpack_bits(got.cpu().numpy(), keep.shape[1])).to(dev)])
 
     def aggregate(h):  # noqa: ANN001,ANN202
         return a @ h
@@ -168,32 +171,31 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
     import torch.nn.functional as F
 
     man, p, adj = common.load_partition(args, rank, world, td.allgather)
-    if td.device.type != "cpu":
-        raise CollectiveError("gcn_torch.py runs its sparse products on the CPU; use --backend gloo")
     stats = {"comm_s": 0.0, "halo_bytes": 0}
     propagate, halo_rows, halo_mask, aggregate = build_ops(td, adj, p, stats)
     num_train = int(man["num_train"])
     num_classes = int(man["num_classes"])
 
     init = init_params(args.seed, int(man["num_features"]), args.hidden, num_classes)
-    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in init.items()}
+    dev = td.device  # the CPU, or cuda:LOCAL_RANK under NCCL: .to(dev) and .cpu() do nothing on the CPU
+    params = {k: torch.nn.Parameter(torch.from_numpy(v.copy()).to(dev)) for k, v in init.items()}
     names = list(params)
     opt = torch.optim.Adam(
         [{"params": [params["W1"]], "weight_decay": args.weight_decay},
          {"params": [params["b1"], params["W2"], params["b2"]], "weight_decay": 0.0}],
         lr=args.lr,
     )
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    x = torch.from_numpy(p["features"].astype(np.float32))
+    gen = torch.Generator(device=dev).manual_seed(args.seed * 1000 + rank)
+    x = torch.from_numpy(p["features"].astype(np.float32)).to(dev)
     labels_np = p["labels"].astype(np.int64)
-    labels = torch.from_numpy(labels_np)
+    labels = torch.from_numpy(labels_np).to(dev)
     train_mask = p["train_mask"].astype(bool)
-    train_idx = torch.from_numpy(np.flatnonzero(train_mask))
+    train_idx = torch.from_numpy(np.flatnonzero(train_mask)).to(dev)
 
     def dropout(h, training: bool):  # noqa: ANN001,ANN202
         if not (training and args.dropout):
             return h
-        keep = torch.rand(h.shape, generator=gen) >= args.dropout
+        keep = torch.rand(h.shape, generator=gen, device=dev) >= args.dropout
         return h * keep / (1.0 - args.dropout)
 
     # Â·X first (narrow features): the backward pass has neither a sparse product nor an
@@ -211,7 +213,7 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
             return propagate(dropout(x, training) @ params["W1"])
         if not (training and args.dropout):
             return ax_eval @ params["W1"]
-        keep = halo_mask(torch.rand(x.shape, generator=gen) >= args.dropout)
+        keep = halo_mask(torch.rand(x.shape, generator=gen, device=dev) >= args.dropout)
         return aggregate(torch.mul(x_all, keep, out=x_masked)) @ params["W1"]
 
     def forward(training: bool):  # noqa: ANN202
@@ -237,10 +239,10 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
         return flat.numel() * flat.element_size() if world > 1 else 0
 
     def global_sum(v: np.ndarray) -> np.ndarray:
-        t = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
+        t = torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64)).to(dev)
         if world > 1:
             dist.all_reduce(t)
-        return t.numpy()
+        return t.cpu().numpy()
 
     if args.check_exact is not None:
         logits = forward(training=False)
@@ -248,13 +250,13 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
         loss.backward()
         allreduce_grads()
         total = float(global_sum(np.array([loss.item()]))[0])
-        gathered = td.allgather((p["owned_gid"], logits.detach().numpy()))
+        gathered = td.allgather((p["owned_gid"], logits.detach().cpu().numpy()))
         if rank == 0:
             full = np.zeros((int(man["num_nodes"]), num_classes), dtype=np.float32)
             for gid, lg in gathered:
                 full[gid] = lg
             common.write_check(args.check_exact, full, total,
-                               {k: params[k].grad.numpy() for k in names})
+                               {k: params[k].grad.cpu().numpy() for k in names})
         return 0
 
     rep = Reporter("gcn_torch", args, rank, world)
@@ -269,11 +271,13 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
         loss.backward()
         grad_bytes = allreduce_grads()
         opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # the GPU's kernels run after their launch: the epoch ends with them
         epoch_time = time.perf_counter() - t0
         comm_s.append(stats["comm_s"])
         halo_bytes = stats["halo_bytes"]
         with torch.no_grad():
-            pred = forward(training=False).argmax(1).numpy()
+            pred = forward(training=False).argmax(1).cpu().numpy()
         totals = global_sum(np.concatenate([[loss.item()], common.counts(pred, labels_np, masks)]))
         acc = common.accuracies(totals[1:])
         rep.epoch(EpochStats(epoch, args.epochs, float(totals[0]), acc[0], acc[1], epoch_time), test_acc=acc[2])

@@ -1,0 +1,146 @@
+"""scripts/gpu-check's plan, verdicts and table, without a GPU (no GPU run is tested here: the
+script's own runs need a machine with CUDA, and docs/benchmarks.md says where they have not run)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu-check"
+
+
+def load() -> Any:
+    loader = importlib.machinery.SourceFileLoader("gpu_check_under_test", str(SCRIPT))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module  # dataclasses look their module up while the file runs
+    loader.exec_module(module)
+    return module
+
+
+gc = load()
+
+
+def nproc(cmd: list[str]) -> int:
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"], cmd
+    return int(cmd[4].removeprefix("--nproc-per-node="))
+
+
+@pytest.mark.parametrize("gpus,ranks", [(0, []), (1, [1]), (2, [1, 2]), (8, [1, 2, 8])])
+def test_rank_counts_are_one_two_and_every_gpu(gpus: int, ranks: list[int]) -> None:
+    assert gc.rank_counts(gpus) == ranks
+
+
+def test_no_gpu_plans_nothing(tmp_path: Path) -> None:
+    assert gc.plan(0, "py", tmp_path / "cora", tmp_path, have_metis=True) == []
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_every_program_at_every_rank_count_under_torchrun(gpus: int, tmp_path: Path) -> None:
+    cora = tmp_path / "cora"
+    steps = gc.plan(gpus, "py", cora, tmp_path, have_metis=True)
+    configs = ["gcn_torch exact (cora)", "gcn_ddp exact (cora)", "gcn_torch accuracy (cora)",
+               "gcn_ddp accuracy (cora)", "ddp_minimal"]
+    assert [(s.config, s.ranks) for s in steps] == [(c, n) for n in gc.rank_counts(gpus) for c in configs]
+    for s in steps:
+        assert nproc(s.cmd) == s.ranks and not s.skip
+        assert Path(s.cmd[5]).name in ("gcn_torch.py", "gcn_ddp.py", "ddp_minimal.py")
+        if "gcn" in s.config:
+            assert s.cmd[6:10] == ["--dataset", "cora", "--data-dir", str(cora)]
+        if s.config.startswith("gcn_torch"):
+            # partitioned into as many parts as ranks, by partition.py first
+            part_dir = tmp_path / "parts" / f"cora-{s.ranks}"
+            assert s.cmd[s.cmd.index("--num-parts") + 1] == str(s.ranks)
+            assert s.cmd[s.cmd.index("--part-dir") + 1] == str(part_dir)
+            assert s.prep is not None and Path(s.prep[1]).name == "partition.py"
+            assert s.prep[-4:] == ["--num-parts", str(s.ranks), "--out", str(part_dir)]
+        else:
+            assert s.prep is None
+        if s.kind == "exact":
+            assert s.npz is not None and s.cmd[-2:] == ["--check-exact", str(s.npz)] and "--seed" in s.cmd
+    assert len({s.npz for s in steps if s.npz}) == 2 * len(gc.rank_counts(gpus))  # no run overwrites another's
+
+
+def test_without_cora_the_exact_rows_use_a_generated_graph_and_accuracy_is_skipped(tmp_path: Path) -> None:
+    steps = gc.plan(2, "py", None, tmp_path, have_metis=True)
+    exact = [s for s in steps if s.kind == "exact"]
+    assert exact and all("synthetic" in s.config and s.cmd[6:8] == ["--dataset", "synthetic"] and not s.skip
+                         for s in exact)
+    accuracy = [s for s in steps if s.kind == "accuracy"]
+    assert len(accuracy) == 4 and all(s.skip.startswith("Cora not found: pass --cora DIR") for s in accuracy)
+
+
+def test_without_pymetis_only_multi_part_partitions_are_skipped_unless_given(tmp_path: Path) -> None:
+    steps = gc.plan(2, "py", tmp_path / "cora", tmp_path / "work", have_metis=False)
+    skipped = {(s.config, s.ranks) for s in steps if s.skip}
+    assert skipped == {("gcn_torch exact (cora)", 2), ("gcn_torch accuracy (cora)", 2)}
+    assert all("pymetis is not installed: pass --parts DIR" in s.skip for s in steps if s.skip)
+    ready = tmp_path / "ready" / "cora-2"
+    ready.mkdir(parents=True)
+    (ready / "manifest.json").write_text("{}")
+    steps = gc.plan(2, "py", tmp_path / "cora", tmp_path / "work", have_metis=False, parts=tmp_path / "ready")
+    torch2 = [s for s in steps if s.config.startswith("gcn_torch") and s.ranks == 2]
+    assert all(not s.skip and s.prep is None and s.cmd[s.cmd.index("--part-dir") + 1] == str(ready) for s in torch2)
+
+
+@pytest.mark.parametrize("kind,number,expected", [
+    ("exact", (3e-7, 2e-6), "pass"),
+    ("exact", (2e-5, 2e-6), "FAIL"),  # absolute bound of the CPU tests
+    ("exact", (3e-7, 5e-4), "FAIL"),  # relative bound
+    ("accuracy", 0.812, "pass"),
+    ("accuracy", 0.795, "pass"),
+    ("accuracy", 0.79, "FAIL"),
+    ("ddp", (0.57, 0.38), "pass"),
+    ("ddp", (0.57, 0.60), "FAIL"),
+])
+def test_verdicts_from_given_numbers(kind: str, number: object, expected: str) -> None:
+    assert gc.verdict(kind, number) == expected
+
+
+def test_the_table_has_one_row_per_run_and_the_six_columns() -> None:
+    rows = [("gcn_torch exact (cora)", 1, "NVIDIA H100 (cuda, nccl)", None, gc.show("exact", (3e-7, 2e-6)), "pass"),
+            ("gcn_ddp accuracy (cora)", 2, "NVIDIA H100 (cuda, nccl)", 0.00412, gc.show("accuracy", 0.81), "pass"),
+            ("gcn_torch accuracy (cora)", 2, "NVIDIA H100 (cuda, nccl)", None, "Cora not found", "skip")]
+    lines = gc.table(rows).splitlines()
+    assert lines[0] == "| configuration | ranks | device | epoch time | checked number | verdict |"
+    assert len(lines) == 2 + len(rows) and all(ln.count("|") == 7 for ln in lines)
+    assert lines[2] == "| gcn_torch exact (cora) | 1 | NVIDIA H100 (cuda, nccl) | — | max error abs 3.0e-07, rel 2.0e-06 | pass |"
+    assert lines[3] == "| gcn_ddp accuracy (cora) | 2 | NVIDIA H100 (cuda, nccl) | 4.1 ms | test accuracy 0.810 (>= 0.795) | pass |"
+    assert lines[4].endswith("| — | Cora not found | skip |")
+
+
+def test_refusal_names_what_is_missing() -> None:
+    assert "torch is not installed" in gc.refusal(None)
+    no_cuda = SimpleNamespace(__version__="2.9.0+cpu", cuda=SimpleNamespace(is_available=lambda: False))
+    assert gc.refusal(no_cuda).startswith("gpu-check: torch 2.9.0+cpu sees no CUDA GPU")
+    assert gc.refusal(SimpleNamespace(__version__="2.9.0", cuda=SimpleNamespace(is_available=lambda: True))) is None
+
+
+def test_without_cuda_it_exits_non_zero_with_one_line(tmp_path: Path) -> None:
+    """The script itself, with a torch that sees no GPU: a stand-in module on its path, so the
+    test means the same on a machine that has one."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("__version__ = '0.0+stand-in'\nclass cuda:\n"
+                                      "    @staticmethod\n    def is_available():\n        return False\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")], capture_output=True,
+                          text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "gpu-check: torch 0.0+stand-in sees no CUDA GPU (torch.cuda.is_available() is False): run this on a "
+        "machine with NVIDIA GPUs and a CUDA build of torch"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_script_is_executable_and_reads_only_the_standard_library_at_import() -> None:
+    assert SCRIPT.stat().st_mode & 0o111
+    assert isinstance(gc, ModuleType) and "torch" not in vars(gc) and "numpy" not in vars(gc)
