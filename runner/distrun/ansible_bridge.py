@@ -317,8 +317,9 @@ def _result(playbook: str, runner: Any, events: EventReader, inventory: Path, la
 
 
 class _FlagSignals:
-    """While a playbook runs, SIGINT and SIGTERM only set a flag that stops it (what ansible-runner
-    installs for its own runs); the handlers before are restored after. Nothing in another thread."""
+    """While a playbook runs, SIGINT, SIGTERM and SIGHUP (unless ignored) only set a flag that
+    stops it (what ansible-runner installs for its own runs); the handlers before are restored
+    after. Nothing in another thread."""
 
     def __init__(self) -> None:
         self.raised = False
@@ -326,7 +327,7 @@ class _FlagSignals:
 
     def __enter__(self) -> _FlagSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in terminating.taken():
                 self.saved[signum] = signal.signal(signum, self._flag)
         return self
 

@@ -26,19 +26,27 @@ class Terminated(KeyboardInterrupt):
 
 
 def note(signum: int) -> None:
-    """A handler of another module that caught a signal itself (a playbook's) says which."""
+    """A handler of another module that caught a signal itself (a playbook's) says which; after
+    SIGHUP the output goes to /dev/null (nothing can be written to a terminal that is gone)."""
     global received
     if signum in (signal.SIGTERM, signal.SIGHUP):
         received = signum
-
-
-def _handler(signum: int, frame: Any) -> None:
-    note(signum)
     if signum == signal.SIGHUP:
         devnull = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):
             os.dup2(devnull, fd)
         os.close(devnull)
+
+
+def taken() -> tuple[int, ...]:
+    """The signals that end a command the Ctrl-C way: SIGINT, SIGTERM, and SIGHUP unless it was
+    ignored when distrun started (nohup)."""
+    hup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGINT, signal.SIGTERM, *hup)
+
+
+def _handler(signum: int, frame: Any) -> None:
+    note(signum)
     raise Terminated(signal.Signals(signum).name)
 
 

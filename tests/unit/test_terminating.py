@@ -105,3 +105,30 @@ def test_sigterm_outside_a_run_is_one_line_and_143(tmp_path, signum):
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 143
     assert err.strip().splitlines() == ["distrun: error: terminated (SIGTERM)"]
+
+
+def test_a_sighup_while_a_playbook_runs_only_flags_it_as_sigterm_does():
+    # The playbook is stopped the way ansible-runner stops it (its cancel flag), then the command
+    # ends the Ctrl-C way with 143: a signal raised in the middle of the bridge would leave
+    # ansible-playbook running.
+    import os
+
+    from distrun import terminating
+    from distrun.ansible_bridge import _FlagSignals
+
+    before = signal.getsignal(signal.SIGHUP)
+    saved = os.dup(1), os.dup(2)
+    try:
+        terminating.install()
+        with _FlagSignals() as flags:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+            assert flags.raised
+        assert terminating.exit_code() == 143
+        assert signal.getsignal(signal.SIGHUP) is terminating._handler  # restored after the playbook
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        signal.signal(signal.SIGHUP, before)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        terminating.received = None
