@@ -139,7 +139,16 @@ export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALI
 if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
 export MASTER_ADDR
 export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
-{iface_block}export LOCAL_WORLD_SIZE="${{LOCAL_WORLD_SIZE:-${{OMPI_COMM_WORLD_LOCAL_SIZE:-$DISTRUN_LOCAL_SIZE}}}}"
+{iface_block}if [ -z "$IFACE" ]; then
+  # No planned interface (a Slurm distrun does not administer): Gloo and NCCL would find this
+  # node by its hostname, which Debian's installer puts on 127.0.1.1, where no other node can
+  # reach it. Then the interface of the default route stands in.
+  case "$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {{print $1}}')" in
+    127.*|"") IFACE="$(ip -o -4 route show default 2>/dev/null \\
+                      | awk '{{for (i = 1; i < NF; i++) if ($i == "dev") {{print $(i + 1); exit}}}}')" ;;
+  esac
+fi
+export LOCAL_WORLD_SIZE="${{LOCAL_WORLD_SIZE:-${{OMPI_COMM_WORLD_LOCAL_SIZE:-$DISTRUN_LOCAL_SIZE}}}}"
 if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"

@@ -132,3 +132,24 @@ def test_every_rank_learns_how_many_ranks_its_node_runs(tmp_path):
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         assert out.stdout.splitlines()[1] == expected, (short, extra, out.stdout)
+
+
+def test_without_a_planned_interface_a_hostname_on_loopback_gives_the_default_routes_interface(tmp_path):
+    # A Slurm distrun does not administer: no facts, no planned interface. Debian's installer put
+    # the hostname on 127.0.1.1, so Gloo would tell the other ranks to call this node there.
+    plan = build_plan(cluster(), run_id="r1")
+    wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"ip": 'echo "default via 10.0.0.1 dev ens7 proto static"',
+                       "getent": 'echo "$FAKE_ADDR     STREAM elsewhere"'}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{text}\n")
+        (bin_dir / name).chmod(0o755)
+    for addr, expected in (("127.0.1.1", "ens7"), ("10.0.0.99", "")):
+        env = {**_fake_hostname(tmp_path, "elsewhere", "10.0.0.99"), "FAKE_ADDR": addr}
+        env["PATH"] = f"{bin_dir}:{env['PATH']}"
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        out = subprocess.run(["bash", "-c", wrapper, "bash", "sh", "-c", 'echo "${GLOO_SOCKET_IFNAME:-}"'], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines()[1] == expected, (addr, out.stdout)
