@@ -66,9 +66,7 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in launcher.environment(plan, host))
             + shlex.join(launcher.command(plan, host)) + f" > {log} 2>&1 < /dev/null\n"
             "rc=$?\n"
-            # Only while the pid file is still this script's: once a restart put this attempt's
-            # files aside, a late exit code must not land among the next attempt's.
-            f"if read -r mine < {pid} 2>/dev/null && [ \"$mine\" = $$ ]; then echo $rc > {tmp} && mv {tmp} {code}; fi\n"
+            f"echo $rc > {tmp} && mv {tmp} {code}\n"
             "exit $rc\n"
         )
     return scripts

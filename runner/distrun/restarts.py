@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .inventory import Cluster
-from .launchers import launcher_named
 from .plan import JobPlan
 from .remote import as_user, run_each
 
@@ -59,40 +58,6 @@ def decide(cluster: Cluster, plan: JobPlan, np: int | None, *, failed: str | Non
         return Decision(frozenset(lost))  # the failed node is reachable: the job fits only with it
     shown = ", ".join(sorted(drop))
     return Decision(refused=f"--np {np} needs {need} slots; without {shown} only {slots} are left")
-
-
-# How long a failed attempt's launcher may take to end after the stop, before it is killed.
-SETTLE_S = 10
-
-
-def settle_command(plan: JobPlan, host: str, wait_s: float = SETTLE_S) -> str:
-    """As the training user on host: wait until the attempt's launch script there has ended (the
-    stop sent it TERM; it may still be waiting on its launcher's shutdown), KILL its process group
-    after wait_s, and say so. A launch script still alive writes its exit code into the run
-    directory when its launcher ends: the next attempt would read it as its own. A pid of the
-    file counts only while it still runs that host's launch script (a reused pid is left alone)."""
-    tenths = max(1, int(wait_s * 10))
-    return as_user(plan.user, (
-        f"set -e; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; "
-        'cd "$d" 2>/dev/null || { echo "DISTRUN_ERROR $h: cannot enter the run directory $d"; exit 3; }; '
-        'pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=; '
-        'case "$pid" in ""|*[!0-9]*) echo DISTRUN_SETTLED; exit 0;; esac; '
-        'ours() { tr "\\0" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "launch-$h.sh"; }; '
-        f'for i in $(seq {tenths}); do ours || break; sleep 0.1; done; '
-        'if ours; then kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || :; '
-        'for i in $(seq 50); do ours || break; sleep 0.1; done; fi; '
-        'if ours; then echo "DISTRUN_ERROR $h: its launch script (pid $pid) did not end, even killed"; exit 4; fi; '
-        "echo DISTRUN_SETTLED"
-    ))
-
-
-def settle(cluster: Cluster, plan: JobPlan, lost: Iterable[str], wait_s: float = SETTLE_S) -> dict[str, str]:
-    """Wait until the attempt's launchers have ended on every launch host not lost, all at once;
-    host -> why, for those where that could not be made sure of."""
-    lost = set(lost)
-    hosts = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan) if h.name not in lost]
-    done = run_each({n.name: n for n in cluster.nodes}, {h: settle_command(plan, h, wait_s) for h in hosts}, wait_s + 30)
-    return {h: d.last_line() for h, d in done.items() if d.rc != 0 or "DISTRUN_SETTLED" not in d.out.split()}
 
 
 def archive_command(plan: JobPlan, attempt: int) -> str:

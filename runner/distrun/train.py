@@ -29,7 +29,7 @@ from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
 from .project import commands, load_project, make_ready, pull_command, record_pulls
-from .restarts import archive, decide, settle
+from .restarts import archive, decide
 from .runs import Phases, new_run, new_run_id
 from .staging import Upload, discard
 
@@ -267,11 +267,6 @@ class _Run:
         decision = decide(self.cluster, plan, request.np, failed=failed, lost=self.lost, exclude_failed=request.exclude_failed)
         if not decision.ok:
             self.listener.not_restarting(decision.refused)
-            return False
-        unended = settle(self.cluster, plan, self.lost)
-        if unended:
-            self.listener.not_restarting("the failed attempt's launchers did not end on "
-                                         + "; ".join(f"{h}: {why}" for h, why in unended.items()))
             return False
         hosts = [h for h in collect_hosts(self.cluster, self.used) if h not in self.lost]
         unmoved = archive(self.cluster, plan, hosts, self.restart)
