@@ -40,8 +40,15 @@ def _follow(tmp_path, signum: int, preexec=None, then: int | None = None) -> sub
     inv = tmp_path / "hosts.ini"
     inv.write_text("[head]\nw1 ansible_host=192.0.2.1\n[workers]\nw1\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DISTRUN_HOME": str(tmp_path / "state")}
+    def start() -> None:
+        # A shell starts a background command ('cmd &') with SIGINT ignored, and Python then keeps
+        # it ignored: give the program the terminal's default, as a command typed at a prompt has.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if preexec is not None:
+            preexec()
+
     proc = subprocess.Popen([sys.executable, "-c", PROGRAM, str(inv)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, preexec_fn=preexec)
+                            text=True, env=env, preexec_fn=start)
     assert proc.stdout is not None
     # wait until it follows, then signal it
     line = ""
