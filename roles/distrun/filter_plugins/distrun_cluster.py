@@ -107,6 +107,33 @@ def slurm_node_name(name: object) -> str:
     return rules.slurm_node_name(str(name))
 
 
+_REQUIREMENT_FLAGS = ("-r", "--requirement", "-c", "--constraint", "-e", "--editable")
+
+
+def local_sources(specs: object, variable: str, paths: bool = False) -> list[dict]:
+    """{name, path} of each entry of a package, channel or URL list that names a file on the node
+    ('/x', '~user/x', './x', 'file:///x', 'pkg @ file:///x', '-r /x'): what setup's root would
+    read from the node's own disk. Names and remote URLs are left out; with `paths`, every entry
+    that is not a URL is a path (a wheelhouse: 'wheels' is a relative path, not a name)."""
+    from urllib.parse import unquote, urlsplit
+
+    found = []
+    for spec in specs if isinstance(specs, (list, tuple)) else [specs]:
+        text = str(spec or "").strip()
+        if not text:
+            continue
+        flag, _, rest = text.replace("=", " ", 1).partition(" ") if text.startswith("-") else ("", "", "")
+        if flag in _REQUIREMENT_FLAGS:
+            text = rest.strip()
+        if " @ " in text:
+            text = text.split(" @ ", 1)[1].strip()
+        if text.startswith("file:"):
+            found.append({"name": variable, "path": unquote(urlsplit(text).path) or text})
+        elif text.startswith(("/", "~", "./", "../")) or text in (".", "..") or (paths and "://" not in text):
+            found.append({"name": variable, "path": text})
+    return found
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -126,4 +153,5 @@ class FilterModule:
             "distrun_ssh_mode": ssh_mode,
             "distrun_ssh_mesh": ssh_mesh,
             "distrun_slurm_node_name": slurm_node_name,
+            "distrun_local_sources": local_sources,
         }
