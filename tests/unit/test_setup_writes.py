@@ -5,14 +5,18 @@ root removes that folder afterwards, wherever a job's link sent it), never throu
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 # Modules whose action plugin sends a file to the node through a temporary folder.
-TRANSFERS = {"copy", "template", "unarchive", "script", "assemble"}
+TRANSFERS = {"copy", "template", "unarchive", "script", "assemble", "uri"}
 
 
 def _tasks(items, inherited: dict):
@@ -33,6 +37,36 @@ def test_no_file_reaches_the_training_user_through_a_temporary_folder_of_roots()
             if scope.get("become_user") and modules & TRANSFERS:
                 found.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert found == []
+
+
+PLAY = """
+- name: Run one module as another user
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  become: true
+  tasks:
+    - name: Ask who runs the module
+      ansible.builtin.command: {argv: [id, -un]}
+      become_user: nobody
+      changed_when: false
+"""
+
+
+def test_a_module_run_as_the_training_user_never_passes_through_a_temporary_folder_of_roots(tmp_path):
+    """Without pipelining, a local connection (a one-node inventory) put each become_user module in
+    a folder root chowned to that user and then removed with 'rm -rf DIR/': a job that swapped the
+    folder for a link had root empty the folder it pointed to. The project's ansible.cfg sends
+    every connection's modules on stdin instead."""
+    if os.geteuid() != 0 or not shutil.which("sudo"):
+        raise AssertionError("this test runs a module as 'nobody' through sudo: run it as root with sudo installed")
+    (tmp_path / "play.yml").write_text(PLAY)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "local")}
+    done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-vvv", "-e", "ansible_python_interpreter=/usr/bin/python3",
+                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert '"stdout": "nobody"' in done.stdout
+    assert "ansible-tmp-" not in done.stdout + done.stderr, "a module went through a temporary folder"
 
 
 def _module():
