@@ -125,3 +125,60 @@ def test_links_planted_by_a_job_are_refused_and_no_root_path_changes(provisioned
     again = distrun("setup", "--inventory", "test", timeout=900)
     assert again.rc == 0, again.stdout[-4000:]
     assert again.recap()["changed"] == 0, again.stdout[-6000:]
+
+
+# A job fills a wheelhouse on the shared folder (the training user's) with a wheel of a package the
+# admin is about to add. Its .pth file runs in every Python that starts with that env, and setup's
+# root starts it right after pip. Setup must refuse the wheelhouse before pip runs.
+WHEELS = f"{SHARED}/wheels"
+PROBE = "/var/tmp/distrun-wheel-probe-root"
+WHEEL_JOB = f"""\
+import os, zipfile
+if os.environ.get("LOCAL_RANK", "0") == "0":
+    os.makedirs({WHEELS!r}, exist_ok=True)
+    pth = "import os; os.getuid() == 0 and open({PROBE!r}, 'w').write('root ran the job wheel')\\n"
+    files = {{"distrun_wheel_probe.pth": pth,
+             "distrun_wheel_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\\nName: distrun-wheel-probe\\nVersion: 1.0\\n",
+             "distrun_wheel_probe-1.0.dist-info/WHEEL":
+                 "Wheel-Version: 1.0\\nGenerator: job\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}}
+    record = "".join(f"{{name}},,\\n" for name in files) + "distrun_wheel_probe-1.0.dist-info/RECORD,,\\n"
+    with zipfile.ZipFile({WHEELS!r} + "/distrun_wheel_probe-1.0-py3-none-any.whl", "w") as whl:
+        for name, text in {{**files, "distrun_wheel_probe-1.0.dist-info/RECORD": record}}.items():
+            whl.writestr(name, text)
+    print("planted a wheel in", {WHEELS!r}, flush=True)
+"""
+
+
+def test_a_wheelhouse_a_job_can_write_is_refused_before_pip_runs(provisioned, tmp_path):
+    import yaml
+
+    from tests.harness import matrix
+
+    from .conftest import REPO
+
+    group_vars = REPO / "inventory" / "test" / "group_vars"
+    packages = yaml.safe_load((group_vars / "all.yml").read_text())["mpi_env_packages"] + ["distrun-wheel-probe"]
+    inventory = matrix.mode_inventory(provisioned.inventory, group_vars, tmp_path / "inventory", None,
+                                      mpi_env_wheelhouse=WHEELS, mpi_env_packages=packages)
+    script = tmp_path / "wheel.py"
+    script.write_text(WHEEL_JOB)
+    try:
+        res = distrun("train", "--inventory", "test", "--script", str(script), timeout=600)
+        assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
+        setup = distrun("setup", "--inventory", str(inventory), "--tags", "mpi_env", timeout=900)
+        out = setup.stdout + setup.stderr
+        assert setup.rc != 0, "setup installed from the job's wheelhouse:\n" + setup.stdout[-4000:]
+        assert "Traceback" not in out
+        for k in (1, 2, 3):
+            said = (f"mpi_env_wheelhouse {WHEELS} on node{k} can be changed by others than root: "
+                    f"{SHARED} is owned by distrun")
+            assert any(said in line and line.rstrip().endswith("and run distrun setup again")
+                       for line in out.splitlines()), f"no refusal naming node{k}:\n{setup.stdout[-5000:]}"
+        ran = [k for k in (1, 2, 3) if provisioned.exec(k, f"test -e {PROBE}", check=False).returncode == 0
+               or provisioned.exec(k, "/opt/distrun/venv/bin/pip show -q distrun-wheel-probe", check=False).returncode == 0]
+        assert not TALLY.record("setup's root pip installs a wheel a job put in a wheelhouse on the shared folder",
+                                bool(ran)), f"the job's wheel was installed on nodes {ran}"
+    finally:
+        for k in (1, 2, 3):
+            provisioned.exec(k, f"rm -rf {WHEELS} {PROBE}; /opt/distrun/venv/bin/pip uninstall -y -q distrun-wheel-probe "
+                                ">/dev/null 2>&1; true", check=False)
