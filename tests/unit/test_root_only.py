@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -146,3 +147,43 @@ def test_a_wheelhouse_is_a_path_unless_it_is_a_url(local_sources):
     assert local_sources("wheels", "mpi_env_wheelhouse", paths=True) == [{"name": "mpi_env_wheelhouse", "path": "wheels"}]
     assert local_sources("https://mirror.example/wheels/", "mpi_env_wheelhouse", paths=True) == []
     assert local_sources("", "mpi_env_wheelhouse", paths=True) == []
+
+
+PLAY = """
+- name: Check the package sources the way setup does
+  hosts: head
+  gather_facts: true
+  gather_subset: [min]
+  roles: [mpi_env]
+"""
+
+
+@pytest.mark.parametrize("tag", ["mpi_env_assert", "mpi_env_packages"])
+def test_role_mpi_env_refuses_the_wheelhouse_before_installing_even_with_only_the_install_tag(root, tmp_path, tag):
+    """Role mpi_env on this machine (local connection, only the checks: the tags stop before any
+    install): a wheelhouse below a folder of another user stops the host with the line."""
+    shared = root / "srv"
+    (shared / "wheels").mkdir(parents=True)
+    os.chown(shared, JOB_UID, JOB_UID)
+    (root / "hosts.yml").write_text(
+        "all:\n  vars:\n    ansible_connection: local\n    ansible_python_interpreter: /usr/bin/python3\n"
+        "  children:\n    head:\n      hosts:\n        localhost:\n    workers:\n      hosts:\n        localhost:\n")
+    (root / "play.yml").write_text(PLAY)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "ANSIBLE_LOCAL_TEMP": str(root / "local")}
+
+    def play(wheelhouse: Path) -> subprocess.CompletedProcess:
+        # Only the checks run: with the tag of the install step, pip itself would run next, so
+        # --check keeps this test from installing anything on this machine.
+        return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(root / "hosts.yml"),
+                               "--check", "--tags", tag, "-e", f"mpi_env_wheelhouse={wheelhouse}",
+                               "-e", "mpi_env_packages=[]", "-e", "mpi_env_venv_base_packages=[]",
+                               str(root / "play.yml")], capture_output=True, text=True, env=env, timeout=300)
+
+    bad = play(shared / "wheels")
+    assert bad.returncode != 0
+    assert (f"mpi_env_wheelhouse {shared}/wheels on localhost can be changed by others than root: "
+            f"{shared} is owned by uid {JOB_UID}; {FIX}") in bad.stdout, bad.stdout[-3000:]
+    os.chown(shared, 0, 0)
+    good = play(shared / "wheels")
+    assert good.returncode == 0, good.stdout[-3000:]
