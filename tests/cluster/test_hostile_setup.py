@@ -1,5 +1,6 @@
-"""A training job plants links in the paths setup writes; the next 'distrun setup' must refuse
-them (one clear line naming node and path) and leave every root-owned target as it was.
+"""A training job plants links in the paths setup writes, or a wheel where setup's pip looks; the
+next 'distrun setup' must refuse them (one clear line naming node and path) and leave every
+root-owned target as it was, installing nothing.
 
 The job is a real one, submitted with 'distrun train --script': every user of a shared cluster
 can run one, and it runs as the training user. Two rounds, because a node stops at its first
