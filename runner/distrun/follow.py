@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from . import rundir
 from .ansible_bridge import PlaybookEvent
 from .check import PREFLIGHT_FACT
 from .inventory import Cluster, Node
@@ -43,22 +44,47 @@ class Outcome:
 
 
 def _enter(plan: JobPlan, host: str) -> str:
-    """Name the host, run dir and user once, quoted, as shell variables; enter the run dir or say why not.
-    Every later line uses the variables, so no inventory value is parsed by the shell twice."""
+    """Name the host, the run dir, the attempt's folder (w: its full path) and the user once,
+    quoted, as shell variables, with the attempt's file names of this host (p: pid, l: log,
+    x: exit code, s: launch script); enter the folder or say why not. Every later line uses the
+    variables, so no inventory value is parsed by the shell twice."""
+    names = {"p": rundir.launcher_pid(host), "l": rundir.launcher_log(host), "x": rundir.exit_code(host),
+             "s": rundir.launch_script(host)}
     return (
-        f"set -e; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; u={shlex.quote(plan.user)}; "
-        'cd "$d" 2>/dev/null || { echo "DISTRUN_ERROR $h: cannot enter the run directory $d '
+        f"set -e; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; a={shlex.quote(rundir.attempt_folder(plan) or '.')}; "
+        f"w={shlex.quote(rundir.attempt_path(plan))}; u={shlex.quote(plan.user)}; "
+        + "".join(f"{k}={shlex.quote(v)}; " for k, v in names.items())
+        + 'cd "$d" 2>/dev/null || { echo "DISTRUN_ERROR $h: cannot enter the run directory $d '
         "as user $u (is the shared folder mounted, and is it the training user's?)\"; exit 3; }; "
+        'cd "$a" 2>/dev/null || { echo "DISTRUN_ERROR $h: cannot enter $w as user $u (the attempt was not staged '
+        'there)"; exit 3; }; '
     )
 
 
 def _exit_marker() -> str:
     """Print the launcher's exit code as DISTRUN_EXIT only when it is one; else say what is wrong."""
     return (
-        '[ -e "exitcode-$h" ] || { echo "DISTRUN_ERROR $h: the launcher ended without writing $d/exitcode-$h"; exit 4; }; '
-        'rc=$(cat "exitcode-$h" 2>/dev/null) || { echo "DISTRUN_ERROR $h: cannot read $d/exitcode-$h as user $u"; exit 4; }; '
-        'case "$rc" in ""|*[!0-9-]*) echo "DISTRUN_ERROR $h: $d/exitcode-$h holds no exit code"; exit 4;; esac; '
+        '[ -e "$x" ] || { echo "DISTRUN_ERROR $h: the launcher ended without writing $w/$x"; exit 4; }; '
+        'rc=$(cat "$x" 2>/dev/null) || { echo "DISTRUN_ERROR $h: cannot read $w/$x as user $u"; exit 4; }; '
+        'case "$rc" in ""|*[!0-9-]*) echo "DISTRUN_ERROR $h: $w/$x holds no exit code"; exit 4;; esac; '
         'echo; echo "DISTRUN_EXIT $rc"'
+    )
+
+
+# Seconds a follower waits for a launcher's pid file before it says the launcher did not start.
+START_WAIT_S = 60
+
+
+def _await_pid() -> str:
+    """Wait for the launcher's pid file (or its exit code): pid= its number; after START_WAIT_S
+    without either, say the launcher did not start."""
+    return (
+        f'pid=; for i in $(seq {START_WAIT_S * 10}); do [ -e "$x" ] && break; '
+        'read -r pid < "$p" 2>/dev/null || pid=; case "$pid" in ""|*[!0-9]*) pid=;; *) break;; esac; sleep 0.1; done; '
+        '[ -e "$x" ] || [ -n "$pid" ] || { echo "DISTRUN_ERROR $h: the launcher did not start: no $w/$p '
+        f'after {START_WAIT_S} s"; exit 4; }}; '
+        # The launch script's own shell, alive (not a zombie, not a pid reused by another program).
+        'ours() { tr "\\0" " " < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "$s"; }; '
     )
 
 
@@ -68,9 +94,9 @@ def launch_command(plan: JobPlan, host: str) -> str:
     locale): the training user's home, user name and PATH, and C.UTF-8."""
     return as_user(plan.user, (
         _enter(plan, host)
-        + '[ -f "launch-$h.sh" ] || { echo "DISTRUN_ERROR $h: there is no launch script $d/launch-$h.sh"; exit 4; }; '
+        + '[ -f "$s" ] || { echo "DISTRUN_ERROR $h: there is no launch script $w/$s"; exit 4; }; '
         'setsid -f env -i HOME="$HOME" USER="$u" LOGNAME="$u" SHELL=/bin/bash PATH="$PATH" LANG=C.UTF-8 '
-        'bash "launch-$h.sh" > /dev/null 2>&1 < /dev/null; echo DISTRUN_LAUNCHED'
+        'bash "$s" > /dev/null 2>&1 < /dev/null; echo DISTRUN_LAUNCHED'
     ))
 
 
@@ -92,30 +118,31 @@ def tail_command(plan: JobPlan, host: str) -> str:
     """The head's session: follow the launcher's log until the launcher exits, then its exit code."""
     return as_user(plan.user, (
         _enter(plan, host)
-        + 'for i in $(seq 600); do [ -s "launcher-$h.pid" ] && break; sleep 0.1; done; '
-        '[ -s "launcher-$h.pid" ] || { echo "DISTRUN_ERROR $h: the launcher did not start: no $d/launcher-$h.pid after 60 s"; exit 4; }; '
+        + _await_pid()
         # tail ends with the launcher (it looks every 0.02 s: the run's end is noticed at once, for
         # a syscall, not a process, per look); the exit code below, not tail's, says how it ended.
-        'tail -n +1 -F -s 0.02 --pid="$(cat "launcher-$h.pid")" "launcher-$h.log" 2>/dev/null || :; '
-        'for i in $(seq 50); do [ -e "exitcode-$h" ] && break; sleep 0.1; done; '
+        + 'if [ -n "$pid" ]; then tail -n +1 -F -s 0.02 --pid="$pid" "$l" 2>/dev/null || :; '
+        'else tail -n +1 "$l" 2>/dev/null || :; fi; '
+        'for i in $(seq 50); do [ -e "$x" ] && break; sleep 0.1; done; '
         + _exit_marker()
     ))
 
 
 def wait_command(plan: JobPlan, host: str) -> str:
-    """Another launch host's session (torchrun): wait for its launcher's exit code."""
+    """Another launch host's session (torchrun): wait for its launcher's exit code. It ends when
+    the launch script has ended, with its exit code or, where none came, saying so."""
     return as_user(plan.user, (
         _enter(plan, host)
+        + _await_pid()
         # A run dir that stops being readable (a dropped mount, changed permissions) is said as
         # such, not waited on forever.
         # The launch script writes the exit code as it ends: waiting on its pid (tail looks every
         # 0.02 s) notices the end at once; the folder is checked every 2 s meanwhile.
-        + 'pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=; '
-        'while [ ! -e "exitcode-$h" ]; do '
-        '[ -r . ] && [ -x . ] || { echo "DISTRUN_ERROR $h: the run directory $d is no longer readable '
+        + 'while [ ! -e "$x" ] && ours; do '
+        '[ -r "$d" ] && [ -x "$d" ] || { echo "DISTRUN_ERROR $h: the run directory $d is no longer readable '
         'as user $u (is the shared folder still mounted?)"; exit 3; }; '
-        'case "$pid" in ""|*[!0-9]*) sleep 1; pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=;; '
-        '*) timeout 2 tail -f /dev/null -s 0.02 --pid="$pid" 2>/dev/null || :; [ -e "exitcode-$h" ] || sleep 0.1;; esac; done; '
+        'timeout 2 tail -f /dev/null -s 0.02 --pid="$pid" 2>/dev/null || :; done; '
+        'for i in $(seq 50); do [ -e "$x" ] && break; sleep 0.1; done; '
         + _exit_marker()
     ))
 
@@ -124,7 +151,7 @@ def stop_command(plan: JobPlan, host: str) -> str:
     """End host's launcher and everything it started (it leads its own session: setsid)."""
     return as_user(plan.user, (
         _enter(plan, host)
-        + 'pid=$(cat "launcher-$h.pid"); [ -e "exitcode-$h" ] || kill -TERM -- -"$pid" 2>/dev/null || :'
+        + 'pid=$(cat "$p"); [ -e "$x" ] || kill -TERM -- -"$pid" 2>/dev/null || :'
     ))
 
 
