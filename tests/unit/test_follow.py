@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import follow, rundir
+from distrun import attempt_shell, follow, rundir
 from distrun.inventory import cluster_from_json
 from distrun.plan import build_plan
 from distrun.remote import as_user, run_each
@@ -42,13 +42,13 @@ def test_wait_prints_the_exit_marker_with_the_launchers_code(tmp_path):
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n2").write_text("7\n")
-    out = sh(follow.wait_command(plan, "n2"))
+    out = sh(attempt_shell.wait_command(plan, "n2"))
     assert out.returncode == 0 and "DISTRUN_EXIT 7" in out.stdout
 
 
 def test_a_failed_cd_stops_the_command_and_names_host_and_path(tmp_path):
     _, plan = plan_in(tmp_path)  # the run dir does not exist
-    out = sh(follow.wait_command(plan, "n2"))
+    out = sh(attempt_shell.wait_command(plan, "n2"))
     assert out.returncode == 3
     assert "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n2: cannot enter the run directory {plan.run_dir} as user {ME}" in out.stdout
@@ -60,7 +60,7 @@ def test_an_exit_file_without_a_number_gives_no_exit_marker(tmp_path, content):
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n3").write_text(content)
-    out = sh(follow.wait_command(plan, "n3"))
+    out = sh(attempt_shell.wait_command(plan, "n3"))
     assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n3: {run_dir}/exitcode-n3 holds no exit code" in out.stdout
 
@@ -71,7 +71,7 @@ def test_the_head_reports_a_launcher_that_never_wrote_its_exit_code(tmp_path):
     run_dir.mkdir(parents=True)
     (run_dir / "launcher-n1.pid").write_text("999999\n")  # no such process: tail returns at once
     (run_dir / "launcher-n1.log").write_text("hello\n")
-    out = sh(follow.tail_command(plan, "n1"))
+    out = sh(attempt_shell.tail_command(plan, "n1"))
     assert "hello" in out.stdout and "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n1: the launcher ended without writing {run_dir}/exitcode-n1" in out.stdout
 
@@ -196,7 +196,7 @@ def test_wait_ends_when_its_launcher_is_dead_and_no_exit_code_will_come(tmp_path
     run_dir.mkdir(parents=True)
     (run_dir / "launcher-n2.pid").write_text("999999\n")  # no such process, no exit code
     started = time.monotonic()
-    out = sh(follow.wait_command(plan, "n2"))
+    out = sh(attempt_shell.wait_command(plan, "n2"))
     assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n2: the launcher ended without writing {run_dir}/exitcode-n2" in out.stdout
     assert time.monotonic() - started < 15
@@ -210,7 +210,7 @@ def test_wait_ends_when_its_launch_script_is_killed_before_it_writes_its_exit_co
     script = subprocess.Popen(["bash", "launch-n2.sh"], cwd=run_dir, start_new_session=True)
     try:
         (run_dir / "launcher-n2.pid").write_text(f"{script.pid}\n")
-        waiting = subprocess.Popen(["bash", "-c", follow.wait_command(plan, "n2")], stdout=subprocess.PIPE, text=True)
+        waiting = subprocess.Popen(["bash", "-c", attempt_shell.wait_command(plan, "n2")], stdout=subprocess.PIPE, text=True)
         time.sleep(1)
         assert waiting.poll() is None, "the follower ended while its launcher ran"
         script.kill()
@@ -230,7 +230,7 @@ def test_a_pid_reused_by_another_program_is_not_waited_on(tmp_path):
     other = subprocess.Popen(["sleep", "300"])
     try:
         (run_dir / "launcher-n2.pid").write_text(f"{other.pid}\n")
-        out = sh(follow.wait_command(plan, "n2"))
+        out = sh(attempt_shell.wait_command(plan, "n2"))
         assert out.returncode == 4 and "the launcher ended without writing" in out.stdout
     finally:
         other.kill()
@@ -239,10 +239,10 @@ def test_a_pid_reused_by_another_program_is_not_waited_on(tmp_path):
 
 @pytest.mark.parametrize("command", ["wait_command", "tail_command"])
 def test_a_launcher_that_never_starts_is_named_not_waited_on(tmp_path, monkeypatch, command):
-    monkeypatch.setattr(follow, "START_WAIT_S", 1)
+    monkeypatch.setattr(attempt_shell, "START_WAIT_S", 1)
     _, plan = plan_in(tmp_path)
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
-    out = sh(getattr(follow, command)(plan, "n1"))
+    out = sh(getattr(attempt_shell, command)(plan, "n1"))
     assert out.returncode == 4
     assert f"DISTRUN_ERROR n1: the launcher did not start: no {run_dir}/launcher-n1.pid after 1 s" in out.stdout

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from distrun import rundir
+from distrun.attempt_shell import tail_command, wait_command
 from distrun.bundle import launch_scripts, render_rank_wrapper
 from distrun.errors import InventoryError, PlanError
-from distrun.follow import tail_command, wait_command
 from distrun.inventory import Node, cluster_from_json
 from distrun.launchers.slurm import sbatch_files
 from distrun.logs import remote_log_command
