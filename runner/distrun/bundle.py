@@ -5,7 +5,6 @@ stage.yml (the contract with the job and preflight roles)."""
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import io
 import json
@@ -17,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from . import paths, rundir
 from .envnames import check_env_key
 from .launchers import launcher_named
 from .launchers.base import fill
@@ -25,16 +24,10 @@ from .network import NetworkChoice
 from .plan import WORKLOADS, JobPlan, render_hostfile
 from .runs import Run
 
-# What distrun itself writes into a run directory on the nodes, under any launcher (exact names,
-# then shell patterns): a user's --script of such a name would replace distrun's file or be
-# replaced by it. tests/unit/test_cli_args.py renders every launcher's files against this list.
-RUN_DIR_NAMES = ("hostfile", "rank-env.sh", "env.sh", "result.json", "ranks", "torchrun", "job.sbatch")
-RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "job-*.sbatch", "slurm-*")
-
 
 def clashes_with_run_dir(name: str) -> bool:
     """Whether a file of this name in a run directory would collide with one distrun writes."""
-    return name in RUN_DIR_NAMES or any(fnmatch.fnmatchcase(name, p) for p in RUN_DIR_PATTERNS)
+    return rundir.clashes(name)
 
 
 def _comment(text: str) -> str:
@@ -46,19 +39,21 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
     """Host name -> the launch script that host runs (the launcher says which hosts start it).
 
     Files carry the host's name: on a shared folder every node writes into the same run dir.
+    Each script lives in its attempt's folder and writes only there (rundir.py).
     """
     launcher = launcher_named(plan.launcher)
     scripts: dict[str, str] = {}
     for host in launcher.launch_hosts(plan):
         # Host names are checked when the inventory is loaded; quoted here all the same.
         name = host.name
-        pid, log = shlex.quote(f"launcher-{name}.pid"), shlex.quote(f"launcher-{name}.log")
-        pgid = shlex.quote(f"launcher-{name}.pgid")
-        tmp, code = shlex.quote(f"exitcode-{name}.tmp"), shlex.quote(f"exitcode-{name}")
+        pid, log = shlex.quote(rundir.launcher_pid(name)), shlex.quote(rundir.launcher_log(name))
+        pgid = shlex.quote(rundir.launcher_pgid(name))
+        tmp, code = shlex.quote(rundir.exit_code(name) + ".tmp"), shlex.quote(rundir.exit_code(name))
         scripts[name] = (
             "#!/bin/bash\n"
             f"# distrun run {plan.run_id}: generated launch script for {_comment(name)}\n"
-            f"cd {shlex.quote(plan.run_dir)}\n"
+            # Never anywhere else: a script that cannot enter its folder writes nothing.
+            f"cd {shlex.quote(rundir.attempt_path(plan))} || exit 3\n"
             f"echo $$ > {pid}\n"
             # The launcher leads its own process group (started with setsid): 'distrun stop'
             # stops that group too, even a process that dropped DISTRUN_RUN_ID from its environment.
@@ -70,6 +65,11 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
             "exit $rc\n"
         )
     return scripts
+
+
+def launch_files(plan: JobPlan, scripts: dict[str, str]) -> dict[str, str]:
+    """The launch scripts by their path in the run directory (in the attempt's folder)."""
+    return {rundir.in_attempt(plan, rundir.launch_script(h)): text for h, text in scripts.items()}
 
 
 def render_env_file(env: Mapping[str, str]) -> str:
@@ -128,6 +128,7 @@ def render_rank_wrapper(plan: JobPlan) -> str:
         # env's bin comes first on PATH, and the rank starts in the project folder.
         source_env += (f"export PATH={shlex.quote(plan.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"\n"
                        f"cd {shlex.quote(plan.workdir)}\n")
+    started = shlex.quote(rundir.in_attempt(plan, rundir.STARTED))
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
 set -euo pipefail
@@ -154,7 +155,7 @@ fi
 echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$DISTRUN_HOST machine=$(hostname -s) pid=$$"
 cd {shlex.quote(plan.run_dir)}
 # One marker per started rank: 'distrun train --detach' and 'distrun status' count them.
-{{ mkdir -p started && echo "$(hostname -s) $$" > "started/rank-$RANK"; }} 2>/dev/null || :
+{{ mkdir -p {started} && echo "$(hostname -s) $$" > {started}/"rank-$RANK"; }} 2>/dev/null || :
 {source_env}exec "$@"
 """
 
@@ -220,8 +221,7 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
     ``env`` (the user's --env) goes in its own 0600 file, never in the bundle, the plan or an
     extravar: ansible-runner records extravars, and the bundle is a logged task's stdin.
     """
-    launch_files = {f"launch-{h}.sh": text for h, text in scripts.items()}
-    bundle, digest = run_bundle(run, {**files, **launch_files}, script.resolve() if script else None)
+    bundle, digest = run_bundle(run, {**files, **launch_files(plan, scripts)}, script.resolve() if script else None)
     env_file = str(run.write("env.sh", render_env_file(env), mode=0o600)) if env else ""
     return {
         "distrun_env_file": env_file,
@@ -300,7 +300,7 @@ def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[st
     launch): exactly what this run executes, readable before it starts. ``before``: title -> text
     of the steps that run before the launch (the workdir's sync)."""
     run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
-    commands = [f"# {name}\n{text}" for name, text in {**files, **{f'launch-{h}.sh': s for h, s in scripts.items()}}.items()]
+    commands = [f"# {name}\n{text}" for name, text in {**files, **launch_files(plan, scripts)}.items()]
     if plan.partition:
         commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
     if plan.prepare:

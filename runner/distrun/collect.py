@@ -31,7 +31,7 @@ from typing import IO, Any
 from .errors import UserError
 from .inventory import Cluster, Node
 from .remote import shell_argv
-from .restarts import ATTEMPT_FILES
+from .rundir import ATTEMPT_FILES, ATTEMPTS
 
 COLLECT_TIMEOUT_S = 600
 COLLECT_MAX_BYTES = 2 << 30
@@ -113,10 +113,11 @@ class Selection:
 
 
 def run_end_selection() -> Selection:
-    """What a run brings home when it ends: an attempt's own files (ATTEMPT_FILES, also under
-    attempts/<n>/ once a restart put them aside), log files, every small file; the rest listed."""
+    """What a run brings home when it ends: every attempt's own files (ATTEMPT_FILES, in
+    attempts/<n>/; at the top in a run of the old layout), log files, every small file; the rest
+    listed."""
     patterns: list[str] = []
-    for base in ("", "attempts/*/"):
+    for base in ("", f"{ATTEMPTS}/*/"):
         for name in ATTEMPT_FILES:
             patterns += [f"{base}{name}", f"{base}{name}/*"]
     patterns += [f"*{name}" for name in LOG_NAMES]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .launchers import Launcher
+from .rundir import ATTEMPTS, collected_attempt
 
 EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
 RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
@@ -89,19 +90,23 @@ def result(lines: list[str]) -> dict[str, Any] | None:
 
 def rank_logs(nodes_dir: Path) -> dict[int, Path]:
     """Rank -> its stdout file among the collected files, from the header line every rank prints;
-    the last attempt's (earlier attempts of a restarted run lie under attempts/)."""
+    the last attempt's (rundir.collected_attempt: the other attempts' logs lie beside it)."""
+    last = collected_attempt(nodes_dir)
     found: dict[int, Path] = {}
-    for f in sorted(nodes_dir.rglob("*")):
-        if not f.is_file() or f.name not in ("stdout", "stdout.log") or "attempts" in f.relative_to(nodes_dir).parts:
-            continue
-        try:
-            with f.open(errors="replace") as fh:
-                head = fh.readline()
-        except OSError:
-            continue
-        m = RANK_HEADER_RE.search(head)
-        if m:
-            found.setdefault(int(m.group(1)), f)
+    for host in sorted(p for p in nodes_dir.glob("*") if p.is_dir()):
+        base = host / last if last else host
+        for f in sorted(base.rglob("*")):
+            if not f.is_file() or f.name not in ("stdout", "stdout.log") or (
+                    not last and ATTEMPTS in f.relative_to(base).parts):
+                continue
+            try:
+                with f.open(errors="replace") as fh:
+                    head = fh.readline()
+            except OSError:
+                continue
+            m = RANK_HEADER_RE.search(head)
+            if m:
+                found.setdefault(int(m.group(1)), f)
     return found
 
 

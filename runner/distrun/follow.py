@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import queue
 import re
-import shlex
 import signal
 import subprocess
 import threading
@@ -21,11 +20,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from .ansible_bridge import PlaybookEvent
+from .attempt_shell import launch_command, stop_command, tail_command, wait_command
 from .check import PREFLIGHT_FACT
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .plan import JobPlan
-from .remote import KEEPALIVE_S, as_user, run_each, shell_argv
+from .remote import KEEPALIVE_S, run_each, shell_argv
 
 EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
 # A remote step that failed says what failed, on which path; printed instead of an exit marker.
@@ -42,38 +42,6 @@ class Outcome:
     lost: bool = False  # the host itself went away (no exit code came back)
 
 
-def _enter(plan: JobPlan, host: str) -> str:
-    """Name the host, run dir and user once, quoted, as shell variables; enter the run dir or say why not.
-    Every later line uses the variables, so no inventory value is parsed by the shell twice."""
-    return (
-        f"set -e; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; u={shlex.quote(plan.user)}; "
-        'cd "$d" 2>/dev/null || { echo "DISTRUN_ERROR $h: cannot enter the run directory $d '
-        "as user $u (is the shared folder mounted, and is it the training user's?)\"; exit 3; }; "
-    )
-
-
-def _exit_marker() -> str:
-    """Print the launcher's exit code as DISTRUN_EXIT only when it is one; else say what is wrong."""
-    return (
-        '[ -e "exitcode-$h" ] || { echo "DISTRUN_ERROR $h: the launcher ended without writing $d/exitcode-$h"; exit 4; }; '
-        'rc=$(cat "exitcode-$h" 2>/dev/null) || { echo "DISTRUN_ERROR $h: cannot read $d/exitcode-$h as user $u"; exit 4; }; '
-        'case "$rc" in ""|*[!0-9-]*) echo "DISTRUN_ERROR $h: $d/exitcode-$h holds no exit code"; exit 4;; esac; '
-        'echo; echo "DISTRUN_EXIT $rc"'
-    )
-
-
-def launch_command(plan: JobPlan, host: str) -> str:
-    """Start host's launch script detached (its own session: the job outlives this ssh session),
-    with an environment of its own rather than this session's (no ssh variables, no controller
-    locale): the training user's home, user name and PATH, and C.UTF-8."""
-    return as_user(plan.user, (
-        _enter(plan, host)
-        + '[ -f "launch-$h.sh" ] || { echo "DISTRUN_ERROR $h: there is no launch script $d/launch-$h.sh"; exit 4; }; '
-        'setsid -f env -i HOME="$HOME" USER="$u" LOGNAME="$u" SHELL=/bin/bash PATH="$PATH" LANG=C.UTF-8 '
-        'bash "launch-$h.sh" > /dev/null 2>&1 < /dev/null; echo DISTRUN_LAUNCHED'
-    ))
-
-
 def launch(cluster: Cluster, plan: JobPlan, hosts: list[str], timeout_s: float = 60) -> dict[str, str]:
     """Start the launcher on every launch host at once, each over its node's ssh connection (run.yml
     left it open); host -> why, for those where it did not start."""
@@ -86,46 +54,6 @@ def launch(cluster: Cluster, plan: JobPlan, hosts: list[str], timeout_s: float =
             continue
         failed[h] = next((m.group(1) for ln in lines if (m := ERROR_RE.match(ln))), None) or d.last_line()
     return failed
-
-
-def tail_command(plan: JobPlan, host: str) -> str:
-    """The head's session: follow the launcher's log until the launcher exits, then its exit code."""
-    return as_user(plan.user, (
-        _enter(plan, host)
-        + 'for i in $(seq 600); do [ -s "launcher-$h.pid" ] && break; sleep 0.1; done; '
-        '[ -s "launcher-$h.pid" ] || { echo "DISTRUN_ERROR $h: the launcher did not start: no $d/launcher-$h.pid after 60 s"; exit 4; }; '
-        # tail ends with the launcher (it looks every 0.02 s: the run's end is noticed at once, for
-        # a syscall, not a process, per look); the exit code below, not tail's, says how it ended.
-        'tail -n +1 -F -s 0.02 --pid="$(cat "launcher-$h.pid")" "launcher-$h.log" 2>/dev/null || :; '
-        'for i in $(seq 50); do [ -e "exitcode-$h" ] && break; sleep 0.1; done; '
-        + _exit_marker()
-    ))
-
-
-def wait_command(plan: JobPlan, host: str) -> str:
-    """Another launch host's session (torchrun): wait for its launcher's exit code."""
-    return as_user(plan.user, (
-        _enter(plan, host)
-        # A run dir that stops being readable (a dropped mount, changed permissions) is said as
-        # such, not waited on forever.
-        # The launch script writes the exit code as it ends: waiting on its pid (tail looks every
-        # 0.02 s) notices the end at once; the folder is checked every 2 s meanwhile.
-        + 'pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=; '
-        'while [ ! -e "exitcode-$h" ]; do '
-        '[ -r . ] && [ -x . ] || { echo "DISTRUN_ERROR $h: the run directory $d is no longer readable '
-        'as user $u (is the shared folder still mounted?)"; exit 3; }; '
-        'case "$pid" in ""|*[!0-9]*) sleep 1; pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=;; '
-        '*) timeout 2 tail -f /dev/null -s 0.02 --pid="$pid" 2>/dev/null || :; [ -e "exitcode-$h" ] || sleep 0.1;; esac; done; '
-        + _exit_marker()
-    ))
-
-
-def stop_command(plan: JobPlan, host: str) -> str:
-    """End host's launcher and everything it started (it leads its own session: setsid)."""
-    return as_user(plan.user, (
-        _enter(plan, host)
-        + 'pid=$(cat "launcher-$h.pid"); [ -e "exitcode-$h" ] || kill -TERM -- -"$pid" 2>/dev/null || :'
-    ))
 
 
 def _heartbeat_command() -> str:

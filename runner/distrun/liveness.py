@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from . import rundir
 from .errors import UserError
 from .inventory import Cluster, Node
 from .launchers import LAUNCHERS, launcher_named
@@ -29,8 +30,6 @@ PROBE_RE = re.compile(r"^DISTRUN_PROBE (.*)$", re.M)
 PROBE_TIMEOUT_S = 30
 # distrun's exit code when no launch host of a run answers: the run may go on without distrun.
 CONTACT_LOST = 6
-# Where the rank wrapper leaves one marker per started rank, in the run directory.
-STARTED_DIR = "started"
 
 
 @dataclass
@@ -85,6 +84,7 @@ def recorded_plan(run: Run) -> JobPlan:
     try:
         data = json.loads(path.read_text())
         data["hosts"] = tuple(RankHost(**h) for h in data["hosts"])
+        data.setdefault("attempt_dirs", False)  # recorded before attempts had folders
         if data.get("login"):
             data["login"] = RankHost(**data["login"])
         for key in ("program", "env", "partition"):
@@ -101,23 +101,29 @@ def recorded_plan(run: Run) -> JobPlan:
 def probe_command(plan: JobPlan, host: str) -> str:
     """The remote check of one host, as the training user; prints one DISTRUN_PROBE line of
     key=value words (numbers and fixed words only: what a node sends back is not trusted)."""
+    names = {"p": rundir.launcher_pid(host), "x": rundir.exit_code(host), "s": rundir.launch_script(host)}
     return as_user(plan.user, (
-        f"set -u; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; tag={shlex.quote('DISTRUN_RUN_ID=' + plan.run_id)}; "
-        'cd "$d" 2>/dev/null || { echo "DISTRUN_PROBE dir=0"; exit 0; }; '
-        "code() { rc=$(cat \"exitcode-$h\" 2>/dev/null) || rc=; case \"$rc\" in *[!0-9-]*) rc=;; esac; state=exited; }; "
-        'state=none; rc=; '
-        'if [ -e "exitcode-$h" ]; then code; '
-        'elif [ -s "launcher-$h.pid" ]; then state=gone; read -r pid < "launcher-$h.pid" || pid=; '
-        # The launch script's own shell: alive, in this run dir, running this host's launch script.
+        f"set -u; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; a={shlex.quote(rundir.attempt_folder(plan) or '.')}; "
+        f"tag={shlex.quote('DISTRUN_RUN_ID=' + plan.run_id)}; "
+        + "".join(f"{k}={shlex.quote(v)}; " for k, v in names.items())
+        + 'cd "$d" 2>/dev/null || { echo "DISTRUN_PROBE dir=0"; exit 0; }; '
+        "code() { rc=$(cat \"$x\" 2>/dev/null) || rc=; case \"$rc\" in *[!0-9-]*) rc=;; esac; state=exited; }; "
+        'state=none; rc=; started=; here=0; '
+        # The attempt's own folder: none (not staged here) is a launcher not started, no rank started.
+        'if cd "$a" 2>/dev/null; then here=1; fi; '
+        'if [ "$here" = 0 ]; then :; '
+        'elif [ -e "$x" ]; then code; '
+        'elif [ -s "$p" ]; then state=gone; read -r pid < "$p" || pid=; '
+        # The launch script's own shell: alive, in this attempt's folder, running this host's launch script.
         '  case "$pid" in ""|*[!0-9]*) ;; *) '
         '    if [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$(pwd -P)" ] && '
-        "       tr '\\0' ' ' < \"/proc/$pid/cmdline\" 2>/dev/null | grep -qF \"launch-$h.sh\"; then state=running; fi;; esac; "
-        '  if [ "$state" = gone ] && [ -e "exitcode-$h" ]; then code; fi; '
+        "       tr '\\0' ' ' < \"/proc/$pid/cmdline\" 2>/dev/null | grep -qF \"$s\"; then state=running; fi;; esac; "
+        '  if [ "$state" = gone ] && [ -e "$x" ]; then code; fi; '
         'fi; '
         'uid=$(id -u); procs=0; '
-        'for p in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
-        '  if grep -qzxF "$tag" "$p/environ" 2>/dev/null; then procs=$((procs + 1)); fi; done; '
-        f"started=$(ls {STARTED_DIR} 2>/dev/null | sed -n 's/^rank-\\([0-9][0-9]*\\)$/\\1/p' | tr '\\n' ',' ); "
+        'for q in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
+        '  if grep -qzxF "$tag" "$q/environ" 2>/dev/null; then procs=$((procs + 1)); fi; done; '
+        f"[ \"$here\" = 0 ] || started=$(ls {rundir.STARTED} 2>/dev/null | sed -n 's/^rank-\\([0-9][0-9]*\\)$/\\1/p' | tr '\\n' ',' ); "
         'echo "DISTRUN_PROBE dir=1 launcher=$state rc=$rc procs=$procs started=$started"'
     ))
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import contract, controller, paths
+from . import contract, controller, paths, rundir
 from .diagnosis import rank_logs
 from .errors import ExitCode, UserError
 from .inventory import Cluster, load_cluster
@@ -50,7 +50,9 @@ def remote_log_command(plan: dict[str, Any], rank: int) -> str | None:
     host, local = where
     name = str(plan.get("launcher"))
     launcher = launcher_named(name if name in LAUNCHERS else "mpirun")
-    pattern = launcher.rank_log(rank, host, local)
+    # The recorded plan's attempt's folder (a plan recorded before attempts had folders: the top).
+    attempt = rundir.folder(int(plan.get("restart") or 0), bool(plan.get("attempt_dirs", False)))
+    pattern = f"{attempt}/{launcher.rank_log(rank, host, local)}" if attempt else launcher.rank_log(rank, host, local)
     run_dir = f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}"
     user = str(plan.get("user") or contract.default("distrun_user"))
     d = shlex.quote(run_dir)
@@ -161,12 +163,13 @@ def remote_launcher_command(plan: JobPlan, skip: int) -> str:
     """Follow the head launcher's log from line skip + 1 until the launcher exits."""
     head = plan.head.name
     return as_user(plan.user, (
-        f"h={shlex.quote(head)}; d={shlex.quote(plan.run_dir)}; "
+        f"h={shlex.quote(head)}; d={shlex.quote(rundir.attempt_path(plan))}; "
+        f"p={shlex.quote(rundir.launcher_pid(head))}; l={shlex.quote(rundir.launcher_log(head))}; "
         'cd "$d" 2>/dev/null || { echo "$h: cannot enter $d" >&2; exit 3; }; '
-        'pid=$(cat "launcher-$h.pid" 2>/dev/null) || pid=; '
+        'pid=$(cat "$p" 2>/dev/null) || pid=; '
         # No launcher pid: nothing will write the log any more; print it and end.
-        f'case "$pid" in ""|*[!0-9]*) exec tail -n +{int(skip) + 1} "launcher-$h.log" 2>/dev/null;; esac; '
-        f'exec tail -n +{int(skip) + 1} -F -s 0.5 --pid="$pid" "launcher-$h.log" 2>/dev/null'
+        f'case "$pid" in ""|*[!0-9]*) exec tail -n +{int(skip) + 1} "$l" 2>/dev/null;; esac; '
+        f'exec tail -n +{int(skip) + 1} -F -s 0.5 --pid="$pid" "$l" 2>/dev/null'
     ))
 
 

@@ -85,6 +85,9 @@ class JobPlan:
     # The login node of a Slurm cluster distrun does not administer (slurm_site): it launches
     # (submits) and is the only host distrun reaches; the rank hosts are Slurm's. None elsewhere.
     login: RankHost | None = None
+    # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a plan
+    # recorded before that (no such key in its plan.json) kept them at the top of the run dir.
+    attempt_dirs: bool = True
 
     @property
     def reached_hosts(self) -> tuple[str, ...]:

@@ -1,5 +1,8 @@
-"""Restarts: after a failed rank or a lost node, on which hosts a run starts again, and putting
-the failed attempt's files aside so the next attempt starts clean.
+"""Restarts: after a failed rank or a lost node, on which hosts a run starts again.
+
+Each attempt writes its launcher, rank and marker files into a folder of its own in the run
+directory (rundir.py): nothing is moved between attempts, and a launcher of the failed attempt
+that ends late writes only into its own folder.
 
 The job itself resumes: every rank gets DISTRUN_RESTART (0, 1, ...) and DISTRUN_CHECKPOINT_DIR,
 a folder per run in the shared folder that survives restarts (plan.py). A restart re-plans on
@@ -9,16 +12,11 @@ stage step first copies the head's checkpoints to every node.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .inventory import Cluster
 from .plan import JobPlan
-from .remote import as_user, run_each
-
-# What one attempt leaves in the run directory; a restart moves it to attempts/<n>/.
-ATTEMPT_FILES = ("launcher-*", "exitcode-*", "ranks", "torchrun", "started", "slurm-*.out")
 
 
 @dataclass(frozen=True)
@@ -58,20 +56,3 @@ def decide(cluster: Cluster, plan: JobPlan, np: int | None, *, failed: str | Non
         return Decision(frozenset(lost))  # the failed node is reachable: the job fits only with it
     shown = ", ".join(sorted(drop))
     return Decision(refused=f"--np {np} needs {need} slots; without {shown} only {slots} are left")
-
-
-def archive_command(plan: JobPlan, attempt: int) -> str:
-    """As the training user: move the finished attempt's launcher, rank and marker files to
-    attempts/<attempt>/ in the run directory (the next attempt writes the same names)."""
-    names = " ".join(ATTEMPT_FILES)
-    return as_user(plan.user, (
-        f"set -e; d={shlex.quote(plan.run_dir)}; a=attempts/{int(attempt)}; "
-        'cd "$d"; mkdir -p "$a"; '
-        f'for f in {names}; do if [ -e "$f" ] && [ ! -L "$f" ]; then mv -- "$f" "$a/"; fi; done'
-    ))
-
-
-def archive(cluster: Cluster, plan: JobPlan, hosts: list[str], attempt: int) -> dict[str, str]:
-    """Put the attempt's files aside on hosts, all at once; host -> why, for those that failed."""
-    done = run_each({n.name: n for n in cluster.nodes}, {h: archive_command(plan, attempt) for h in hosts}, 60)
-    return {h: d.last_line() for h, d in done.items() if d.rc != 0}

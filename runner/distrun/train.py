@@ -29,7 +29,7 @@ from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
 from .project import commands, load_project, make_ready, pull_command, record_pulls
-from .restarts import archive, decide
+from .restarts import decide
 from .runs import Phases, new_run, new_run_id
 from .staging import Upload, discard
 
@@ -268,13 +268,8 @@ class _Run:
         if not decision.ok:
             self.listener.not_restarting(decision.refused)
             return False
-        hosts = [h for h in collect_hosts(self.cluster, self.used) if h not in self.lost]
-        unmoved = archive(self.cluster, plan, hosts, self.restart)
-        if unmoved:
-            self.listener.not_restarting("the failed attempt's files could not be put aside on "
-                                         + "; ".join(f"{h}: {why}" for h, why in unmoved.items()))
-            return False
-        # The record keeps each failed attempt's plan; its output stays in launcher.log.
+        # The record keeps each failed attempt's plan; its output stays in launcher.log, and its
+        # files on the nodes in its own folder (rundir.py), brought home with the next attempt's.
         self.run.write(f"attempts/{self.restart}/plan.json", (self.run.dir / "plan.json").read_text())
         self.end.lines.clear()
         self.restart += 1

@@ -103,7 +103,7 @@ def test_a_detached_run_outlives_its_follower_and_is_followed_again_to_its_end(p
         assert "first failing rank 1 on node2" in attach.stdout.replace("\n", " "), attach.stdout[-2000:]
         meta = json.loads((run / "meta.json").read_text())
         assert (meta["status"], meta["rc"], meta["collected"], meta["controller"]) == ("failed", 1, True, None), meta
-        on_node = provisioned.exec(1, f"cat /srv/distrun/runs/{run_id}/exitcode-node1").stdout.strip()
+        on_node = provisioned.exec(1, f"cat /srv/distrun/runs/{run_id}/attempts/0/exitcode-node1").stdout.strip()
         assert f"failed rc={on_node}" in meta["summary"], (on_node, meta)  # the launcher's own exit code, kept
         assert sorted(_rank_lines(run)) == [0, 1, 2]
         assert not run_processes(provisioned, run_id)

@@ -78,8 +78,9 @@ def test_the_driver_names_the_failing_node_as_srun_does(tmp_path):
     driver = slurm.driver_script(slurm_plan("single"))
     start = driver.index('  errors="$(grep')
     end = driver.index("\nfi\nexit ")
-    snippet = "final=FAILED\nfailed_job=7\nfield() { :; }\nrec=\n" + driver[start:end] + "\n"
-    (tmp_path / "slurm-7.out").write_text(
+    snippet = "a=attempts/0\nfinal=FAILED\nfailed_job=7\nfield() { :; }\nrec=\n" + driver[start:end] + "\n"
+    (tmp_path / "attempts" / "0").mkdir(parents=True)  # Slurm's output: in the attempt's folder
+    (tmp_path / "attempts" / "0" / "slurm-7.out").write_text(
         "srun: error: alpha: task 0: Killed\nsrun: error: w2: tasks 1-2: Exited with exit code 3\n")
     out = subprocess.run(["bash", "-c", snippet], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert out.startswith("DISTRUN_FAILED_HOST w2 Slurm job 7 ended FAILED on w2:"), out

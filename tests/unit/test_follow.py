@@ -7,11 +7,12 @@ import getpass
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from distrun import follow
+from distrun import attempt_shell, follow, rundir
 from distrun.inventory import cluster_from_json
 from distrun.plan import build_plan
 from distrun.remote import as_user, run_each
@@ -38,16 +39,16 @@ def sh(command: str) -> subprocess.CompletedProcess[str]:
 
 def test_wait_prints_the_exit_marker_with_the_launchers_code(tmp_path):
     _, plan = plan_in(tmp_path)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n2").write_text("7\n")
-    out = sh(follow.wait_command(plan, "n2"))
+    out = sh(attempt_shell.wait_command(plan, "n2"))
     assert out.returncode == 0 and "DISTRUN_EXIT 7" in out.stdout
 
 
 def test_a_failed_cd_stops_the_command_and_names_host_and_path(tmp_path):
     _, plan = plan_in(tmp_path)  # the run dir does not exist
-    out = sh(follow.wait_command(plan, "n2"))
+    out = sh(attempt_shell.wait_command(plan, "n2"))
     assert out.returncode == 3
     assert "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n2: cannot enter the run directory {plan.run_dir} as user {ME}" in out.stdout
@@ -56,21 +57,21 @@ def test_a_failed_cd_stops_the_command_and_names_host_and_path(tmp_path):
 @pytest.mark.parametrize("content", ["", "garbage\n"])
 def test_an_exit_file_without_a_number_gives_no_exit_marker(tmp_path, content):
     _, plan = plan_in(tmp_path)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n3").write_text(content)
-    out = sh(follow.wait_command(plan, "n3"))
+    out = sh(attempt_shell.wait_command(plan, "n3"))
     assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n3: {run_dir}/exitcode-n3 holds no exit code" in out.stdout
 
 
 def test_the_head_reports_a_launcher_that_never_wrote_its_exit_code(tmp_path):
     _, plan = plan_in(tmp_path)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "launcher-n1.pid").write_text("999999\n")  # no such process: tail returns at once
     (run_dir / "launcher-n1.log").write_text("hello\n")
-    out = sh(follow.tail_command(plan, "n1"))
+    out = sh(attempt_shell.tail_command(plan, "n1"))
     assert "hello" in out.stdout and "DISTRUN_EXIT" not in out.stdout
     assert f"DISTRUN_ERROR n1: the launcher ended without writing {run_dir}/exitcode-n1" in out.stdout
 
@@ -103,10 +104,11 @@ def test_only_ssh_failing_is_lost_contact():
 
 def test_one_failed_launch_host_stops_the_others_at_once(tmp_path):
     cluster, plan = plan_in(tmp_path)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     # n3's launcher: a process group that would wait forever on a rendezvous.
-    waiting = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    (run_dir / "launch-n3.sh").write_text("sleep 300\n")
+    waiting = subprocess.Popen(["bash", "launch-n3.sh"], cwd=run_dir, start_new_session=True)
     try:
         (run_dir / "launcher-n3.pid").write_text(f"{waiting.pid}\n")
         (run_dir / "launcher-n1.pid").write_text("999999\n")
@@ -131,7 +133,7 @@ def test_the_follower_reports_an_unenterable_run_dir_with_its_path(tmp_path):
 
 def test_launch_starts_each_launch_script_detached_with_its_own_environment(tmp_path, monkeypatch):
     cluster, plan = plan_in(tmp_path)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     for h in ("n1", "n2"):
         # The launcher outlives the session that started it, in its own session, with its own env.
@@ -155,7 +157,7 @@ def test_launch_starts_each_launch_script_detached_with_its_own_environment(tmp_
 
 def test_launch_names_the_host_whose_launch_script_is_missing(tmp_path):
     cluster, plan = plan_in(tmp_path)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "launch-n1.sh").write_text("echo 0 > exitcode-n1\n")
     failed = follow.launch(cluster, plan, ["n1", "n3"])
@@ -184,3 +186,63 @@ def test_run_each_kills_a_command_past_its_time_and_says_so(tmp_path):
     cluster, _ = plan_in(tmp_path)
     done = run_each({n.name: n for n in cluster.nodes}, {"n1": "echo begun; sleep 30"}, 1)["n1"]
     assert done.rc is None and done.out.strip() == "begun" and done.last_line() == "no answer in 1 s"
+
+
+# ------------------------------------------------------------------ a follower never waits forever
+
+def test_wait_ends_when_its_launcher_is_dead_and_no_exit_code_will_come(tmp_path):
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(rundir.attempt_path(plan))
+    run_dir.mkdir(parents=True)
+    (run_dir / "launcher-n2.pid").write_text("999999\n")  # no such process, no exit code
+    started = time.monotonic()
+    out = sh(attempt_shell.wait_command(plan, "n2"))
+    assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
+    assert f"DISTRUN_ERROR n2: the launcher ended without writing {run_dir}/exitcode-n2" in out.stdout
+    assert time.monotonic() - started < 15
+
+
+def test_wait_ends_when_its_launch_script_is_killed_before_it_writes_its_exit_code(tmp_path):
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(rundir.attempt_path(plan))
+    run_dir.mkdir(parents=True)
+    (run_dir / "launch-n2.sh").write_text("sleep 300\n")
+    script = subprocess.Popen(["bash", "launch-n2.sh"], cwd=run_dir, start_new_session=True)
+    try:
+        (run_dir / "launcher-n2.pid").write_text(f"{script.pid}\n")
+        waiting = subprocess.Popen(["bash", "-c", attempt_shell.wait_command(plan, "n2")], stdout=subprocess.PIPE, text=True)
+        time.sleep(1)
+        assert waiting.poll() is None, "the follower ended while its launcher ran"
+        script.kill()
+        script.wait()
+        out, _ = waiting.communicate(timeout=15)
+        assert waiting.returncode == 4 and "the launcher ended without writing" in out
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+
+
+def test_a_pid_reused_by_another_program_is_not_waited_on(tmp_path):
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(rundir.attempt_path(plan))
+    run_dir.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        (run_dir / "launcher-n2.pid").write_text(f"{other.pid}\n")
+        out = sh(attempt_shell.wait_command(plan, "n2"))
+        assert out.returncode == 4 and "the launcher ended without writing" in out.stdout
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("command", ["wait_command", "tail_command"])
+def test_a_launcher_that_never_starts_is_named_not_waited_on(tmp_path, monkeypatch, command):
+    monkeypatch.setattr(attempt_shell, "START_WAIT_S", 1)
+    _, plan = plan_in(tmp_path)
+    run_dir = Path(rundir.attempt_path(plan))
+    run_dir.mkdir(parents=True)
+    out = sh(getattr(attempt_shell, command)(plan, "n1"))
+    assert out.returncode == 4
+    assert f"DISTRUN_ERROR n1: the launcher did not start: no {run_dir}/launcher-n1.pid after 1 s" in out.stdout

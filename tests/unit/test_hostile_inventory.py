@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from distrun import rundir
+from distrun.attempt_shell import tail_command, wait_command
 from distrun.bundle import launch_scripts, render_rank_wrapper
 from distrun.errors import InventoryError, PlanError
-from distrun.follow import tail_command, wait_command
 from distrun.inventory import Node, cluster_from_json
 from distrun.launchers.slurm import sbatch_files
 from distrun.logs import remote_log_command
@@ -126,7 +127,7 @@ def hostile_plan(tmp_path: Path, launcher: str):
     bad = PAYLOAD.format(c="pwned")
     hosts = (dataclasses.replace(plan.hosts[0], name="n1" + bad), *plan.hosts[1:])
     plan = dataclasses.replace(plan, hosts=hosts, master_addr="10.0.0.1" + bad)
-    Path(plan.run_dir).mkdir(parents=True)
+    Path(rundir.attempt_path(plan)).mkdir(parents=True)
     return plan, bad, canary
 
 
@@ -139,10 +140,10 @@ def bash(script: str, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
 def test_launch_scripts_and_the_rank_wrapper_treat_a_hostile_name_as_a_word(tmp_path, launcher):
     plan, bad, canary = hostile_plan(tmp_path, launcher)
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     for host, script in launch_scripts(plan).items():
         bash(script, run_dir)
-        assert not canary.exists(), f"launch script for {host!r} ran the payload"
+        assert not canary.exists() and not (run_dir / canary.name).exists(), f"launch script for {host!r} ran the payload"
         # The pid file carries the literal name: the shell never read it as code.
         assert (run_dir / f"launcher-{host}.pid").exists()
     wrapper = render_rank_wrapper(plan)
@@ -156,7 +157,7 @@ def test_follow_commands_quote_the_host_name(tmp_path):
     plan, bad, canary = hostile_plan(tmp_path, "torchrun")
     plan = dataclasses.replace(plan, user=getpass.getuser())  # the follower runs as the plan's user
     host = plan.hosts[0].name
-    run_dir = Path(plan.run_dir)
+    run_dir = Path(rundir.attempt_path(plan))
     (run_dir / f"exitcode-{host}").write_text("7\n")
     out = bash(wait_command(plan, host), run_dir)
     assert out.stdout.strip() == "DISTRUN_EXIT 7"

@@ -142,6 +142,9 @@ def test_remote_log_command_names_the_rank_file_of_each_launcher():
     torch = logs.remote_log_command({**PLAN, "launcher": "torchrun"}, 4)
     assert torch is not None and "torchrun/node3/*/attempt_*/1/stdout.log" in torch
     assert logs.remote_log_command(PLAN, 9) is None
+    # A plan with attempt folders: the log of the plan's own attempt, not an earlier one's.
+    second = logs.remote_log_command({**PLAN, "attempt_dirs": True, "restart": 1}, 3)
+    assert second is not None and " attempts/1/ranks/*/rank.3/stdout " in second
 
 
 def test_collect_unpacks_only_plain_files_inside_the_destination():

@@ -47,7 +47,7 @@ def test_mpirun_non_root_cpu_mixed_slots_with_interfaces():
     assert argv[i + 1] == "10.0.0.0/24"
     assert argv[argv.index("oob_tcp_if_include") + 1] == "10.0.0.0/24"
     assert "DISTRUN_RUN_ID=r1" in argv
-    assert argv[argv.index("--output-filename") + 1] == "/srv/distrun/runs/r1/ranks"
+    assert argv[argv.index("--output-filename") + 1] == "/srv/distrun/runs/r1/attempts/0/ranks"
     assert argv[argv.index("--hostfile") + 1] == "/srv/distrun/runs/r1/hostfile"
     assert render_hostfile(plan).splitlines()[1:] == ["n1 slots=2", "n2 slots=1", "n3 slots=3"]
     wrapper = render_rank_wrapper(plan)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import busy, controller, liveness, reconcile, restarts, runs
+from distrun import busy, controller, liveness, reconcile, restarts, rundir, runs
 from distrun.bundle import launch_scripts
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
@@ -66,7 +66,7 @@ class LocalRun:
         plan = build_plan(self.cluster, run_id=run_id, launcher="mpirun", script="job.py")
         self.plan = dataclasses.replace(plan, user=ME, shared_dir=str(tmp_path / "shared"))
         monkeypatch.setattr(Mpirun, "command", lambda self_, plan_, host: ["bash", "-c", program])
-        self.dir = Path(self.plan.run_dir)
+        self.dir = Path(rundir.attempt_path(self.plan))  # the attempt's own folder
         self.dir.mkdir(parents=True)
         for host, text in launch_scripts(self.plan).items():
             (self.dir / f"launch-{host}.sh").write_text(text)
@@ -393,20 +393,13 @@ def test_where_a_restart_runs(np, failed, lost, exclude_failed, expect):
         assert decision.ok and set(decision.exclude) == expect["exclude"]
 
 
-def test_a_failed_attempts_files_are_put_aside_and_ranks_see_the_restart(tmp_path):
+def test_ranks_see_the_restart_and_its_files_have_their_own_folder(tmp_path):
     cluster = local_cluster()
     plan = dataclasses.replace(build_plan(cluster, run_id="R", workload="ddp", restart=2), user=ME, shared_dir=str(tmp_path))
     env = dict(plan.env)
     assert env["DISTRUN_RESTART"] == "2" and env["DISTRUN_CHECKPOINT_DIR"].endswith("/checkpoints/R")
-    run_dir = Path(plan.run_dir)
-    (run_dir / "ranks" / "1").mkdir(parents=True)
-    (run_dir / "started").mkdir()
-    for name in ("launcher-n1.pid", "launcher-n1.log", "exitcode-n1", "hostfile"):
-        (run_dir / name).write_text("x\n")
-    assert restarts.archive(cluster, plan, ["n1"], 0) == {}
-    assert sorted(p.name for p in run_dir.iterdir()) == ["attempts", "hostfile"]
-    assert sorted(p.name for p in (run_dir / "attempts" / "0").iterdir()) == [
-        "exitcode-n1", "launcher-n1.log", "launcher-n1.pid", "ranks", "started"]
+    assert rundir.attempt_path(plan) == f"{plan.run_dir}/attempts/2"
+    assert f"cd {plan.run_dir}/attempts/2 || exit 3\n" in launch_scripts(plan)["n1"]
 
 
 def test_torchrun_restarts_its_workers_in_place_up_to_the_runs_budget():

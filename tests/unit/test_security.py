@@ -281,8 +281,10 @@ def test_stop_step_runs_as_the_training_user_and_rechecks_pids_before_kill():
 
 @pytest.mark.usefixtures("alone_with_run_tags")
 def test_stop_step_stops_only_its_run_and_leaves_reused_pids(tmp_path):
-    """The stop script, run here as this user: the run's tagged process and a process of its
-    recorded process group stop; a process of another run survives."""
+    """The stop script, run here as this user: the run's tagged process and a process of each
+    process group its launchers recorded stop (the last attempt's, in its folder; one at the top of
+    a run dir from before attempts had folders); a process of another run survives, and so does
+    one in a group an earlier, stopped attempt recorded (its id may be another's by now)."""
     import yaml
 
     task = yaml.safe_load(STOP_TASK.read_text())[1]
@@ -294,15 +296,20 @@ def test_stop_step_stops_only_its_run_and_leaves_reused_pids(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
     mine = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": "RUN-A"})
     grouped = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    current = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    reused = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": "RUN-B"})
     (run_dir / "launcher-n1.pgid").write_text(f"{grouped.pid}\n")
+    for attempt, proc in ((9, reused), (10, current)):  # 10 after 9: by number, not by name
+        (run_dir / "attempts" / str(attempt)).mkdir(parents=True)
+        (run_dir / "attempts" / str(attempt) / "launcher-n2.pgid").write_text(f"{proc.pid}\n")
     try:
         out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-        assert out.stdout.strip() == "DISTRUN_STOPPED 2", out.stderr
-        assert mine.wait(timeout=10) == -15 and grouped.wait(timeout=10) == -15
-        assert other.poll() is None
+        assert out.stdout.strip() == "DISTRUN_STOPPED 3", out.stderr
+        assert mine.wait(timeout=10) == -15 and grouped.wait(timeout=10) == -15 and current.wait(timeout=10) == -15
+        assert other.poll() is None and reused.poll() is None
     finally:
-        for p in (mine, grouped, other):
+        for p in (mine, grouped, current, reused, other):
             p.kill()
             p.wait()
 

@@ -78,9 +78,10 @@ def test_cpu_job_one_rank_per_slot_srun_pmix_and_no_gres():
     assert "#SBATCH --partition=batch" in script
     assert "#SBATCH --time=00:30:00" in script
     assert "--gres" not in script
-    assert "srun --mpi=pmix --kill-on-bad-exit=1 --output=/srv/distrun/runs/r1/ranks/%t/stdout" in script
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 --output=/srv/distrun/runs/r1/attempts/0/ranks/%t/stdout" in script
     assert 'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"' in script
-    assert "mkdir -p ranks/0 ranks/1 ranks/2" in script
+    assert "#SBATCH --output=/srv/distrun/runs/r1/attempts/0/slurm-%j.out" in script
+    assert "mkdir -p attempts/0/ranks/0 attempts/0/ranks/1 attempts/0/ranks/2" in script
 
 
 def test_gpu_nodes_get_gres_from_the_distrun_fact(tmp_path):
@@ -108,7 +109,7 @@ def test_uneven_slots_place_ranks_with_an_arbitrary_distribution():
     # The step that makes the rank folders runs once on every node, whatever the job's
     # distribution: with the submission's SLURM_HOSTFILE, srun followed the hostfile's first
     # lines (n1, n1, n2) and left n3 without its folders.
-    assert "env -u SLURM_HOSTFILE srun --ntasks-per-node=1 --ntasks=3 --distribution=block mkdir -p ranks/0" in script
+    assert "env -u SLURM_HOSTFILE srun --ntasks-per-node=1 --ntasks=3 --distribution=block mkdir -p attempts/0/ranks/0" in script
     assert "export SLURM_HOSTFILE=/srv/distrun/runs/r1/slurm-hostfile" in slurm.driver_script(plan)
 
 
@@ -193,7 +194,7 @@ def test_a_task_that_never_starts_ends_the_job_and_names_its_node_and_cause(tmp_
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fakes = {
-        "sbatch": f"cp {capture} slurm-42.out; echo 42",
+        "sbatch": f"cp {capture} attempts/0/slurm-42.out; echo 42",  # --output: the attempt's folder
         "scontrol": 'if [ -e cancelled ]; then s=CANCELLED; else s=RUNNING; fi; '
                     'echo "JobId=42 JobState=$s Reason=None NodeList=n[1-3] ExitCode=0:0"',
         "scancel": "touch cancelled",

@@ -98,7 +98,7 @@ class Launcher(ABC):
 
     @abstractmethod
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:
-        """Shell glob of a rank's output file on its node, relative to the run directory."""
+        """Shell glob of a rank's output file on its node, relative to its attempt's folder (rundir.py)."""
 
     def exit_code(self, rc: int) -> int:
         """distrun's exit code for the launcher's own: 0 or 1 unless the launcher says more."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import rundir
 from .base import MPI_ABORT, MPI_PROCESS, Launcher
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         "--prefix", plan.mpi_prefix,
         # Ranks go where the hostfile says, in order; never more than the slots.
         "--map-by", "slot",
-        "--output-filename", f"{plan.run_dir}/ranks",
+        "--output-filename", f"{rundir.attempt_path(plan)}/{rundir.RANKS}",
     ]
     if plan.run_as_root:
         argv.append("--allow-run-as-root")

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import rundir
 from .base import TORCHRUN_ROOT_CAUSE, Launcher
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         # In-node restarts: torchrun's agents restart every worker at once up to this many
         # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost.
         f"--max-restarts={int(plan.max_restarts)}",
-        f"--log-dir={plan.run_dir}/torchrun/{host.name}",
+        f"--log-dir={rundir.attempt_path(plan)}/{rundir.TORCHRUN}/{host.name}",
         "--redirects=3",
         "--tee=3",
         *(plan.launcher_args if launcher_args is None else launcher_args),

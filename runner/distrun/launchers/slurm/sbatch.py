@@ -16,6 +16,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
+from ... import rundir
 from ...errors import PlanError
 from ...rules import slurm_node_name
 from ..torchrun import torchrun_argv
@@ -67,7 +68,7 @@ def _header(plan: JobPlan, name: str) -> list[str]:
         "#!/bin/bash",
         sbatch_line("job-name", name),
         # %j: the job id. The batch step's output: srun's own messages, never a rank's.
-        sbatch_line("output", f"{plan.run_dir}/slurm-%j.out"),
+        sbatch_line("output", f"{rundir.attempt_path(plan)}/{rundir.SLURM_OUTPUT}"),
         sbatch_line("chdir", plan.run_dir),
     ]
     if plan.slurm.get("partition"):
@@ -134,7 +135,7 @@ def sbatch_script(plan: JobPlan) -> str:
     lines.append(f"export MASTER_PORT={plan.master_port}")
     if _site(plan):
         lines.append(_site_node_check(plan))
-    rank_dirs = " ".join(f"ranks/{r}" for r in range(plan.world_size))
+    rank_dirs = " ".join(rundir.in_attempt(plan, f"{rundir.RANKS}/{r}") for r in range(plan.world_size))
     # srun opens each rank's output file on that rank's node: the folders must exist there
     # (in sync mode every node has its own copy of the run directory). One task per node, in
     # block distribution and without the job's SLURM_HOSTFILE (the submission's, where slots are
@@ -142,7 +143,7 @@ def sbatch_script(plan: JobPlan) -> str:
     unset = "env -u SLURM_HOSTFILE " if placed_by_hostfile(plan) else ""
     lines.append(f"{unset}srun --ntasks-per-node=1 --ntasks={nodes} --distribution=block mkdir -p {rank_dirs}")
     srun = ["srun", f"--mpi={plan.slurm.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
-            f"--output={plan.run_dir}/ranks/%t/stdout"]
+            f"--output={rundir.attempt_path(plan)}/{rundir.RANKS}/%t/stdout"]
     if placed_by_hostfile(plan):
         lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
         srun.append("--distribution=arbitrary")
