@@ -130,6 +130,7 @@ def test_stop_ends_the_run_with_its_escapees_and_spares_a_group_forged_into_its_
     (run_dir / "launcher-n1.pgid").write_text(f"{other_group}\n")
     (run_dir / "launcher-n2.pgid").write_text(f"{os.getpgid(0)}\n")
     (run_dir / "launcher-n3.pgid").write_text("1\n")
+    os.mkfifo(run_dir / "launcher-n4.pgid")  # read by nobody: the scan must not wait on it
 
     found = answer("scan", {"run": mine, "run_dir": str(run_dir)})
     assert set(found["runs"]) == {mine}
@@ -144,6 +145,19 @@ def test_stop_ends_the_run_with_its_escapees_and_spares_a_group_forged_into_its_
     (tmp_path / "runs" / other / "launcher-n1.pgid").write_text(f"{other_group}\n")
     assert answer("stop", {"run": other, "run_dir": str(tmp_path / "runs" / other), "grace_s": 5})["stopped"] == 2
     assert procs.alive() == set()
+
+
+def test_a_run_dir_pointed_at_another_runs_folder_stops_nothing_of_that_run(tmp_path, procs):
+    """The job owns its run directory's path: replaced by a link to another run's folder, where
+    that run's launch script works, its stop must still not take the other run's launcher."""
+    mine, other = f"unit-{os.getpid()}-g", f"unit-{os.getpid()}-h"
+    other_dir = tmp_path / "runs" / other
+    other_dir.mkdir(parents=True)
+    fake_launcher(procs, other_dir, other)
+    (tmp_path / "runs" / mine).symlink_to(other_dir)
+    assert answer("scan", {"run": mine, "run_dir": str(tmp_path / "runs" / mine)})["runs"] == {}
+    assert answer("stop", {"run": mine, "run_dir": str(tmp_path / "runs" / mine), "grace_s": 1})["stopped"] == 0
+    assert procs.alive() == set(procs.started)
 
 
 def test_an_escapee_whose_parents_ended_is_found_by_its_tag_or_its_recorded_group(tmp_path, procs):
@@ -206,6 +220,7 @@ def test_a_scan_of_every_run_names_each_run_once_and_a_forged_tag_stays_with_its
     (["stop", "{}"], "stop: run None is empty or not a run id"),
     (["stop", '{"run": "../x"}'], "stop: run '../x' is empty or not a run id"),
     (["stop", '{"run": "r", "grace_s": "ten"}'], "stop: grace_s 'ten' is not a number of seconds"),
+    (["claim", '{"run": "r", "host": "h", "hold_s": -1}'], "claim: hold_s -1 is not a number of seconds"),
     (["stop", '{"run": "r", "run_dir": "runs/r"}'], "stop: run_dir 'runs/r' is not an absolute path"),
     (["claim", '{"run": "r"}'], "missing 'host'"),
     (["claim", '{"run": "r", "host": "../h"}'], "host '../h' is not a plain name"),

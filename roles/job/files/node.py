@@ -19,14 +19,15 @@ kill to them anyway), and among them, by this evidence, the oldest first:
   2. session and process group: a member of a session or group whose leader (pid = sid or
      pgid) belongs to a run belongs to it; processes join a session or group only by fork or
      inside their own session, so no other run's process can enter one;
-  3. the launch script: ``bash launch-<host>.sh`` whose working directory is D (stop and scan
-     of one run; it leads the session and group every launcher runs in);
+  3. the launch script: ``bash launch-<host>.sh`` working in D and leading a session that holds
+     a process tagged R (stop and scan of one run): the job owns D's path and may point it at
+     another run's folder, but cannot put a process into another run's session;
   4. the tag: DISTRUN_RUN_ID=<run> in the environment the process was started with.
-A process of run R that forges another run's tag is still R's while it has an ancestor or a
-session leader of R. The run's ``launcher-*.pgid`` files are written by the job, so they only
-name groups whose leader is gone: such a group is R's, every member, when a member is R's by the
-evidence above (no other run's process can enter it); a forged pgid names nothing. What stop signalled it signals by
-pidfd, or by pid after its start time was read again: a reused pid is never hit.
+A process of R that forges another run's tag stays R's while it has an ancestor or a session
+leader of R. The job writes the run's ``launcher-*.pgid`` files, so one only adds a group whose
+leader is gone and that holds a process of R (every member then); a forged pgid names nothing.
+Stop signals by pidfd after reading the start time again: a reused pid is never hit. There is no
+cgroup evidence: runs are not in cgroups of their own yet.
 
 Limits: every run shares one account, so a job may ptrace, or stop, another run's processes
 itself; and a process that drops its tag (env -i), leaves its session (setsid) and outlives its
@@ -37,6 +38,7 @@ after the same escape is counted as that run's.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -55,17 +57,24 @@ class NodeError(Exception):
     """A bad call, in one line."""
 
 
-def _read(path: str, limit: int = 1 << 20) -> bytes | None:
+def _read(path: str, limit: int = 4 << 20) -> bytes | None:
+    """Up to limit bytes of a file; never a link's target, never waiting on a FIFO a job made."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    chunks: list[bytes] = []
     try:
-        return os.read(fd, limit)
+        while sum(map(len, chunks)) < limit:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
     except OSError:
         return None
     finally:
         os.close(fd)
+    return b"".join(chunks)[:limit]
 
 
 class Proc:
@@ -137,10 +146,13 @@ def _pgid_files(run_dir: str) -> set[int]:
 def attribute(procs: dict[int, Proc], run: str | None = None, run_dir: str | None = None) -> None:
     """Set each process's owner (a run id) and why, by the evidence in the module's docstring."""
     real_dir = os.path.realpath(run_dir) if run_dir else None
+    # A launch script's session counts only while it holds a process tagged with the run: the
+    # job can re-point its run directory's path at another run's, never enter that run's session.
+    tagged = {p.sid for p in procs.values() if run and p.tag == run}
     direct: dict[int, tuple[str, str]] = {}
     for p in procs.values():
-        if run and real_dir and p.launches_in(real_dir):
-            direct[p.pid] = (run, "launcher")
+        if real_dir and p.pid == p.sid and p.pid in tagged and p.launches_in(real_dir):
+            direct[p.pid] = (str(run), "launcher")
         elif p.tag:
             direct[p.pid] = (p.tag, "tag")
     prev: dict[int, str | None] = {}
@@ -215,18 +227,19 @@ def scan(cfg: dict) -> dict:
 
 
 def _signal(root: str, pid: int, start: int, sig: int) -> bool:
-    """Send sig to pid only while it is the process that started at start; True when it was sent."""
+    """Send sig to pid only while it is the process that started at start; True when it was sent.
+    A pidfd holds the process while its start time is read: its pid cannot be reused meanwhile."""
     fd = None
     try:
-        if hasattr(os, "pidfd_open") and root == "/proc":
-            fd = os.pidfd_open(pid)  # holds this process: its pid cannot be reused until closed
+        try:
+            fd = os.pidfd_open(pid) if root == "/proc" and hasattr(os, "pidfd_open") else None
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return False  # gone already; any other error (no pidfds here): by pid below
         stat = _read(f"{root}/{pid}/stat")
         if not stat or int(stat[stat.rindex(b")") + 2:].split()[19]) != start:
             return False
-        if fd is not None:
-            signal.pidfd_send_signal(fd, sig)
-        else:
-            os.kill(pid, sig)
+        signal.pidfd_send_signal(fd, sig) if fd is not None else os.kill(pid, sig)
         return True
     except (OSError, ValueError):
         return False
@@ -288,9 +301,12 @@ def claim(cfg: dict) -> dict:
     others = sorted(r for r in scan({"proc": cfg.get("proc")})["runs"] if r != run)
     if others:
         return {"verb": "claim", "claimed": False, "held": False, "runs": others}
-    fd = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    os.write(fd, f"{run}\n".encode())
-    os.close(fd)
+    try:
+        fd = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.write(fd, f"{run}\n".encode())
+        os.close(fd)
+    except OSError as exc:
+        return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
     _answer({"verb": "claim", "claimed": True, "runs": []})
     while select.select([sys.stdin], [], [], hold)[0] and sys.stdin.readline():
         pass  # held while heartbeats come; a closed stdin (the controller gone) or silence ends it
@@ -318,9 +334,10 @@ def main(argv: list[str]) -> int:
         run = cfg.get("run")
         if (argv[0] != "scan" or run) and not (isinstance(run, str) and RUN_ID.fullmatch(run) and set(run) != {"."}):
             raise NodeError(f"{argv[0]}: run {run!r} is empty or not a run id")
-        grace = cfg.get("grace_s", 10)
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 3600:
-            raise NodeError(f"{argv[0]}: grace_s {grace!r} is not a number of seconds from 0 to 3600")
+        for key in ("grace_s", "hold_s"):
+            value = cfg.get(key, 10)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+                raise NodeError(f"{argv[0]}: {key} {value!r} is not a number of seconds from 0 to 3600")
         if cfg.get("run_dir") is not None and not os.path.isabs(str(cfg["run_dir"])):
             raise NodeError(f"{argv[0]}: run_dir {cfg['run_dir']!r} is not an absolute path")
         _answer(VERBS[argv[0]](cfg))
