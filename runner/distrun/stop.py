@@ -36,7 +36,8 @@ def survivors(answer: dict) -> str:
     left = [p for p in answer.get("survived") or [] if isinstance(p, dict)]
     if not left:
         return ""
-    named = ", ".join(f"{int(p.get('pid', 0))} ({printable(str(p.get('comm', '?')))[:32]})" for p in left[:5])
+    named = ", ".join(f"{p['pid'] if isinstance(p.get('pid'), int) else '?'} ({printable(str(p.get('comm', '?')))[:32]})"
+                      for p in left[:5])
     return f"{len(left)} process(es) of the run outlived SIGKILL: {named}"
 
 

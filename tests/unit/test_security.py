@@ -254,6 +254,9 @@ def test_stop_counts_per_node_and_succeeds_only_when_every_node_answered():
     kept = stop.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {"n1": stuck})
     assert kept.stopped == {} and kept.rc == 1
     assert kept.missed["n1"].startswith("1 process(es) of the run outlived SIGKILL: 77 (tr") and "\x1b" not in kept.missed["n1"]
+    forged = json.dumps({"verb": "stop", "stopped": 1, "survived": [{"pid": "1; rm", "comm": 5}]})
+    assert stop.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {"n1": forged}).missed == {
+        "n1": "1 process(es) of the run outlived SIGKILL: ? (5)"}
 
 
 def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch, capsys):
