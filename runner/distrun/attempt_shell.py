@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import shlex
 
-from . import rundir
+from . import nodeprog, rundir
 from .plan import JobPlan
 from .remote import as_user
 
@@ -108,9 +108,13 @@ def wait_command(plan: JobPlan, host: str) -> str:
     ))
 
 
+STOP_GRACE_S = 8  # TERM, then KILL to what outlives it: within run_each's 15 s for the stop
+
+
 def stop_command(plan: JobPlan, host: str) -> str:
-    """End host's launcher and everything it started (it leads its own session: setsid)."""
-    return as_user(plan.user, (
-        _enter(plan, host)
-        + 'pid=$(cat "$p"); [ -e "$x" ] || kill -TERM -- -"$pid" 2>/dev/null || :'
-    ))
+    """End host's launcher and everything it started: the node program's stop of the run, which
+    finds its processes by evidence the job cannot point at another run's (never a pid file the
+    job could have rewritten)."""
+    del host  # the stop is of the run on whichever node the command reaches
+    return as_user(plan.user, nodeprog.command(
+        "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S}))

@@ -5,23 +5,23 @@ its answer, which the controller writes to a gate file, so nothing is staged on 
 does not hold, and the answer costs the run no time of its own.
 
 A host is busy for a new run when another run's controller holds the host's claim, or when
-processes of another run live there. Neither can go stale. The claim is a lock held by an ssh
-session of the controller that took it: it ends with that session, when the controller exits or
-is killed, and at most 20 s after the controller's last heartbeat when its machine sleeps. The
-processes are the run itself: every process of a run carries its tag (DISTRUN_RUN_ID, the tag
-'distrun stop' uses), so a detached run keeps its hosts busy exactly as long as it runs.
+processes of another run live there. Neither can go stale. The claim is a lock held by the node
+program's claim (role job's files/node.py) in an ssh session of the controller that took it: it
+ends with that session, when the controller exits or is killed, and at most 20 s after the
+controller's last heartbeat when its machine sleeps. The processes are the run itself, found by
+the same scan 'distrun stop' uses, so a detached run keeps its hosts busy exactly as long as it runs.
 """
 
 from __future__ import annotations
 
 import queue
-import shlex
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import nodeprog
 from .errors import UserError
 from .inventory import Cluster
 from .planning import JobRequest, make_plan
@@ -39,26 +39,10 @@ PROC = "/proc"
 
 
 def claim_command(host: str, run_id: str, user: str) -> str:
-    """On host, as the training user: take the host's lock and hold it while the controller's
-    heartbeats come; or say who holds it, or which other runs have processes there."""
-    return as_user(user, (
-        f"set -u; h={shlex.quote(host)}; id={shlex.quote(run_id)}; "
-        # The training user's own home from the password database, not from the environment.
-        'home=$(getent passwd "$(id -un)" | cut -d: -f6); dir="$home/.cache/distrun"; '
-        'mkdir -p "$dir" && cd "$dir" && exec 9>>"busy-$h.lock" || { echo "DISTRUN_CLAIM_ERROR cannot write $dir"; exit 0; }; '
-        'if ! flock -n 9; then echo "DISTRUN_BUSY held $(head -c 80 "busy-$h.run" 2>/dev/null | tr -cd "A-Za-z0-9-")"; exit 0; fi; '
-        'others=; uid=$(id -u); '
-        f'for p in $(find {shlex.quote(PROC)} -mindepth 1 -maxdepth 1 -regex ".*/[0-9]+" -uid "$uid" 2>/dev/null); do '
-        # Read with builtins only: no process per process of the user.
-        "  r=; while IFS= read -r -d '' kv; do case \"$kv\" in DISTRUN_RUN_ID=*) r=${kv#DISTRUN_RUN_ID=}; break;; esac; "
-        '  done 2>/dev/null < "$p/environ"; r=${r//[!A-Za-z0-9-]/}; '
-        '  [ -n "$r" ] && [ "$r" != "$id" ] && case " $others " in *" $r "*) ;; *) others="$others $r";; esac; '
-        'done; '
-        'if [ -n "$others" ]; then echo "DISTRUN_BUSY running$others"; exit 0; fi; '
-        'echo "$id" > "busy-$h.run"; echo DISTRUN_CLAIMED; '
-        # Held while heartbeats come; a closed stdin (controller gone) or silence ends it.
-        f"while read -r -t {HOLD_S} _; do :; done"
-    ))
+    """On host, as the training user: the node program's claim, which takes the host's lock and
+    holds it while the controller's heartbeats come, or says who holds it, or which other runs
+    have processes there (its scan: role job's files/node.py says by what evidence)."""
+    return as_user(user, nodeprog.command("claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC}))
 
 
 @dataclass
@@ -71,13 +55,17 @@ class Answer:
 
 
 def parse_answer(host: str, line: str) -> Answer:
-    words = line.split()
-    if words[:1] == ["DISTRUN_CLAIMED"]:
+    """The claim's first line: its JSON answer, or, when it is none, the line as the error."""
+    got = nodeprog.answer(line, "claim")
+    if got is None:
+        return Answer(host, error=line.strip()[:200] or "no answer")
+    if got.get("claimed") is True:
         return Answer(host, claimed=True)
-    if words[:1] == ["DISTRUN_BUSY"] and len(words) >= 2:
-        ids = [w if RUN_ID_RE.fullmatch(w) else "" for w in words[2:]] or [""]
-        return Answer(host, busy_with=ids, held=words[1] == "held")
-    return Answer(host, error=line.strip()[:200] or "no answer")
+    runs = got.get("runs")
+    if got.get("error") or not isinstance(runs, list):
+        return Answer(host, error=str(got.get("error") or "no runs in the claim's answer")[:200])
+    ids = [r if isinstance(r, str) and RUN_ID_RE.fullmatch(r) else "" for r in runs] or [""]
+    return Answer(host, busy_with=ids, held=got.get("held") is True)
 
 
 class Claim:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import nodeprog
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
 from .errors import UserError
+from .printable import printable
 from .runs import Run, load_run
-
-STOPPED_RE = re.compile(r"^DISTRUN_STOPPED (\d+)$", re.M)
 
 
 @dataclass
@@ -32,19 +31,32 @@ class StopReport:
                          exit_code=1)
 
 
+def survivors(answer: dict) -> str:
+    """What the node program's stop says outlived its KILL, or "" when nothing did."""
+    left = [p for p in answer.get("survived") or [] if isinstance(p, dict)]
+    if not left:
+        return ""
+    named = ", ".join(f"{p['pid'] if isinstance(p.get('pid'), int) else '?'} ({printable(str(p.get('comm', '?')))[:32]})"
+                      for p in left[:5])
+    return f"{len(left)} process(es) of the run outlived SIGKILL: {named}"
+
+
 def stop_report(result: PlaybookResult, outputs: dict[str, str], run_id: str = "") -> StopReport:
-    """Per node: the count the stop step printed (``outputs``: host -> its stdout), or the
-    error of a node that failed or could not be reached."""
+    """Per node: the count the stop step answered (``outputs``: host -> its stdout, the node
+    program's one JSON line), or the error of a node that failed, could not be reached or kept
+    processes of the run alive."""
     report = StopReport(run_id)
     for name in sorted(set(result.hosts) | set(outputs)):
         h = result.hosts.get(name)
-        m = STOPPED_RE.search(outputs.get(name, ""))
+        got = nodeprog.answer(outputs.get(name, ""), "stop")
         if h is not None and (h.unreachable or h.failed):
             report.missed[name] = ("unreachable: " if h.unreachable else "") + (h.last_error or "failed")
-        elif m:
-            report.stopped[name] = int(m.group(1))
-        else:
+        elif got is None or not isinstance(got.get("stopped"), int):
             report.missed[name] = "no report from the stop step"
+        elif survivors(got):
+            report.missed[name] = survivors(got)
+        else:
+            report.stopped[name] = got["stopped"]
     return report
 
 
@@ -57,7 +69,7 @@ def stop_run(run_id: str) -> StopReport:
 
     def on_event(ev: PlaybookEvent) -> None:
         out = str((ev.data or {}).get("stdout") or "") if ev.host else ""
-        if ev.host and STOPPED_RE.search(out):
+        if ev.host and nodeprog.answer(out, "stop") is not None:
             outputs[ev.host] = out
 
     result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir,

@@ -21,7 +21,7 @@ from .conftest import distrun, run_processes
 from .hostile import TALLY
 
 ATTACKS: list[tuple[str, bool]] = []
-EXPECTED_ATTACKS = 16
+EXPECTED_ATTACKS = 19
 
 
 def attack(name: str, succeeded: bool, detail: str = "") -> None:
@@ -53,10 +53,14 @@ LINK_AND_FILL = textwrap.dedent("""
     comm.Barrier()
 """)
 
+# Each rank also leaves a child that drops the run's tag and leaves the rank's session (setsid).
 SLEEPER = textwrap.dedent("""
-    import os, socket, time
+    import os, socket, subprocess, time
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    escapee = subprocess.Popen(["env", "-u", "DISTRUN_RUN_ID", "sleep", "600"], start_new_session=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(f"ESCAPEE host={socket.gethostname()} pid={escapee.pid}", flush=True)
     print(f"SCRIPT rank={comm.Get_rank()} host={socket.gethostname()} token_len={len(os.environ['TOKEN'])}", flush=True)
     time.sleep(600)
 """)
@@ -128,6 +132,7 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
     worker = threading.Thread(target=train)
     worker.start()
     decoys: list[tuple[int, str]] = []
+    escapees: list[tuple[int, int]] = []  # (node, pid)
     try:
         run = None
         deadline = time.monotonic() + 300
@@ -162,11 +167,16 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
         attack("secret in the run record outside env.sh", bool(in_record), str(in_record))
         assert oct((run / "env.sh").stat().st_mode & 0o777) == "0o600"
 
+        escapees += [(int(h[-1]), int(pid)) for h, pid in
+                    re.findall(r"ESCAPEE host=(node\d) pid=(\d+)", (run / "launcher.log").read_text(errors="replace"))]
+        assert len(escapees) == 3, escapees
         # (d) decoys: the training user's process of another run, root's process with this run's tag.
         for cmd, label in ((f"runuser -u distrun -- env DISTRUN_RUN_ID=20260101-000000-train-ffff sleep 300", "other run"),
                            (f"env DISTRUN_RUN_ID={run.name} sleep 300", "other user")):
             pid = provisioned.exec(2, f"setsid {cmd} > /dev/null 2>&1 < /dev/null & echo $!").stdout.strip()
             decoys.append((int(pid), label))
+        # The job writes the other run's process group into its own launcher file on node2.
+        provisioned.exec(2, f"runuser -u distrun -- sh -c 'echo {decoys[0][0]} > /srv/distrun/runs/{run.name}/launcher-node2.pgid'")
         stop = distrun("stop", run.name, timeout=300)
         assert stop.rc == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
         counts = dict(re.findall(r"^\s+(node\d): stopped (\d+) process", stop.stdout, re.M))
@@ -178,12 +188,17 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
         left = [p for p in run_processes(provisioned, run.name)
                 if not any(p == f"node2:/proc/{pid}/environ" for pid, _ in decoys)]
         attack("'distrun stop' leaves processes of the run", bool(left), str(left))
+        for k, pid in escapees:
+            alive = provisioned.exec(k, f"kill -0 {pid}", check=False).returncode == 0
+            attack(f"a rank's child without the tag, in a session of its own, outlives 'distrun stop' on node{k}", alive)
         for pid, label in decoys:
             alive = provisioned.exec(2, f"kill -0 {pid}", check=False).returncode == 0
             attack(f"'distrun stop' kills a process of {label}", not alive)
     finally:
         for pid, _ in decoys:
             provisioned.exec(2, f"kill -9 {pid}", check=False)
+        for k, pid in escapees:
+            provisioned.exec(k, f"kill -9 {pid}", check=False)
         # runuser forks: the decoy's own process carries the tag, not the pid '$!' named. Left
         # alive, it would keep node2 busy for later runs.
         provisioned.exec(2, "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ 2>/dev/null "

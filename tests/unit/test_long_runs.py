@@ -319,6 +319,29 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
         f.unlink()
 
 
+def test_a_refusal_names_the_run_whose_process_forged_another_runs_tag(proc_view):
+    """A job of one run starts a process tagged with another, ended run: the refusal names the
+    run that started it, not the innocent one."""
+    host = f"unit-{os.getpid()}-f"
+    cluster = local_cluster((host,))
+    forger, innocent = "20260101-000000-train-abc1", "20260101-000000-train-abc2"
+    parent = subprocess.Popen(["bash", "-c", f"DISTRUN_RUN_ID={innocent} sleep 30 & echo $!; wait"],
+                              env={**os.environ, "DISTRUN_RUN_ID": forger}, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    show(proc_view, parent.pid)
+    show(proc_view, child)
+    try:
+        with pytest.raises(UserError, match=f"busy with run {forger} \\(running there now\\)") as err:
+            busy.claim(cluster, [host], "20260101-000000-train-abc3")
+        assert innocent not in str(err.value)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.wait()
+    for f in (Path(os.path.expanduser(f"~{ME}")) / ".cache" / "distrun").glob(f"busy-{host}.*"):
+        f.unlink()
+
+
 def test_a_claim_ends_with_the_process_that_held_it(proc_view):
     host = f"unit-{os.getpid()}-b"
     cluster = local_cluster((host,))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import stat
 import subprocess
+import sys
 import tarfile
 import time
 from dataclasses import asdict
@@ -224,23 +226,37 @@ def test_run_record_keeps_only_the_ansible_environment(tmp_path):
 
 # --- stop ---------------------------------------------------------------------------------
 
+# The node program's stop answer, as its one line on a node's stdout.
+STOP_ANSWER = '{"verb": "stop", "run": "r", "stopped": %d, "killed": 0, "survived": []}'
+
+
 def _stop_result(**hosts: HostProgress) -> PlaybookResult:
     return PlaybookResult("playbooks/stop.yml", 0, "successful", dict(hosts), Path("."))
 
 
 def test_stop_counts_per_node_and_succeeds_only_when_every_node_answered():
     healthy = stop.stop_report(_stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", ok=2)),
-                              {"n1": "DISTRUN_STOPPED 4", "n2": "DISTRUN_STOPPED 0"})
+                              {"n1": STOP_ANSWER % 4, "n2": STOP_ANSWER % 0})
     assert healthy.stopped == {"n1": 4, "n2": 0} and healthy.missed == {} and healthy.rc == 0
 
     down = stop.stop_report(
         _stop_result(n1=HostProgress("n1", ok=2), n2=HostProgress("n2", unreachable=True, last_error="Gathering: timed out")),
-        {"n1": "DISTRUN_STOPPED 3"})
+        {"n1": STOP_ANSWER % 3})
     assert down.stopped == {"n1": 3}
     assert down.missed == {"n2": "unreachable: Gathering: timed out"} and down.rc == 1
 
     silent = stop.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {})
     assert silent.missed == {"n1": "no report from the stop step"} and silent.rc == 1
+
+    # A process KILL could not end (in the kernel's uninterruptible sleep, say) is said, not counted as stopped.
+    stuck = json.dumps({"verb": "stop", "run": "r", "stopped": 2, "killed": 1,
+                        "survived": [{"pid": 77, "comm": "tr\x1b[2Japped", "why": "tag"}]})
+    kept = stop.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {"n1": stuck})
+    assert kept.stopped == {} and kept.rc == 1
+    assert kept.missed["n1"].startswith("1 process(es) of the run outlived SIGKILL: 77 (tr") and "\x1b" not in kept.missed["n1"]
+    forged = json.dumps({"verb": "stop", "stopped": 1, "survived": [{"pid": "1; rm", "comm": 5}]})
+    assert stop.stop_report(_stop_result(n1=HostProgress("n1", ok=1)), {"n1": forged}).missed == {
+        "n1": "1 process(es) of the run outlived SIGKILL: ? (5)"}
 
 
 def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch, capsys):
@@ -248,7 +264,7 @@ def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch,
 
     def fake_playbook(playbook, inventory, run_dir, *, extravars, on_event):
         assert extravars == {"distrun_run_id": r.id}
-        on_event(ansible_bridge.PlaybookEvent("changed", "n1", "stop", data={"stdout": "DISTRUN_STOPPED 5"}))
+        on_event(ansible_bridge.PlaybookEvent("changed", "n1", "stop", data={"stdout": STOP_ANSWER % 5}))
         return _stop_result(n1=HostProgress("n1", ok=1, changed=1),
                             n2=HostProgress("n2", unreachable=True, last_error="ssh: connect timed out"))
 
@@ -272,44 +288,45 @@ def test_stop_refuses_a_run_that_is_not_a_train_run():
 STOP_TASK = Path(__file__).resolve().parents[2] / "roles/job/tasks/stop.yml"
 
 
-def test_stop_step_runs_as_the_training_user_and_rechecks_pids_before_kill():
-    text = STOP_TASK.read_text()
-    assert 'become_user: "{{ job_user }}"' in text
-    assert '[ "$(stat -c %u "$dir" 2>/dev/null)" = "$uid" ] || continue' in text
-    assert 'same "$p" && kill -KILL' in text
-
-
-@pytest.mark.usefixtures("alone_with_run_tags")
-def test_stop_step_stops_only_its_run_and_leaves_reused_pids(tmp_path):
-    """The stop script, run here as this user: the run's tagged process and a process of each
-    process group its launchers recorded stop (the last attempt's, in its folder; one at the top of
-    a run dir from before attempts had folders); a process of another run survives, and so does
-    one in a group an earlier, stopped attempt recorded (its id may be another's by now)."""
+def test_stop_step_is_one_call_of_the_node_program_as_the_training_user():
     import yaml
 
     task = yaml.safe_load(STOP_TASK.read_text())[1]
-    script = task["ansible.builtin.shell"]["cmd"]
+    assert task["become_user"] == "{{ job_user }}"
+    raw = task["ansible.builtin.raw"]
+    assert "-I -c" in raw and "lookup('ansible.builtin.file', 'node.py')" in raw and " stop" in raw
+    assert "kill" not in STOP_TASK.read_text() and "/proc" not in STOP_TASK.read_text()
+
+
+@pytest.mark.usefixtures("alone_with_run_tags")
+def test_stop_step_stops_only_its_run(tmp_path):
+    """The stop step's command, rendered as the role renders it and run here as this user: the
+    run's tagged process and its tagless child stop; another run's process survives, although
+    the run's launcher file names its group."""
+    import yaml
+    from jinja2 import Environment
+
+    task = yaml.safe_load(STOP_TASK.read_text())[1]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    script = script.replace("{{ job_run_id }}", "RUN-A").replace("{{ job_run_dir | quote }}", str(run_dir))
-    script = script.replace("{{ job_stop_grace * 10 }}", "30")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
-    mine = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": "RUN-A"})
-    grouped = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
-    current = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
-    reused = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
-    other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": "RUN-B"})
-    (run_dir / "launcher-n1.pgid").write_text(f"{grouped.pid}\n")
-    for attempt, proc in ((9, reused), (10, current)):  # 10 after 9: by number, not by name
-        (run_dir / "attempts" / str(attempt)).mkdir(parents=True)
-        (run_dir / "attempts" / str(attempt) / "launcher-n2.pgid").write_text(f"{proc.pid}\n")
+    run_id = f"unit-{os.getpid()}-stop"
+    jinja = Environment()
+    jinja.filters.update(quote=shlex.quote, to_json=json.dumps)
+    command = jinja.from_string(task["ansible.builtin.raw"]).render(
+        ansible_facts={"python": {"executable": sys.executable}}, job_run_id=run_id, job_run_dir=str(run_dir),
+        job_stop_grace=3, lookup=lambda kind, name: (STOP_TASK.parents[1] / "files" / name).read_text())
+    mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
+    other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
+    (run_dir / "launcher-n1.pgid").write_text(f"{other.pid}\n")
     try:
-        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-        assert out.stdout.strip() == "DISTRUN_STOPPED 3", out.stderr
-        assert mine.wait(timeout=10) == -15 and grouped.wait(timeout=10) == -15 and current.wait(timeout=10) == -15
-        assert other.poll() is None and reused.poll() is None
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"verb": "stop", "run": run_id, "stopped": 2, "killed": 0, "survived": []}
+        assert mine.wait(timeout=10) == -15
+        assert other.poll() is None
     finally:
-        for p in (mine, grouped, current, reused, other):
+        for p in (mine, other):
             p.kill()
             p.wait()
 

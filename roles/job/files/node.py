@@ -1,0 +1,369 @@
+"""distrun's node program: what one node knows of a run's processes, as one JSON line.
+
+``python3 -I -c <this file> VERB '<config JSON>'`` (or ``python3 node.py VERB ...``), as the
+training user. Standard library only; Python 3.9 or newer. Every verb prints exactly one JSON
+object on stdout, ``{"verb": VERB, ...}``; a bad call prints one line on stderr and exits 2.
+
+  scan   {"run": R, "run_dir": D}  the processes of run R here; without "run", of every run:
+         {"runs": {run: [{"pid", "ppid", "pgid", "sid", "comm", "why"}, ...]}}
+  stop   {"run": R, "run_dir": D, "grace_s": N}  TERM every process of R, KILL what is left
+         after N s: {"stopped": n, "killed": n, "survived": [{"pid", "comm", "why"}, ...]}
+  claim  {"host": H, "run": R, "hold_s": N}  take this host for run R: {"claimed": true} and then
+         held while a line arrives on stdin at least every N s; or {"claimed": false, "held":
+         bool, "runs": [...]}: the run whose controller holds it, or the runs with processes here
+"proc" in any config names another /proc (a test's view of chosen processes).
+
+Which processes are a run's: only the caller's own uid's (the kernel keeps the training user's
+kill to them anyway), and among them, by this evidence, the oldest first:
+  1. ancestry: a process whose parent (or its parent, ...) belongs to a run belongs to it;
+  2. session and process group: a member of a session or group whose leader (pid = sid or
+     pgid) belongs to a run belongs to it; processes join a session or group only by fork or
+     inside their own session, so no other run's process can enter one;
+  3. the launch script: ``bash launch-<host>.sh`` working in D and leading a session that holds
+     a process tagged R (stop and scan of one run): the job owns D's path and may point it at
+     another run's folder, but cannot put a process into another run's session;
+  4. the tag: DISTRUN_RUN_ID=<run> in the environment the process was started with.
+A process of R that forges another run's tag stays R's while it has an ancestor or a session
+leader of R. The job writes the run's ``launcher-*.pgid`` files, so one only adds a group whose
+leader is gone and that holds a process of R (every member then); a forged pgid names nothing.
+Stop signals by pidfd after reading the start time again: a reused pid is never hit. There is no
+cgroup evidence: runs are not in cgroups of their own yet.
+
+Limits: every run shares one account, so a job may ptrace, or stop, another run's processes
+itself; and a process that drops its tag (env -i), leaves its session (setsid) and outlives its
+parents (re-parented to init) carries no evidence left: only a cgroup the job cannot leave (a
+systemd unit per run, or Slurm's) contains it. A process that keeps a forged tag of another run
+after the same escape is counted as that run's.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pwd
+import re
+import select
+import signal
+import sys
+import time
+
+TAG = b"DISTRUN_RUN_ID="
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
+LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
+ATTEMPTS = "attempts"  # the run directory's folder of attempt folders (runner/distrun/rundir.py)
+
+
+class NodeError(Exception):
+    """A bad call, in one line."""
+
+
+def _read(path: str, limit: int = 4 << 20) -> bytes | None:
+    """Up to limit bytes of a file; never a link's target, never waiting on a FIFO a job made."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    chunks: list[bytes] = []
+    try:
+        while sum(map(len, chunks)) < limit:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)[:limit]
+
+
+class Proc:
+    """One process as /proc shows it: pid, parent, group, session, start time, uid, tag."""
+
+    def __init__(self, root: str, pid: int, stat: bytes) -> None:
+        self.root, self.pid = root, pid
+        comm_end = stat.rindex(b")")
+        self.comm = stat[stat.index(b"(") + 1:comm_end].decode(errors="replace")[:32]
+        fields = stat[comm_end + 2:].split()
+        self.state = fields[0].decode()
+        self.ppid, self.pgid, self.sid = int(fields[1]), int(fields[2]), int(fields[3])
+        self.start = int(fields[19])
+        self.uid = -1
+        for line in (_read(f"{root}/{pid}/status") or b"").splitlines():
+            if line.startswith(b"Uid:"):
+                self.uid = int(line.split()[1])
+        self.tag: str | None = None
+        for kv in (_read(f"{root}/{pid}/environ") or b"").split(b"\0"):
+            if kv.startswith(TAG):
+                value = kv[len(TAG):].decode(errors="replace")
+                self.tag = value if RUN_ID.fullmatch(value) else ""
+                break
+        self.owner: str | None = None
+        self.why = ""
+
+    def launches_in(self, run_dir: str) -> bool:
+        """Whether this is a launch script's shell working in run_dir (cwd and argv)."""
+        argv = (_read(f"{self.root}/{self.pid}/cmdline") or b"").split(b"\0")
+        if len(argv) < 3 or not LAUNCH_SCRIPT.fullmatch(os.path.basename(argv[-2].decode(errors="replace"))):
+            return False
+        try:
+            cwd = os.readlink(f"{self.root}/{self.pid}/cwd")
+        except OSError:
+            return False
+        # its attempt's folder (attempts/<n>/), or the run directory itself for runs recorded
+        # before attempts had folders
+        return cwd == run_dir or (os.path.dirname(cwd) == os.path.join(run_dir, ATTEMPTS)
+                                  and os.path.basename(cwd).isdigit())
+
+
+def processes(root: str) -> dict[int, Proc]:
+    """Every live process (zombies are gone already) that /proc shows."""
+    found: dict[int, Proc] = {}
+    for name in os.listdir(root):
+        if name.isdigit():
+            stat = _read(f"{root}/{name}/stat")
+            if stat:
+                try:
+                    p = Proc(root, int(name), stat)
+                except (ValueError, IndexError):
+                    continue
+                if p.state not in ("Z", "X"):
+                    found[p.pid] = p
+    return found
+
+
+def _last_attempt(run_dir: str) -> str | None:
+    """The folder of the run's last attempt (attempts/<n>/, the highest n), if any: an earlier
+    attempt was stopped before the next began, so its recorded groups may be others' by now."""
+    try:
+        numbers = [int(n) for n in os.listdir(os.path.join(run_dir, ATTEMPTS)) if n.isdigit() and len(n) < 10]
+    except OSError:
+        return None
+    return os.path.join(run_dir, ATTEMPTS, str(max(numbers))) if numbers else None
+
+
+def _pgid_files(run_dir: str) -> set[int]:
+    """The groups the run's launch scripts recorded (regular files only; the job can write them),
+    in the last attempt's folder, or at the top of a run recorded before attempts had folders."""
+    groups: set[int] = set()
+    for folder in (run_dir, _last_attempt(run_dir)):
+        try:
+            names = os.listdir(folder) if folder else []
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("launcher-") and name.endswith(".pgid"):
+                text = (_read(os.path.join(folder, name), 32) or b"").strip()
+                if text.isdigit() and int(text) > 1:
+                    groups.add(int(text))
+    return groups
+
+
+def attribute(procs: dict[int, Proc], run: str | None = None, run_dir: str | None = None) -> None:
+    """Set each process's owner (a run id) and why, by the evidence in the module's docstring."""
+    real_dir = os.path.realpath(run_dir) if run_dir else None
+    # A launch script's session counts only while it holds a process tagged with the run: the
+    # job can re-point its run directory's path at another run's, never enter that run's session.
+    tagged = {p.sid for p in procs.values() if run and p.tag == run}
+    direct: dict[int, tuple[str, str]] = {}
+    for p in procs.values():
+        if real_dir and p.pid == p.sid and p.pid in tagged and p.launches_in(real_dir):
+            direct[p.pid] = (str(run), "launcher")
+        elif p.tag:
+            direct[p.pid] = (p.tag, "tag")
+    prev: dict[int, str | None] = {}
+    for _ in range(4):  # a leader's owner may come from its own session: settle in a few passes
+        cur: dict[int, tuple[str | None, str]] = {}
+        for pid in procs:
+            _settle(pid, procs, direct, prev, cur)
+        owners = {pid: o for pid, (o, _) in cur.items()}
+        if owners == prev:
+            break
+        prev = owners
+    for pid, (owner, why) in cur.items():
+        procs[pid].owner, procs[pid].why = owner, why
+    if run and run_dir:
+        for g in _pgid_files(run_dir):
+            members = [p for p in procs.values() if g in (p.pgid, p.sid)]
+            if g in procs or not members:
+                continue  # its leader lives: the evidence above said whose it is
+            if any(p.owner == run for p in members):
+                for p in members:
+                    if p.owner != run:
+                        p.owner, p.why = run, "group"
+
+
+def _settle(pid: int, procs: dict[int, Proc], direct: dict[int, tuple[str, str]],
+            prev: dict[int, str | None], cur: dict[int, tuple[str | None, str]]) -> None:
+    """The owner of pid and of its ancestors not settled yet, the oldest first (no recursion:
+    a job may build a chain of any depth)."""
+    chain: list[Proc] = []
+    seen: set[int] = set()
+    q = procs.get(pid)
+    while q is not None and q.pid not in cur and q.pid not in seen:
+        chain.append(q)
+        seen.add(q.pid)
+        q = procs.get(q.ppid)
+    for q in reversed(chain):
+        parent = cur.get(q.ppid, (None, ""))[0] if q.ppid != q.pid else None
+        if parent:
+            cur[q.pid] = (parent, "descendant")
+            continue
+        for leader, why in ((q.sid, "session"), (q.pgid, "group")):
+            owner = cur[leader][0] if leader in cur else prev.get(leader)
+            if leader != q.pid and leader in procs and owner:
+                cur[q.pid] = (owner, why)
+                break
+        else:
+            cur[q.pid] = direct.get(q.pid, (None, ""))
+
+
+def _mine(procs: dict[int, Proc]) -> dict[int, Proc]:
+    """The caller's uid's processes, less this program and its ancestors: a stop never ends its caller."""
+    spared: set[int] = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in spared:
+        spared.add(pid)
+        stat = _read(f"/proc/{pid}/stat") or b") X 0"
+        pid = int(stat[stat.rindex(b")") + 2:].split()[1])
+    uid = os.getuid()
+    return {p.pid: p for p in procs.values() if p.uid == uid and p.pid not in spared}
+
+
+def scan(cfg: dict) -> dict:
+    run, run_dir = cfg.get("run") or None, cfg.get("run_dir") or None
+    procs = processes(cfg.get("proc") or "/proc")
+    attribute(procs, run, run_dir)
+    runs: dict[str, list[dict]] = {}
+    for p in sorted(_mine(procs).values(), key=lambda p: p.pid):
+        if p.owner is not None and (run is None or p.owner == run):
+            runs.setdefault(p.owner, []).append(
+                {"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid, "comm": p.comm, "why": p.why})
+    return {"verb": "scan", "runs": runs}
+
+
+def _signal(root: str, pid: int, start: int, sig: int) -> bool:
+    """Send sig to pid only while it is the process that started at start; True when it was sent.
+    A pidfd holds the process while its start time is read: its pid cannot be reused meanwhile."""
+    fd = None
+    try:
+        try:
+            fd = os.pidfd_open(pid) if root == "/proc" and hasattr(os, "pidfd_open") else None
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return False  # gone already; any other error (no pidfds here): by pid below
+        stat = _read(f"{root}/{pid}/stat")
+        if not stat or int(stat[stat.rindex(b")") + 2:].split()[19]) != start:
+            return False
+        signal.pidfd_send_signal(fd, sig) if fd is not None else os.kill(pid, sig)
+        return True
+    except (OSError, ValueError):
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def stop(cfg: dict) -> dict:
+    run, run_dir, root = cfg["run"], cfg.get("run_dir") or None, cfg.get("proc") or "/proc"
+    grace = float(cfg.get("grace_s", 10))
+    seen: dict[tuple[int, int], Proc] = {}  # (pid, start time): what was signalled, with its evidence
+    killed: set[tuple[int, int]] = set()
+    deadline = time.monotonic() + grace
+    kill_until = deadline + 5
+    while True:
+        now = time.monotonic()
+        procs = processes(root)
+        attribute(procs, run, run_dir)
+        live = {(p.pid, p.start): p for p in _mine(procs).values()}
+        ours = {k: p for k, p in live.items() if p.owner == run}
+        # Once stopped, a process stays the run's whoever its parents are now (an orphan of a
+        # killed rank); new ones need evidence of their own.
+        ours.update({k: live[k] for k in seen if k in live})
+        if not ours or now >= kill_until:
+            break
+        sig = signal.SIGKILL if now >= deadline else signal.SIGTERM
+        for key, p in ours.items():
+            if key not in seen or (sig == signal.SIGKILL and key not in killed):
+                if _signal(root, p.pid, p.start, sig):
+                    seen.setdefault(key, p)
+                    if sig == signal.SIGKILL:
+                        killed.add(key)
+        time.sleep(0.1)
+    survived = [{"pid": p.pid, "comm": p.comm, "why": p.why or "stopped"} for p in ours.values()] if ours else []
+    return {"verb": "stop", "run": run, "stopped": len(seen), "killed": len(killed), "survived": survived}
+
+
+def claim(cfg: dict) -> dict:
+    """Take the host for a run, or say who has it; then hold it while the controller's lines come."""
+    import fcntl
+
+    host, run, hold = cfg["host"], cfg["run"], float(cfg.get("hold_s", 20))
+    if not RUN_ID.fullmatch(str(host)):
+        raise NodeError(f"host {host!r} is not a plain name")
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    folder = os.path.join(home, ".cache", "distrun")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        lock = os.open(os.path.join(folder, f"busy-{host}.lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        return {"verb": "claim", "claimed": False, "error": f"cannot write {folder}: {exc.strerror}"}
+    named = os.path.join(folder, f"busy-{host}.run")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = (_read(named, 80) or b"").decode(errors="replace").strip()
+        return {"verb": "claim", "claimed": False, "held": True, "runs": [holder if RUN_ID.fullmatch(holder) else ""]}
+    others = sorted(r for r in scan({"proc": cfg.get("proc")})["runs"] if r != run)
+    if others:
+        return {"verb": "claim", "claimed": False, "held": False, "runs": others}
+    try:
+        fd = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.write(fd, f"{run}\n".encode())
+        os.close(fd)
+    except OSError as exc:
+        return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
+    _answer({"verb": "claim", "claimed": True, "runs": []})
+    while select.select([sys.stdin], [], [], hold)[0] and sys.stdin.readline():
+        pass  # held while heartbeats come; a closed stdin (the controller gone) or silence ends it
+    sys.exit(0)
+
+
+def _answer(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+VERBS = {"scan": scan, "stop": stop, "claim": claim}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) != 2 or argv[0] not in VERBS:
+            raise NodeError(f"usage: node.py {{{','.join(VERBS)}}} '<config JSON>' (got {' '.join(argv[:1]) or 'nothing'})")
+        try:
+            cfg = json.loads(argv[1])
+        except ValueError:
+            raise NodeError(f"the {argv[0]} config is not JSON") from None
+        if not isinstance(cfg, dict):
+            raise NodeError(f"the {argv[0]} config is not a JSON object")
+        run = cfg.get("run")
+        if (argv[0] != "scan" or run) and not (isinstance(run, str) and RUN_ID.fullmatch(run) and set(run) != {"."}):
+            raise NodeError(f"{argv[0]}: run {run!r} is empty or not a run id")
+        for key in ("grace_s", "hold_s"):
+            value = cfg.get(key, 10)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+                raise NodeError(f"{argv[0]}: {key} {value!r} is not a number of seconds from 0 to 3600")
+        if cfg.get("run_dir") is not None and not os.path.isabs(str(cfg["run_dir"])):
+            raise NodeError(f"{argv[0]}: run_dir {cfg['run_dir']!r} is not an absolute path")
+        _answer(VERBS[argv[0]](cfg))
+    except (NodeError, KeyError, TypeError) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"node.py: {what}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
