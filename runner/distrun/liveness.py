@@ -27,8 +27,6 @@ from .runs import RecordError, Run
 
 PROBE_RE = re.compile(r"^DISTRUN_PROBE (.*)$", re.M)
 PROBE_TIMEOUT_S = 30
-# distrun's exit code when no launch host of a run answers: the run may go on without distrun.
-CONTACT_LOST = 6
 # Where the rank wrapper leaves one marker per started rank, in the run directory.
 STARTED_DIR = "started"
 
