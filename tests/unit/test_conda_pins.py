@@ -98,7 +98,7 @@ def test_the_runner_refuses_only_conda_hosts() -> None:
 
 
 def test_a_solvable_conda_inventory_is_read(tmp_path: Path, cli_env: dict[str, str]) -> None:
-    """The refusal is no blanket one: Python 3.9 keeps the seed clusters' Open MPI 4.0.5."""
+    """The refusal is no blanket one: Python 3.9 keeps the wiki's Open MPI 4.0.5."""
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "all.yml").write_text(
         'distrun_mpi_provider: conda\nmpi_env_conda_python_version: "3.9"\nmpi_env_conda_openmpi_version: "4.0.5"\n')
