@@ -111,7 +111,8 @@ def problems(hostvars: Any) -> list[str]:
     """What breaks the contract in each host's variables (``ansible-inventory --list``'s
     ``_meta.hostvars``), checked against role distrun's argument spec by Ansible's own validator:
     one line per host and variable. A value Ansible still has to template ("{{ ... }}") is left
-    to Ansible; a variable not set takes the role's default."""
+    to Ansible; a variable not set takes the role's default. Then the conda pins role mpi_env
+    would refuse (conda_pins_problems)."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # slow to import: only on a cache miss
 
     options = _options()
