@@ -12,10 +12,10 @@ from pathlib import Path
 
 from . import controller, paths
 from .ending import RunEnd
-from .errors import UserError
+from .errors import ExitCode, UserError
 from .inventory import load_cluster
 from .listener import Listener
-from .liveness import CONTACT_LOST, read, recorded_plan
+from .liveness import read, recorded_plan
 from .runs import load_run
 
 
@@ -37,7 +37,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     state = read(cluster, plan)
     if state.state == "unreachable":
         raise UserError(f"run {run.id}: {state.reason}; the run may still be going: attach again when its nodes answer",
-                        exit_code=CONTACT_LOST)
+                        exit_code=ExitCode.CONTACT_LOST)
     run.follow_here()
     listener.attached(run)
     end = RunEnd(run, inventory, listener)
@@ -61,7 +61,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
         if after.state == "unreachable":
             run.let_go()
             listener.contact_lost(run, after.reason)
-            return CONTACT_LOST
+            return ExitCode.CONTACT_LOST
     if outcome.rc != 0:
         if outcome.host:
             listener.node_failed(outcome.reason)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import nodeprog
-from .errors import UserError
+from .errors import ExitCode, UserError
 from .inventory import Cluster
 from .planning import JobRequest, make_plan
 from .remote import as_user, open_masters, shell_argv
@@ -33,7 +33,6 @@ HEARTBEAT_S = 5
 # Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
 HOLD_S = 20
 ANSWER_TIMEOUT_S = 30
-BUSY_EXIT = 2
 # Where the claim looks for the processes of other runs (one folder per process, as in /proc).
 PROC = "/proc"
 
@@ -116,7 +115,7 @@ def refusal(answers: list[Answer]) -> UserError:
     how = "starting there now" if all(a.held for a in busy) else "running there now"
     stop = f"stop it with 'distrun stop {runs[0]}'" if runs else "stop it with 'distrun stop RUN'"
     return UserError(f"{hosts} {'is' if len(busy) == 1 else 'are'} busy with {named} ({how}): wait for it to end, "
-                     f"{stop}, or pass --allow-concurrent", exit_code=BUSY_EXIT)
+                     f"{stop}, or pass --allow-concurrent", exit_code=ExitCode.USAGE)
 
 
 def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:

@@ -45,7 +45,11 @@ UNREACHABLE = "unreachable: "
 REFUSED = "refused: "
 CAPPED = "capped: "
 FINAL = (UNREACHABLE, REFUSED, CAPPED)
-_REFUSED_EXIT = 3
+# The pull's shell on the node exits with this when the run dir is a link or outside the runs
+# folder: a code of that protocol, not one of distrun's own (those are errors.ExitCode).
+_REFUSED_RC = 3
+# ssh's own exit status when it could not reach the node (or the connection broke).
+_SSH_FAILED_RC = 255
 # Files of the job's own up to this size come home with its logs; bigger ones stay, listed.
 SMALL_BYTES = 1 << 20
 # Logs by their name, wherever the job writes them and whatever their size.
@@ -171,7 +175,7 @@ def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection,
         'name="${d##*/}"; '
         'if [ -L "$d" ] || [ -L "$r" ] || [ ! -d "$d" ] || '
         '[ "$(cd -P -- "$d" 2>/dev/null && pwd)" != "$(cd -P -- "$r/.." 2>/dev/null && pwd)/${r##*/}/$name" ]; '
-        f'then echo "$d is a link or not a folder inside $r" >&2; exit {_REFUSED_EXIT}; fi; '
+        f'then echo "$d is a link or not a folder inside $r" >&2; exit {_REFUSED_RC}; fi; '
         'cd -P -- "$d" || exit 1; '
         + listing
         + "printf '\\0'; "
@@ -283,9 +287,9 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            if proc.returncode == _REFUSED_EXIT:
+            if proc.returncode == _REFUSED_RC:
                 return REFUSED + _last_line(proc)
-            if proc.returncode == 255 and node.connection != "local":
+            if proc.returncode == _SSH_FAILED_RC and node.connection != "local":
                 return f"{UNREACHABLE}{_last_line(proc) or 'ssh failed'}"
             return f"unpacking failed: {exc}"
     finally:
@@ -302,11 +306,11 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
         return (f"{CAPPED}stopped after {timeout_s:.0f}s with {out.files} file(s) ({_size(out.bytes)}); "
                 f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_TIMEOUT_S to wait longer)")
     rc = proc.wait()
-    if rc == _REFUSED_EXIT:
+    if rc == _REFUSED_RC:
         return REFUSED + _last_line(proc)
     if rc != 0:
         why = _last_line(proc) or f"exit {rc}"
-        return (f"{UNREACHABLE}{why}" if rc == 255 and node.connection != "local" else why)
+        return (f"{UNREACHABLE}{why}" if rc == _SSH_FAILED_RC and node.connection != "local" else why)
     return None
 
 

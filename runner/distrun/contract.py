@@ -11,7 +11,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from . import paths
+from . import paths, rules, slurm_site
 from .errors import UserError
 
 HEAD_GROUP = "head"
@@ -68,11 +68,51 @@ def distro_mpi_prefix(os_family: str) -> str:
     return str(_load(str(path))["_mpi_env_distro_mpi_prefix"])
 
 
+@functools.cache
+def _mpi_env_defaults() -> dict[str, Any]:
+    return _load("roles/mpi_env/defaults/main.yml")
+
+
+def _given(values: dict[str, Any], name: str, fallback: Any) -> Any:
+    """A host's value of a variable, else ``fallback``; a template only Ansible renders counts as unset."""
+    value = values.get(name)
+    return fallback if value is None or "{{" in str(value) else value
+
+
+def conda_pins_problems(hostvars: Any) -> list[str]:
+    """Conda pins role mpi_env would refuse on a conda host (rules.conda_pins, the role's own
+    check), said before any play runs: one line per problem, naming the hosts that have it."""
+    defaults = _mpi_env_defaults()
+    found: dict[str, list[str]] = {}
+    for host, values in sorted((hostvars or {}).items()):
+        if not isinstance(values, dict) or slurm_site.existing(values):
+            continue  # no setup there: the env is the user's own
+        provider = _given(values, "mpi_env_provider", _given(values, "distrun_mpi_provider", default("distrun_mpi_provider")))
+        if provider != "conda":
+            continue
+        pins = [values.get(name, defaults[name]) for name in ("mpi_env_conda_python_version", "mpi_env_conda_openmpi_version")]
+        if any("{{" in str(pin) for pin in pins):
+            continue  # only Ansible knows what a template gives
+        problem = rules.conda_pins(*pins)
+        if problem:
+            found.setdefault(problem, []).append(host)
+    return [f"{_hosts(hosts)}: {problem}" for problem, hosts in found.items()]
+
+
+def _hosts(names: list[str]) -> str:
+    """'host a', 'hosts a, b, c', 'hosts a, b, c and 9 more': one line however large the cluster."""
+    if len(names) == 1:
+        return f"host {names[0]}"
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"hosts {', '.join(names[:3])}{more}"
+
+
 def problems(hostvars: Any) -> list[str]:
     """What breaks the contract in each host's variables (``ansible-inventory --list``'s
     ``_meta.hostvars``), checked against role distrun's argument spec by Ansible's own validator:
     one line per host and variable. A value Ansible still has to template ("{{ ... }}") is left
-    to Ansible; a variable not set takes the role's default."""
+    to Ansible; a variable not set takes the role's default. Then the conda pins role mpi_env
+    would refuse (conda_pins_problems)."""
     from ansible.module_utils.common.arg_spec import ArgumentSpecValidator  # slow to import: only on a cache miss
 
     options = _options()
@@ -86,4 +126,4 @@ def problems(hostvars: Any) -> list[str]:
         spec = {k: options[k] for k in given}
         for message in ArgumentSpecValidator(spec).validate(given).error_messages:
             out.append(f"host {host}: {message}")
-    return out
+    return out + conda_pins_problems(hostvars)

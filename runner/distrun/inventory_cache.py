@@ -90,8 +90,8 @@ def cache_key(path: Path) -> str | None:
     if files is None:
         return None
     h = hashlib.sha256()
-    # "contract checked": an answer is kept only once the runner checked the contract in it.
-    h.update(f"{path}\0{_versions()}\0contract checked\0".encode())
+    # An answer is kept only once the runner checked the contract (and the conda pins) in it.
+    h.update(f"{path}\0{_versions()}\0contract and conda pins checked\0".encode())
     for k in sorted(k for k in os.environ if k.startswith(_ENV_PREFIXES)):
         h.update(f"env {k}={os.environ[k]}\0".encode())
     cfg = _ansible_cfg()

@@ -28,8 +28,6 @@ from .runs import RecordError, Run
 
 PROBE_RE = re.compile(r"^DISTRUN_PROBE (.*)$", re.M)
 PROBE_TIMEOUT_S = 30
-# distrun's exit code when no launch host of a run answers: the run may go on without distrun.
-CONTACT_LOST = 6
 
 
 @dataclass

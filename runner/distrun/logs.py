@@ -21,7 +21,7 @@ from .errors import ExitCode, UserError
 from .inventory import Cluster, load_cluster
 from .launchers import LAUNCHERS, launcher_named
 from .launchers.base import fill
-from .liveness import CONTACT_LOST, ClusterState, read, recorded_plan
+from .liveness import ClusterState, read, recorded_plan
 from .plan import JobPlan
 from .remote import as_user, shell_argv
 from .runs import Run, load_run
@@ -89,7 +89,7 @@ class _Watch:
             state = live_state(self.run)
             if state.state == "unreachable":  # not an end: nothing can be said, and that is a failure
                 raise UserError(f"run {self.run.id}: {state.reason}; the run may still be going: 'distrun status "
-                                f"{self.run.id}' when its nodes answer", exit_code=CONTACT_LOST)
+                                f"{self.run.id}' when its nodes answer", exit_code=ExitCode.CONTACT_LOST)
             self.last = state.state == "running"
         return self.last
 
@@ -181,7 +181,7 @@ def _remote_launcher(run: Run, skip: int) -> Iterator[str]:
     state = read(cluster, plan)
     if state.state == "unreachable":
         raise UserError(f"run {run.id}: {state.reason}; the run may still be going: try again when its nodes answer",
-                        exit_code=CONTACT_LOST)
+                        exit_code=ExitCode.CONTACT_LOST)
     if state.state == "lost":
         raise UserError(f"run {run.id} is lost: {state.reason}", exit_code=1)
     node = next(n for n in cluster.nodes if n.name == plan.head.name)

@@ -131,6 +131,38 @@ def mpi_prefix(provider: str, env_prefix: str, distro_prefix: str) -> str:
     return env_prefix if provider == "conda" else distro_prefix
 
 
+# The Open MPI a conda env gets where the pins below cannot be solved (role mpi_env's default).
+CONDA_OPENMPI_SOLVES = "4.1.6"
+
+
+def _release(value: object) -> tuple[int, ...]:
+    """The leading numbers of a conda version ("3.11", "4.0.5", "4.0.*" -> (4, 0)); () when none."""
+    numbers: list[int] = []
+    for part in str(value).strip().split("."):
+        if not part.isdigit():
+            break
+        numbers.append(int(part))
+    return tuple(numbers)
+
+
+def conda_pins(python: object, openmpi: object) -> str:
+    """What is wrong with role mpi_env's conda pins ('' when nothing known is). conda-forge builds
+    mpi4py for Python 3.10 and newer only against Open MPI 4.1 or newer, whose run_exports then
+    require ``openmpi >=4.1``: Python 3.10+ beside Open MPI 4.0.x (or older) cannot be solved
+    (the recipe lines: roles/mpi_env/README.md, "Which pins solve"). YAML and INI read a bare
+    3.10 as the number 3.1, a Python no Open MPI 4 env has: such a number is refused too."""
+    if isinstance(python, float) and (3, 0) <= _release(python) < (3, 6):
+        return (f"mpi_env_conda_python_version is the number {python} (a bare 3.10 reads as 3.1), a Python "
+                "conda-forge has no mpi4py for; write the version as a string: \"3.10\" in YAML, '\"3.10\"' in INI")
+    py, ompi = _release(python), _release(openmpi)
+    if len(py) >= 2 and py[:2] >= (3, 10) and len(ompi) >= 2 and ompi[:2] < (4, 1):
+        return (f"mpi_env_conda_python_version={python} with mpi_env_conda_openmpi_version={openmpi} cannot be "
+                "solved on conda-forge (no mpi4py for Python 3.10+ is built against Open MPI older than 4.1): set "
+                f"mpi_env_conda_openmpi_version to \"{CONDA_OPENMPI_SOLVES}\", or mpi_env_conda_python_version to "
+                f"\"3.9\" to keep Open MPI {openmpi}")
+    return ""
+
+
 def rank_order(workers: Iterable[str], head: str) -> list[str]:
     """The order hosts take ranks in: the head first when it is a worker, then the others sorted
     (case-sensitive, as Python sorts), each once."""

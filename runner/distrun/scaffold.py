@@ -89,8 +89,12 @@ ansible_python_interpreter: /usr/bin/python3
 # The contract.
 distrun_user: distrun              # the unprivileged training user, created on every node
 distrun_shared_dir: /srv/distrun   # the folder every node sees: runs, workdirs, partitions
-distrun_shared_fs_mode: sync       # sync (rsync from the head) | nfs (server on the head) | sshfs
-distrun_mpi_provider: venv         # venv (the distro's Open MPI and a venv) | conda (Miniforge, openmpi=4.1.6)
+# sync (rsync from the head) | sshfs | external (the site's own) | nfs (server on the head): distrun's
+# tests run the first three; nfs is only rendered there (their machines cannot mount NFS).
+distrun_shared_fs_mode: sync
+# venv (the distro's Open MPI and a venv; run in distrun's tests) | conda (Miniforge, openmpi=4.1.6;
+# rendered there and run against a test-double installer: no real conda solve).
+distrun_mpi_provider: venv
 
 # Python packages in the env. The default workload ('distrun train' with no --workload) is the
 # Jittor GCN over Metis parts: it needs jittor and pymetis, and Jittor compiles its kernels with
@@ -109,6 +113,10 @@ base_packages_extra: [g++, python3-dev]
 # distrun_env_prefix: {contract.env_prefix_default("conda")}
 # mpi_env_conda_channels: [conda-forge]
 # mpi_env_conda_installer_checksum: "sha256:<hex of the Miniforge installer>"
+# The env pins python 3.11 and openmpi 4.1.6; the wiki's openmpi 4.0.5 solves only beside
+# Python 3.9 or older (other pins that cannot be solved are refused before any play runs):
+# mpi_env_conda_python_version: "3.9"
+# mpi_env_conda_openmpi_version: "4.0.5"
 
 # nfs: the training user needs the same uid on every node.
 # base_user_uid: 2000

@@ -19,13 +19,13 @@ from .check import PREFLIGHT_FACT, preflight_vars, report_of
 from .collect import collect_hosts
 from .diagnosis import failed_host
 from .ending import RunEnd, collect_limits
-from .errors import UserError
+from .errors import ExitCode, UserError
 from .follow import Outcome, Starter
 from .inventory import Cluster
 from .judge import blamed, from_dicts, network_changed, refusal
 from .launchers import launcher_named
 from .listener import EventHandler, Listener
-from .liveness import CONTACT_LOST, out_of_contact, probe, wait_started
+from .liveness import out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
 from .project import commands, load_project, make_ready, pull_command, record_pulls
@@ -314,7 +314,7 @@ class _Run:
                         self.left_running = True
                         run.let_go()
                         listener.contact_lost(run, why)
-                        return CONTACT_LOST
+                        return ExitCode.CONTACT_LOST
                 if outcome.host:
                     listener.node_failed(outcome.reason)
                     self.end.lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")

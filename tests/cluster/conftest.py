@@ -45,6 +45,23 @@ def distrun(*args: str, env_extra: dict | None = None, timeout: int = 1500) -> C
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+def new_train_run(home: Path, before: set[Path]) -> Path | None:
+    """The newest train record in ``home`` that is not in ``before`` (None when there is none)."""
+    runs = sorted(set((home / "runs").glob("*-train-*")) - before, key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs else None
+
+
+def train_program(home: Path, program: Path, text: str, env_extra: dict[str, str]) -> tuple[CliResult, Path]:
+    """`distrun train --script` of ``text`` (written to ``program``) on the test inventory, with
+    ``env_extra`` in distrun's environment: its result and the run record it made."""
+    program.write_text(text)
+    before = set((home / "runs").glob("*-train-*"))
+    result = distrun("train", "--inventory", "test", "--script", str(program), env_extra=env_extra, timeout=600)
+    run = new_train_run(home, before)
+    assert run is not None, result.stdout[-3000:] + result.stderr[-2000:]
+    return result, run
+
+
 def start_distrun(*args: str, log: TextIO) -> subprocess.Popen:
     """distrun started in the background, its output to ``log``, with SIGINT at its default
     (a shell's background jobs, as in CI, start with it ignored): for tests that interrupt it."""

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
 
-from .conftest import distrun
+from .conftest import distrun, train_program
 from .hostile import TALLY
 
 HOME = "/home/distrun"
@@ -36,11 +35,6 @@ MANY_FILES = textwrap.dedent("""
 """)
 
 
-def _new_train_run(home: Path, before: set[Path]) -> Path | None:
-    runs = sorted(set((home / "runs").glob("*-train-*")) - before, key=lambda p: p.stat().st_mtime)
-    return runs[-1] if runs else None
-
-
 def test_a_module_planted_in_the_home_cannot_forge_what_check_reports(provisioned, tmp_path):
     script = tmp_path / "plant_json.py"
     script.write_text(PLANT_JSON)
@@ -60,13 +54,7 @@ def test_a_module_planted_in_the_home_cannot_forge_what_check_reports(provisione
 
 
 def test_collect_stops_at_its_file_cap_and_says_where_the_rest_is(provisioned, distrun_home, tmp_path):
-    script = tmp_path / "many_files.py"
-    script.write_text(MANY_FILES)
-    before = set((distrun_home / "runs").glob("*-train-*"))
-    res = distrun("train", "--inventory", "test", "--script", str(script),
-                  env_extra={"DISTRUN_COLLECT_MAX_FILES": "100"}, timeout=600)
-    run = _new_train_run(distrun_home, before)
-    assert run is not None, res.stdout[-3000:] + res.stderr[-2000:]
+    res, run = train_program(distrun_home, tmp_path / "many_files.py", MANY_FILES, {"DISTRUN_COLLECT_MAX_FILES": "100"})
     assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]  # the job's own exit code is kept
     run_dir = f"/srv/distrun/runs/{run.name}"
     capped = [ln for ln in res.stderr.splitlines() if ln.startswith("collect from node1 incomplete:")]

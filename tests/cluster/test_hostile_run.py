@@ -15,9 +15,8 @@ import secrets
 import textwrap
 import threading
 import time
-from pathlib import Path
 
-from .conftest import distrun, run_processes
+from .conftest import distrun, new_train_run, run_processes, train_program
 from .hostile import TALLY
 
 ATTACKS: list[tuple[str, bool]] = []
@@ -66,19 +65,8 @@ SLEEPER = textwrap.dedent("""
 """)
 
 
-def _new_train_run(home: Path, before: set[Path]) -> Path | None:
-    runs = sorted(set((home / "runs").glob("*-train-*")) - before, key=lambda p: p.stat().st_mtime)
-    return runs[-1] if runs else None
-
-
 def test_a_run_dir_replaced_by_a_link_or_over_the_cap_is_not_followed(provisioned, distrun_home, tmp_path):
-    script = tmp_path / "link_and_fill.py"
-    script.write_text(LINK_AND_FILL)
-    before = set((distrun_home / "runs").glob("*-train-*"))
-    result = distrun("train", "--inventory", "test", "--script", str(script),
-                     env_extra={"DISTRUN_COLLECT_MAX_MB": "1"}, timeout=600)
-    run = _new_train_run(distrun_home, before)
-    assert run is not None, result.stdout[-3000:] + result.stderr[-2000:]
+    result, run = train_program(distrun_home, tmp_path / "link_and_fill.py", LINK_AND_FILL, {"DISTRUN_COLLECT_MAX_MB": "1"})
     run_dir = f"/srv/distrun/runs/{run.name}"
     try:
         # The job's own exit code is kept: collect's refusals do not change it.
@@ -137,7 +125,7 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
         run = None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and run is None:
-            r = _new_train_run(distrun_home, before)
+            r = new_train_run(distrun_home, before)
             log = r / "launcher.log" if r else None
             if log and log.is_file() and len(re.findall(r"SCRIPT rank=\d", log.read_text(errors="replace"))) == 3:
                 run = r

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import textwrap
 import threading
 import time
@@ -104,27 +105,32 @@ def test_a_failing_rank_fails_the_run_and_leaves_nothing_running(provisioned, di
     assert not run_processes(provisioned, run.name)
 
 
-def test_ctrl_c_while_the_run_starts_ends_it_as_interrupted(provisioned, distrun_home, tmp_path):
-    """SIGINT while run.yml checks and stages the nodes: exit 130 'interrupted', whatever had
-    started is stopped, and no step is blamed for it (no 'staging failed', no refused collect)."""
-    import signal
-
+def _signal_a_sleeping_run(tmp_path: Path, seen: str, sig: int, within_s: float, poll_s: float,
+                           end_s: float) -> tuple[int, str]:
+    """Start `distrun train` of a job whose ranks sleep 10 minutes, send it ``sig`` once ``seen`` is in
+    its output (within ``within_s``); its exit status (within ``end_s`` of the signal) and output."""
     script = tmp_path / "sleeps.py"
     script.write_text(MPI_SCRIPT)
     log = tmp_path / "cli.log"
     with log.open("w") as out:
         proc = start_distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=600", log=out)
         try:
-            deadline = time.monotonic() + 120
-            while "Probe env" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.02)
-            assert "Probe env" in log.read_text(), log.read_text()[-3000:]
-            proc.send_signal(signal.SIGINT)
-            rc = proc.wait(timeout=120)
+            deadline = time.monotonic() + within_s
+            while seen not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(poll_s)
+            assert seen in log.read_text(), log.read_text()[-3000:]
+            proc.send_signal(sig)
+            rc = proc.wait(timeout=end_s)
         finally:
             if proc.poll() is None:
                 proc.kill()
-    text = log.read_text()
+    return rc, log.read_text()
+
+
+def test_ctrl_c_while_the_run_starts_ends_it_as_interrupted(provisioned, distrun_home, tmp_path):
+    """SIGINT while run.yml checks and stages the nodes: exit 130 'interrupted', whatever had
+    started is stopped, and no step is blamed for it (no 'staging failed', no refused collect)."""
+    rc, text = _signal_a_sleeping_run(tmp_path, "Probe env", signal.SIGINT, within_s=120, poll_s=0.02, end_s=120)
     assert rc == 130, text[-3000:]
     assert "interrupted" in text and "staging failed" not in text and "refused" not in text, text[-3000:]
     run = _latest_run(distrun_home)
@@ -136,24 +142,7 @@ def test_ctrl_c_while_the_run_starts_ends_it_as_interrupted(provisioned, distrun
 def test_sigterm_while_the_run_is_followed_ends_it_as_ctrl_c_does(provisioned, distrun_home, tmp_path):
     """SIGTERM ('timeout 1200 distrun train ...') once every rank runs: every rank is stopped on
     every node, the logs are collected, the record says stopped, and distrun exits 143."""
-    import signal
-
-    script = tmp_path / "sleeps.py"
-    script.write_text(MPI_SCRIPT)
-    log = tmp_path / "cli.log"
-    with log.open("w") as out:
-        proc = start_distrun("train", "--inventory", "test", "--script", str(script), "--env", "SLEEP=600", log=out)
-        try:
-            deadline = time.monotonic() + 240
-            while "SCRIPT rank=2" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.1)
-            assert "SCRIPT rank=2" in log.read_text(), log.read_text()[-3000:]
-            proc.send_signal(signal.SIGTERM)
-            rc = proc.wait(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    text = log.read_text()
+    rc, text = _signal_a_sleeping_run(tmp_path, "SCRIPT rank=2", signal.SIGTERM, within_s=240, poll_s=0.1, end_s=180)
     assert rc == 143, text[-3000:]
     assert "stopping every rank on every node" in text, text[-3000:]
     run = _latest_run(distrun_home)

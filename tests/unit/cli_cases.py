@@ -230,3 +230,32 @@ add("YAML variable given twice", lambda t: ["hostfile", "-i", write(t, "h.yml",
     "all:\n  children:\n    head:\n      hosts:\n        w1: {ansible_host: 192.0.2.1, ansible_host: 192.0.2.9}\n"
     "    workers:\n      hosts:\n        w1:\n")], ("duplicate mapping key 'ansible_host'", "h.yml", "give each key once"),
     reads_inventory=True)
+
+# --- conda pins conda-forge cannot solve: refused before any play runs ------------------------------
+
+
+def conda_inventory(words: list[str], group_vars: str, host_vars: str = "") -> Argv:
+    def argv(t: Path) -> list[str]:
+        write(t, "inv/group_vars/all.yml", group_vars)
+        return [words[0], "-i", write(t, "inv/hosts.ini", f"[head]\na ansible_host=192.0.2.1 {host_vars}\n[workers]\na\n"),
+                *words[1:]]
+    return argv
+
+
+UNSOLVABLE = ("mpi_env_conda_python_version=3.11 with mpi_env_conda_openmpi_version=4.0.5 cannot be solved",
+              'set mpi_env_conda_openmpi_version to "4.1.6"', 'mpi_env_conda_python_version to "3.9"', "inv/hosts.ini",
+              "host a")
+for words in [["setup"], ["check"], ["train", "--dry-run"], ["train", "--launcher", "torchrun", "--workload", "ddp"]]:
+    add(f"{' '.join(words)}: conda python 3.11 with openmpi 4.0.5", conda_inventory(words,
+        'distrun_mpi_provider: conda\nmpi_env_conda_python_version: "3.11"\nmpi_env_conda_openmpi_version: "4.0.5"\n'),
+        UNSOLVABLE, reads_inventory=True)
+add("setup: conda openmpi 4.0.5 beside the default python", conda_inventory(["setup"],
+    'distrun_mpi_provider: conda\nmpi_env_conda_openmpi_version: "4.0.5"\n'), UNSOLVABLE, reads_inventory=True)
+add("train: conda python 3.12 with openmpi 4.0.x as a host var", conda_inventory(["train", "--dry-run"],
+    "distrun_mpi_provider: conda\n", "mpi_env_conda_python_version=3.12 mpi_env_conda_openmpi_version=4.0.*"),
+    ("mpi_env_conda_python_version=3.12 with mpi_env_conda_openmpi_version=4.0.* cannot be solved", "host a"),
+    reads_inventory=True)
+add("setup: conda python as a bare INI number", conda_inventory(["setup"], "distrun_mpi_provider: conda\n",
+    "mpi_env_conda_python_version=3.10"),
+    ("mpi_env_conda_python_version is the number 3.1", "a bare 3.10 reads as 3.1", "'\"3.10\"' in INI",
+     "inv/hosts.ini"), reads_inventory=True)

@@ -68,3 +68,12 @@ def test_one_mpi_prefix_rule():
     # The distro's Open MPI lives where role mpi_env's vars say; the runner loads those files.
     assert homes(r"_mpi_env_distro_mpi_prefix:") == {"roles/mpi_env/vars/Debian.yml", "roles/mpi_env/vars/RedHat.yml"}
     assert homes(r"""["']/usr["']""") == set()
+
+
+def test_one_conda_pins_rule():
+    # Which conda pins cannot be solved is written once: the runner's inventory check and role
+    # mpi_env's assert both ask distrun.rules.conda_pins.
+    assert homes(r"cannot be\W+solved on conda-forge") == {RULES}
+    assert homes(r"version\(['\"]4\.1['\"]") == set()
+    assert "distrun_conda_pins(" in (REPO / "roles/mpi_env/tasks/assert.yml").read_text()
+    assert "rules.conda_pins(" in (REPO / "runner/distrun/contract.py").read_text()

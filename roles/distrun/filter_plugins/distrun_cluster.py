@@ -144,6 +144,7 @@ class FilterModule:
             "distrun_gpu_count": gpu_count,
             "distrun_slots": slots,
             "distrun_mpi_prefix": rules.mpi_prefix,
+            "distrun_conda_pins": rules.conda_pins,
             "distrun_rank_order": rules.rank_order,
             "distrun_hostfile": hostfile,
             "distrun_preflight_report": preflight_report,
