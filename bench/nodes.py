@@ -119,11 +119,11 @@ class Nodes:
         self.home.mkdir(mode=0o700)
         self.n_cp = 0
 
-    def env(self) -> dict:
+    def env(self, extra: dict | None = None) -> dict:
         self.n_cp += 1
         cp = self.tmp / f"cp{self.n_cp}"
         cp.mkdir()
-        return {**os.environ, "COLUMNS": "200", "DISTRUN_HOME": str(self.home), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)}
+        return {**os.environ, "COLUMNS": "200", "DISTRUN_HOME": str(self.home), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp), **(extra or {})}
 
     def write_inventories(self, cluster: podcluster.Cluster, sizes: list[int]) -> None:
         import yaml
@@ -149,8 +149,8 @@ class Nodes:
         say(f"setup {label:<40} {n:>3} nodes {wall:7.1f} s changed={row['changed']} rc={proc.returncode}")
         return row
 
-    def check(self, n: int) -> dict:
-        proc, wall = run([DISTRUN, "check", "--inventory", self.hosts(n), "--json"], env=self.env(), timeout=900)
+    def check(self, n: int, extra: dict | None = None) -> dict:
+        proc, wall = run([DISTRUN, "check", "--inventory", self.hosts(n), "--json"], env=self.env(extra), timeout=900)
         row: dict = {"wall_s": round(wall, 2), "rc": proc.returncode, "json_bytes": len(proc.stdout)}
         try:
             out = json.loads(proc.stdout)
@@ -168,9 +168,9 @@ class Nodes:
             + "".join(f"\n    {f}" for f in row["failures"][:8]))
         return row
 
-    def train(self, n: int, script: Path, *extra: str) -> dict:
+    def train(self, n: int, script: Path, *extra: str, env: dict | None = None) -> dict:
         proc, wall = run([DISTRUN, "train", "--inventory", self.hosts(n), "--script", str(script), *extra],
-                         env=self.env(), timeout=900)
+                         env=self.env(env), timeout=900)
         row: dict = {"wall_s": round(wall, 2), "rc": proc.returncode}
         m = RUN_ID.search(proc.stdout)
         timings = Path(m[2]) / "timings.json" if m else None
@@ -206,6 +206,14 @@ class Nodes:
         if detach.get("run_id"):
             row["stop"] = self.stop(detach["run_id"])
         return row
+
+    def fewer_forks(self, n: int) -> dict:
+        """check and train with fewer Ansible forks than nodes, as every cluster past 20 nodes
+        runs with ansible.cfg's forks = 20: the probes of one play no longer all run at once."""
+        forks = {"ANSIBLE_FORKS": str(max(1, n // 2))}
+        say(f"with ANSIBLE_FORKS={forks['ANSIBLE_FORKS']} on {n} nodes:")
+        return {"nodes": n, "forks": int(forks["ANSIBLE_FORKS"]), "check": self.check(n, forks),
+                "train": self.train(n, self.tmp / "one_second.py", env=forks)}
 
     def lost_node(self, cluster: podcluster.Cluster, n: int) -> dict:
         cluster.stop_node(n)
@@ -253,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                     result["rows"].append(bench.size(n))
                 except Exception as exc:  # noqa: BLE001 - a benchmark reports, it does not stop
                     result["rows"].append({"nodes": n, "error": f"{type(exc).__name__}: {exc}"})
+            try:
+                result["fewer_forks"] = bench.fewer_forks(sizes[-1])
+            except Exception as exc:  # noqa: BLE001 - a benchmark reports, it does not stop
+                result["fewer_forks"] = {"error": f"{type(exc).__name__}: {exc}"}
             result["lost"] = bench.lost_node(cluster, sizes[-1])
     finally:
         if cluster is not None:
