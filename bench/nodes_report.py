@@ -110,6 +110,7 @@ def console(data: dict) -> list[str]:
         out.append(f"target {fig}: {r:.2f}x of {sizes[0]} nodes (<= {TARGET_RATIO}) {'met' if met else 'NOT met'}")
     ff = false_failures(data)
     out.append(f"check failures with every node up: {len(ff)}" + "".join(f"\n  {x}" for x in ff))
+    out += _forks_lines(data)
     lost = data.get("lost")
     if lost:
         c, t = lost["check"], lost["train"]
@@ -152,6 +153,21 @@ def _lost_lines(data: dict) -> list[str]:
             f"{yes(t.get('names_it'))})."]
 
 
+def _forks_lines(data: dict) -> list[str]:
+    ff = data.get("fewer_forks")
+    if not ff or "error" in ff:
+        return [f"Fewer forks than nodes: not measured{': ' + ff['error'] if ff else ''}."]
+    c, t = ff["check"], ff["train"]
+    fails = c.get("failures") or []
+    out = [f"Fewer Ansible forks than nodes (`ANSIBLE_FORKS={ff['forks']}` on {ff['nodes']} nodes, as ansible.cfg's "
+           f"`forks = 20` on any cluster past 20 nodes): `check` {_f(c['wall_s'])} s, rc {c['rc']}, "
+           f"{len(fails)} failure(s) reported; `train` {_f(t['wall_s'])} s, rc {t['rc']}."]
+    out += [f"- `{x.replace('|', '/')}`" for x in fails[:6]] + ([f"- ... and {len(fails) - 6} more"] if len(fails) > 6 else [])
+    if t.get("error"):
+        out.append(f"- train: `{t['error'].strip().splitlines()[-1][:400]}`")
+    return out
+
+
 def render(data: dict | None) -> list[str]:
     out = ["## Scale on real nodes: the CLI's verbs on up to 16 light podman nodes", ""]
     if not data or not data.get("rows"):
@@ -178,7 +194,7 @@ def render(data: dict | None) -> list[str]:
     out += ["", "`check` twice in a row at each size with every node up: "
             + ("no failure reported in any run." if not ff else f"**{len(ff)} failure(s) reported**:")]
     out += [f"- `{x.replace('|', '/')}`" for x in ff]
-    out += [""] + _lost_lines(data) + ["", *projection(table, sizes), ""]
+    out += [""] + _lost_lines(data) + [""] + _forks_lines(data) + ["", *projection(table, sizes), ""]
     return out
 
 

@@ -52,7 +52,11 @@ def test_only_check_and_the_launch_overhead_have_a_target_and_the_failures_are_l
 
 
 def test_the_section_renders_its_table_and_summary_rows():
-    text = "\n".join(report.render({**DATA, "machine": {}}))
+    forks = {"nodes": 16, "forks": 8, "check": {"wall_s": 30.0, "rc": 1, "failures": ["net/w9: refused"]},
+             "train": {"wall_s": 20.0, "rc": 3, "error": "x\ndistrun: error: preflight failed on w9"}}
+    text = "\n".join(report.render({**DATA, "machine": {}, "fewer_forks": forks}))
+    assert "`check` 30.00 s, rc 1, 1 failure(s) reported; `train` 20.00 s, rc 3." in text
+    assert "- train: `distrun: error: preflight failed on w9`" in text
     assert "| launch overhead (train − 1 s) | 2.00 | 2.50 | 3.30 | 1.65x |" in text
     assert "### Projection to 256 and 1,024 nodes" in text
     assert [r.split(" | ")[0] for r in report.summary_rows(DATA)] == [
