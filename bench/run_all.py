@@ -561,7 +561,7 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
     lines = ["# Benchmarks", "", header, "", "Numbers are single measurements on a 2-core VM under the load stated above; differences "
              "under ~10% are noise. Regenerate with `bench/run` (full, about 30 min) or `bench/run --quick` (< 8 min); "
              "each section also runs alone (`bench/cluster.py`, `bench/collect.py`, `bench/partition.py`, `bench/gdc.py`, "
-             "`bench/train.py`, `bench/scale.py`).", ""]
+             "`bench/train.py`, `bench/nodes.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
         lines += render_cluster(cluster)
