@@ -150,7 +150,11 @@ def _lost_lines(data: dict) -> list[str]:
     return [f"One unreachable node among {lost['nodes']} ({lost['stopped']}'s container stopped): `distrun check` "
             f"took {_f(c['wall_s'])} s (rc {c['rc']}; names it: {yes(c.get('names_it'))}), `distrun train` "
             f"{_f(t['wall_s'])} s (rc {t['rc']}; refused before launching: {yes(t.get('refused'))}; names it: "
-            f"{yes(t.get('names_it'))})."]
+            f"{yes(t.get('names_it'))}). Against the same `check` with every node up, and the 1.5x bound of its "
+            f"{min(data['sizes'])}-node figure: see the table. `train`'s refusal pays ssh's connect timeout to the "
+            "stopped node twice in a row, by the code's order: the claim on the run's hosts (ssh, `ConnectTimeout=10`, "
+            "after 3 s for the masters) answers before run.yml's probe task may start, and Ansible's own connection "
+            "then waits out `ANSIBLE_TIMEOUT` (10 s) again; `check` pays it once."]
 
 
 def _forks_lines(data: dict) -> list[str]:
@@ -162,7 +166,7 @@ def _forks_lines(data: dict) -> list[str]:
     out = [f"Fewer Ansible forks than nodes (`ANSIBLE_FORKS={ff['forks']}` on {ff['nodes']} nodes, as ansible.cfg's "
            f"`forks = 20` on any cluster past 20 nodes): `check` {_f(c['wall_s'])} s, rc {c['rc']}, "
            f"{len(fails)} failure(s) reported; `train` {_f(t['wall_s'])} s, rc {t['rc']}."]
-    out += [f"- `{x.replace('|', '/')}`" for x in fails[:6]] + ([f"- ... and {len(fails) - 6} more"] if len(fails) > 6 else [])
+    out += [f"- `{x.replace('|', '/')}`" for x in fails[:3]] + ([f"- ... and {len(fails) - 3} more"] if len(fails) > 3 else [])
     if t.get("error"):
         out.append(f"- train: `{t['error'].strip().splitlines()[-1][:400]}`")
     return out
@@ -178,14 +182,17 @@ def render(data: dict | None) -> list[str]:
     m = data.get("machine") or {}
     out += [f"`bench/nodes.py` on {m.get('date_utc', '?')} (load {m.get('load_1min_at_start', '?')} at start): "
             f"{sizes[-1]} light nodes (Debian 12 containers with systemd and sshd, brought up once in "
-            f"{_f(data.get('up_s'), 1)} s) on this 2-core machine; no more were tried (15 were up together before, "
-            "the issue's bound). An INI inventory with aliases (`alpha`, `w2` ..) per size lists the first N of "
+            f"{_f(data.get('up_s'), 1)} s) on this 2-core, 24 GiB machine, which held all {sizes[-1]} at once (the "
+            "issue's largest size; more were not tried). An INI inventory with aliases (`alpha`, `w2` ..) per size lists the first N of "
             "them; shared folder sshfs; Open MPI and a venv with mpi4py, nothing else (no torch, Jittor, Slurm). "
             f"One run: `setup` first at {sizes[0]}, then at {sizes[-1]} (its first {sizes[0]} already converged, "
             f"the other {sizes[-1] - sizes[0]} fresh); then per size `check` twice in a row, `train --script` of "
             "a 1-second mpi4py job three times, `train --detach` of a long job and `stop` of it. \"per node\" is "
             "the least-squares slope through the sizes; the model columns extend it linearly (modelled, not "
-            "measured: see below). Each figure is one run on a loaded 2-core machine: ±10% is noise.", ""]
+            "measured: see below). Each figure is one run on a loaded 2-core machine: ±10% is noise. Every node "
+            "and the controller share these 2 cores, so a figure here grows with the work of the whole cluster "
+            "(16 nodes' probes, ssh logins and ranks run on 2 cores), where on real nodes each node's share runs "
+            "on its own CPU: the ratios are an upper bound of what the same code costs on 16 machines.", ""]
     out += _setup_lines(data) + [""] + table_lines(table, sizes) + [""]
     for fig, r, met in verdicts(table):
         out.append(f"**Target** ({fig.replace('`', '')} at {sizes[-1]} nodes ≤ {TARGET_RATIO}x its {sizes[0]}-node "
@@ -193,8 +200,48 @@ def render(data: dict | None) -> list[str]:
     ff = false_failures(data)
     out += ["", "`check` twice in a row at each size with every node up: "
             + ("no failure reported in any run." if not ff else f"**{len(ff)} failure(s) reported**:")]
-    out += [f"- `{x.replace('|', '/')}`" for x in ff]
-    out += [""] + _lost_lines(data) + [""] + _forks_lines(data) + ["", *projection(table, sizes), ""]
+    out += [f"- `{x.replace('|', '/')}`" for x in ff[:6]] + ([f"- ... and {len(ff) - 6} more"] if len(ff) > 6 else [])
+    out += _failure_reading(ff + ((data.get("fewer_forks") or {}).get("check") or {}).get("failures", []))
+    out += [""] + _where_lines(data) + [""] + _lost_lines(data) + [""] + _forks_lines(data) + ["", *projection(table, sizes), ""]
+    return out
+
+
+def _failure_reading(failures: list[str]) -> list[str]:
+    """What the probe's words mean in these runs, where nothing was wrong with the network."""
+    out = ["", "Reading of these failures (nothing was wrong with the nodes' network; the second `check` right "
+           "after passed):"]
+    if any("another program answers" in f for f in failures):
+        out.append("- \"another program answers\" on the head's rendezvous port, where only the probe listens: the "
+                   "probe's listener greeted its callers one after another, and on loaded nodes the last of 15 "
+                   "waited longer for its greeting than it waits (1 s), which the caller took for another program. "
+                   "Changed since: each caller is greeted in its own thread, and a connection accepted without a "
+                   "greeting yet is called again until the deadline (`silent` if it never comes).")
+    if any("refused" in f for f in failures):
+        out.append("- \"refused\" between healthy nodes: a node's listener stops when every other node called or "
+                   "at twice `preflight_net_timeout` after its own probe started, and its calls retry a refusal as "
+                   "long; nodes whose probes start further apart than that miss each other. On these 16 loaded "
+                   "nodes the probes started over more than 16 s; with fewer Ansible forks than nodes the nodes "
+                   "past the first forks start only when the first ones have given up (the row below). Changed "
+                   "since: `distrun check` runs its play with one fork per node. The start spread under CPU "
+                   "starvation is not removed (raise `preflight_net_timeout` on a loaded controller).")
+    return out if len(out) > 2 else []
+
+
+def _where_lines(data: dict) -> list[str]:
+    """Where the time of check and train goes at each size (task spans and the run's phases)."""
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    probe = "Probe env, versions, shared folder, ssh, names and ports as distrun"
+    out = ["Where the time goes (medians; the probe is one raw command per node: in `check` the full set, "
+           "with the ssh logins and TCP connections between every pair of nodes):", "",
+           "| nodes | `check`: probe s | `check`: gathering facts s | `train`: run.yml s | of which the probe s "
+           "| `train`: follow s |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in _ok(data.get("rows") or []):
+        c, t = r["check"], r["train"]
+        out.append(f"| {r['nodes']} | {_f(med([x['tasks'].get(probe) for x in c if (x.get('tasks') or {}).get(probe)]))} | "
+                   f"{_f(med([x['tasks'].get('Gathering Facts') for x in c if (x.get('tasks') or {}).get('Gathering Facts')]))} | "
+                   f"{_f(med([x['phases'].get('run.yml (preflight, stage)') for x in t if x.get('phases')]))} | "
+                   f"{_f(med([x['tasks'].get(probe) for x in t if (x.get('tasks') or {}).get(probe)]))} | "
+                   f"{_f(med([x['phases'].get('follow (ranks run)') for x in t if (x.get('phases') or {}).get('follow (ranks run)')]))} |")
     return out
 
 
@@ -205,43 +252,49 @@ def _model(table: list[dict], prefix: str) -> dict:
 def projection(table: list[dict], sizes: list[int]) -> list[str]:
     chk, ovh = _model(table, "`check`"), _model(table, "launch overhead")
     st1, st2 = _model(table, "`setup` first"), _model(table, "`setup` re-run")
-    rec = _model(table, "one train run's record")
+    rec, out = _model(table, "one train run's record"), _model(table, "`check --json`")
     g = lambda row, m: _f(row["model"].get(m), 0)  # noqa: E731
     return [
         "### Projection to 256 and 1,024 nodes", "",
-        f"Measured: the rows above, {sizes[0]} to {sizes[-1]} nodes. Modelled: the columns at 256 and 1,024, "
-        "a straight line through the measured sizes, and the limits below, which come from the code's "
-        "settings and the tools' documented behaviour. Below 20 nodes every host fits in one round of "
-        "Ansible's forks, so the measured slope is this 2-core controller's CPU per host (one forked "
-        "worker, one module or raw command, one event per host and task), not a fork limit.", "",
-        f"- **Ansible forks (`forks = 20` in ansible.cfg) break first for `setup`.** Past 20 hosts each task "
-        f"runs in ceil(N/20) rounds: 13 at 256 nodes, 52 at 1,024. The line gives a first converge of "
-        f"{g(st1, 256)} s and {g(st1, 1024)} s and a re-run of {g(st2, 256)} s and {g(st2, 1024)} s; with the "
-        "rounds, expect more. Raising `forks` (ANSIBLE_FORKS) moves it until the controller's cores and "
-        "memory (a worker process per fork) are the limit; a controller with more cores is the real setting.",
-        f"- **`check` and a run's preflight are one play too**, so the same fork rounds apply to them: the "
-        f"line gives `check` {g(chk, 256)} s and {g(chk, 1024)} s. Inside the probe, the full set (`check` "
-        "only) logs in from every node to every other (N(N−1) ssh logins: 65,280 at 256 nodes, 1,047,552 "
-        "at 1,024), at most 4 at a time per node in ring order (`SSH_FAN_OUT`), so each sshd sees about 4 "
-        "pending connections, under `MaxStartups` 10; each node's (N−1)/4 waves of about one login's time "
-        "(0.1–0.3 s here) make about 13 s at 256 nodes and 50 s at 1,024, against the preflight's ssh "
-        "timeout per login, not a deadline for all. The port probe of the full set also opens N(N−1) TCP "
-        "connections (every node to every other on Open MPI's range) with one deadline "
-        "(`preflight_net_timeout`, 8 s): at 1,024 nodes each node makes 1,023 calls and accepts as many, "
-        "which is what breaks first inside `check` (raise the timeout, or sample the pairs). `train`'s "
-        "preflight opens N−1 (every node to the head's rendezvous port) and the head's N−1 ssh banner "
-        "checks: linear, and the head's listener backlog and sshd `MaxStartups` set its limit.",
-        f"- **mpirun's launch tree.** Open MPI's rsh launcher starts its daemons by tree spawn, at most "
-        "`plm_rsh_num_concurrent` (128) ssh sessions at a time per launching daemon, so its own start grows "
-        f"with log N; the launch overhead's slope here ({_f(ovh['slope'], 3)} s per node) is mostly distrun's "
-        f"play and the per-node launch and follow, which the line gives as {g(ovh, 256)} s and "
-        f"{g(ovh, 1024)} s of overhead. torchrun starts one agent per node from the controller over the "
-        "ssh master distrun opens per node: N ssh masters on the controller (file descriptors, sshd "
-        "`MaxStartups` on nobody but each node: one each).",
-        f"- **Record sizes** grow with N: a train run's record (ansible-runner's events hold one per host "
-        f"and task) is modelled at {g(rec, 256)} KiB and {g(rec, 1024)} KiB; `check --json` grows with "
-        "checks x nodes. Neither is a limit at 1,024 nodes.",
-        "- **What moves it**: `forks` and the controller's cores for every play; `preflight_net_timeout` "
-        "and `preflight_ssh_timeout` for the full `check`; `SSH_FAN_OUT` in the probe against the nodes' "
-        "`MaxStartups`; `plm_rsh_num_concurrent` for mpirun.",
+        f"Measured: the tables above, {sizes[0]} to {sizes[-1]} nodes on one 2-core machine. Modelled: the model "
+        "columns (the measured line extended; an upper bound, since here every node's work shares the "
+        "controller's 2 cores) and everything below, which follows from the code's settings and the tools' "
+        "documented behaviour, not from a run. In the order they break:", "",
+        "1. **`check`'s network probe, at more nodes than Ansible forks (21 with ansible.cfg's `forks = 20`).** "
+        "The full probe needs every node's probe running at once: each node listens for every other and calls "
+        "every other, within one deadline. With fewer forks than nodes, the nodes past the first forks start "
+        "only when the first ones finish, after they stopped listening: every pair across the two groups is "
+        "reported refused (measured above with 8 forks on 16 nodes). `distrun check` now asks for one fork per "
+        "node; at 256 and 1,024 nodes that is 256 and 1,024 worker processes on the controller for one raw "
+        "task, which a large controller carries and a laptop does not. What would remove the limit: listeners "
+        "kept open until the last node's probe has called (a shared deadline from the play's start), or a "
+        "sampled pattern of pairs.",
+        "2. **`train`'s preflight at a few hundred nodes.** Every node calls the head's rendezvous port once "
+        "(N−1 connections, linear); the head's listener accepts with a backlog of 64 and now greets each "
+        "caller in a thread. With `forks = 20`, run.yml reaches the nodes in ceil(N/20) rounds (13 at 256, 52 "
+        "at 1,024) while the head's listener waits at most twice `preflight_net_timeout` (16 s) for callers: "
+        "with a round of about 0.5–1 s (a short probe), 13 rounds fit and 52 do not. Settings: `forks` at least the node count for run.yml "
+        "(ANSIBLE_FORKS), `preflight_net_timeout`.",
+        f"3. **`check`'s ssh mesh.** Every node logs in to every other: N(N−1) logins (65,280 at 256 nodes, "
+        "1,047,552 at 1,024), 4 at a time per node in ring order (`SSH_FAN_OUT`), so each sshd sees about 4 "
+        "unauthenticated connections at once, under `MaxStartups` 10 at any size. Per node that is (N−1)/4 "
+        "waves of one login each (0.1–0.3 s on idle nodes): about 13 s at 256 nodes and 50 s at 1,024, "
+        "linear and on every node at once; here, with all nodes on 2 cores, the whole mesh's CPU is serial, "
+        f"which is most of the probe's growth in the table above and of the modelled {g(chk, 256)} s and "
+        f"{g(chk, 1024)} s. Setting: `SSH_FAN_OUT` (with `MaxStartups` on the nodes).",
+        f"4. **`setup`: Ansible forks.** Below 20 nodes every host is in one round of forks; past it every task "
+        "runs in ceil(N/20) rounds. The measured slope (the controller's CPU per host and task, and here the "
+        f"nodes' too) gives a first converge of {g(st1, 256)} s and {g(st1, 1024)} s and a re-run of "
+        f"{g(st2, 256)} s and {g(st2, 1024)} s: hours at 1,024 nodes. Settings: `forks` and the controller's "
+        "cores (each fork a worker process); pipelining and ControlPersist are already on.",
+        f"5. **The launch.** The launch overhead grows {_f(ovh['slope'], 3)} s per node here "
+        f"({g(ovh, 256)} s and {g(ovh, 1024)} s modelled), mostly run.yml's probe and "
+        "following 16 ranks on 2 cores. mpirun starts its daemons by tree spawn, at most "
+        "`plm_rsh_num_concurrent` (128) ssh sessions at a time per launching daemon: its own start grows with "
+        "log N and needs ssh from node to node (the mesh `setup` installs). torchrun's agents are started per "
+        "node over the ssh master distrun holds per node: N masters on the controller (a process and file "
+        "descriptors each, under `ulimit -n` at 1,024).",
+        f"6. **Records.** A train run's record grows by {_f(rec['slope'], 1)} KiB per node (ansible-runner's "
+        f"events: one per host and task), modelled at {g(rec, 256)} KiB and {g(rec, 1024)} KiB; `check --json` "
+        f"at {g(out, 256)} KiB and {g(out, 1024)} KiB. Not a limit.",
     ]
