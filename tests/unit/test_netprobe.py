@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -190,3 +191,32 @@ def test_a_port_that_accepts_and_never_greets_is_silent_not_refused():
         mute.listen(8)  # the kernel accepts; nothing ever writes
         got = ns["call"]("node2", "n", "node1", ADDRESS["node1"], [port], time.monotonic() + 1.5)
     assert got["ok"] is False and got["error"] == "silent" and got["foreign"] is False
+
+
+def test_while_its_probe_is_busy_a_node_listens_and_calls_past_the_deadlines():
+    # On loaded nodes the probes start further apart than twice the timeout: a node still at its
+    # other checks keeps its listener open, and keeps calling a node that does not listen yet.
+    ns, nonce = _shipped(), f"unit-{os.getpid()}-{time.time_ns()}"
+    busy = threading.Event()
+    busy.set()
+    early_port, late_port = free_port(), free_port()
+    t0 = time.monotonic()
+    listener = ns["Listener"](nonce, "node1", [early_port], ["node2"], t0 + 0.3, ADDRESS["node1"], busy)
+    box: dict = {}
+    caller = threading.Thread(target=lambda: box.update(ns["call"](
+        "node1", nonce, "node2", ADDRESS["node2"], [late_port], t0 + 0.3, t0 + 0.6, busy)))
+    caller.start()
+    time.sleep(1.0)  # node2's probe starts now, past node1's deadlines
+    late = ns["Listener"](nonce, "node2", [late_port], ["node1"], time.monotonic() + 2, ADDRESS["node2"])
+    assert ns["call"]("node2", nonce, "node1", ADDRESS["node1"], [early_port], time.monotonic() + 2)["ok"]
+    caller.join(5)
+    busy.clear()
+    assert box == {"ok": True, "address": ADDRESS["node2"], "port": late_port}
+    assert listener.result()["seen"] == ["node2"] and late.result()["seen"] == ["node1"]
+
+
+def test_a_refused_call_ends_at_its_deadline_once_the_probe_is_done():
+    ns, port = _shipped(), free_port()
+    t0 = time.monotonic()
+    got = ns["call"]("node1", "n", "node2", ADDRESS["node2"], [port], t0 + 0.3, t0 + 0.6, threading.Event())
+    assert got["error"] == "refused" and time.monotonic() - t0 < 1.5
