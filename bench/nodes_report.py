@@ -222,8 +222,10 @@ def _failure_reading(failures: list[str]) -> list[str]:
                    "long; nodes whose probes start further apart than that miss each other. On these 16 loaded "
                    "nodes the probes started over more than 16 s; with fewer Ansible forks than nodes the nodes "
                    "past the first forks start only when the first ones have given up (the row below). Changed "
-                   "since: `distrun check` runs its play with one fork per node. The start spread under CPU "
-                   "starvation is not removed (raise `preflight_net_timeout` on a loaded controller).")
+                   "since: `distrun check` runs its play with one fork per node, and while a node's probe is still "
+                   "at its other checks (the ssh mesh: most of the probe's time at 16 nodes) its listener stays "
+                   "open and its calls retry a refusal. Not measured again on 16 nodes; a spread longer than "
+                   "the probe itself still misses (raise `preflight_net_timeout`).")
     return out if len(out) > 2 else []
 
 
