@@ -268,9 +268,10 @@ def projection(table: list[dict], sizes: list[int]) -> list[str]:
         "only when the first ones finish, after they stopped listening: every pair across the two groups is "
         "reported refused (measured above with 8 forks on 16 nodes). `distrun check` now asks for one fork per "
         "node; at 256 and 1,024 nodes that is 256 and 1,024 worker processes on the controller for one raw "
-        "task, which a large controller carries and a laptop does not. What would remove the limit: listeners "
-        "kept open until the last node's probe has called (a shared deadline from the play's start), or a "
-        "sampled pattern of pairs.",
+        "task, which a large controller carries and a laptop does not. The probe also keeps listening and "
+        "calling now while its other checks run, which covers a spread as long as the probe. What would "
+        "remove the limit: a deadline shared by every node (from the play's start), or a sampled pattern of "
+        "pairs.",
         "2. **`train`'s preflight at a few hundred nodes.** Every node calls the head's rendezvous port once "
         "(N−1 connections, linear); the head's listener accepts with a backlog of 64 and now greets each "
         "caller in a thread. With `forks = 20`, run.yml reaches the nodes in ceil(N/20) rounds (13 at 256, 52 "
@@ -282,7 +283,7 @@ def projection(table: list[dict], sizes: list[int]) -> list[str]:
         "unauthenticated connections at once, under `MaxStartups` 10 at any size. Per node that is (N−1)/4 "
         "waves of one login each (0.1–0.3 s on idle nodes): about 13 s at 256 nodes and 50 s at 1,024, "
         "linear and on every node at once; here, with all nodes on 2 cores, the whole mesh's CPU is serial, "
-        f"which is most of the probe's growth in the table above and of the modelled {g(chk, 256)} s and "
+        f"which likely accounts for most of the probe's growth in the table above and of the modelled {g(chk, 256)} s and "
         f"{g(chk, 1024)} s. Setting: `SSH_FAN_OUT` (with `MaxStartups` on the nodes).",
         f"4. **`setup`: Ansible forks.** Below 20 nodes every host is in one round of forks; past it every task "
         "runs in ceil(N/20) rounds. The measured slope (the controller's CPU per host and task, and here the "
