@@ -3,7 +3,7 @@
 
     bench/run [--quick] [--skip cluster] [--reuse DIR] [--out docs/benchmarks.md]
 
-Each section is its own script (bench/cluster.py, bench/partition.py, bench/gdc.py, bench/train.py,
+Each section is its own script (bench/cluster.py, bench/nodes.py, bench/partition.py, bench/gdc.py, bench/train.py,
 bench/scale.py) writing JSON into bench/results/ (git-ignored); this script prints each figure
 next to the comparison it belongs to and renders the Markdown. ``--reuse DIR`` renders sections
 whose JSON is already in DIR instead of measuring them again (the document says so).
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, machine, median, say  # noqa: E402
 
-SECTIONS = ("cluster", "collect", "partition", "gdc", "train", "scale")
+SECTIONS = ("cluster", "nodes", "collect", "partition", "gdc", "train", "scale")
 RESULTS = REPO / "bench" / "results"
 IMAGES = REPO / "docs" / "img"
 # distrun train / the same job started by hand, on a 10 s job (mpirun and torchrun alike).
@@ -45,6 +45,8 @@ def measure(section: str, quick: bool) -> tuple[int, float]:
         cmd = [py, "bench/collect.py", "--json", str(out)] + (["--quick"] if quick else [])
     elif section == "train":
         cmd = [py, "bench/train.py", "--json", str(out)] + (["--quick"] if quick else [])
+    elif section == "nodes":
+        cmd = [py, "bench/nodes.py", "--json", str(out), "--sizes", *(["3", "4"] if quick else ["3", "8", "16"])]
     elif section == "scale":
         cmd = [py, "bench/scale.py", "--json", str(out), "--sizes", *(["3", "1000"] if quick else ["3", "100", "1000", "5000"])]
     elif section == "gdc":
@@ -455,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += render_cluster(cluster)
     else:
         lines += ["## Cluster sections", "", "Skipped in this run (`--skip cluster`).", ""]
-    lines += render_collect() + render_partition(args.quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
+    lines += render_collect() + render_partition(args.quick) + render_gdc() + render_train(load("train"))
+    lines += bench_module("nodes_report").render(load("nodes")) + render_scale(load("scale"))
     lines += [NOT_MEASURED]
     args.out.write_text("\n".join(lines).rstrip() + "\n")
     say(f"wrote {args.out} ({total / 60:.1f} min)")
@@ -465,11 +468,12 @@ def main(argv: list[str] | None = None) -> int:
 
 # Sections that can be re-measured alone and spliced into an existing document: heading prefixes
 # of the blocks they replace, and the summary rows they own.
-SPLICEABLE = ("cluster", "collect", "partition", "gdc", "train")
-SPLICE_HEADINGS = {"partition": ("## Partition",), "gdc": ("## GDC",), "collect": ("## Collect",),
+SPLICEABLE = ("cluster", "nodes", "collect", "partition", "gdc", "train")
+SPLICE_HEADINGS = {"partition": ("## Partition",), "nodes": ("## Scale on real nodes",), "gdc": ("## GDC",), "collect": ("## Collect",),
                    "train": ("## Strong scaling", "## Training: epoch time"),
                    "cluster": ("## `setup.yml`", "## Launch overhead", "## Long runs", "## Failure latency")}
-SPLICE_ROWS = {"train": ("| gcn_ddp epoch", "| gcn_torch epoch", "| gcn_jittor epoch"), "collect": ("| collect with",),
+SPLICE_ROWS = {"nodes": ("| check (median", "| launch overhead (train"),
+               "train": ("| gcn_ddp epoch", "| gcn_torch epoch", "| gcn_jittor epoch"), "collect": ("| collect with",),
                "partition": ("| partition 114M", "| reuse an existing partition"), "gdc": ("| GDC diffusion",),
                "cluster": ("| setup.yml", "| distrun train --script", "| distrun train --launcher torchrun")}
 
@@ -493,8 +497,9 @@ def splice(text: str, rendered: dict[str, list[str]], summary_rows: list[str], n
     for section, lines in rendered.items():
         # A section may render several '## ' blocks (cluster): the first old one's place takes them all.
         old = [i for i, b in enumerate(blocks) if b[0].startswith(SPLICE_HEADINGS[section])]
-        if not old:  # a new section: after the partition section, else before the notes
-            after = next((i for i, b in enumerate(blocks) if b[0].startswith("## Partition")), None)
+        if not old:  # a new section: after the partition section (nodes: before the scale on paper), else before the notes
+            after = None if section == "nodes" else next(
+                (i for i, b in enumerate(blocks) if b[0].startswith("## Partition")), None)
             at = after + 1 if after is not None else next(
                 (i for i, b in enumerate(blocks) if b[0].startswith(("## Scale on paper", "## Not measured"))), len(blocks))
             blocks.insert(at, lines)
@@ -532,7 +537,8 @@ def measure_and_splice(out: Path, sections: list[str], quick: bool, reuse: Path 
         rc, secs = measure(section, quick)
         timings.append(f"{section} {secs:.0f} s" + (f" (rc {rc})" if rc else ""))
     rendered = {"partition": lambda: render_partition(quick), "gdc": render_gdc, "collect": render_collect,
-                "train": lambda: render_train(load("train")), "cluster": lambda: render_cluster(load("cluster") or {})}
+                "train": lambda: render_train(load("train")), "cluster": lambda: render_cluster(load("cluster") or {}),
+                "nodes": lambda: bench_module("nodes_report").render(load("nodes"))}
     parts = {s: rendered[s]() for s in sections}
     how = "rendered from earlier JSON" if all(t.endswith(" reused") for t in timings) else "re-measured"
     note = (f" Sections ({', '.join(sections)}) {how} by `bench/run --only {' '.join(sections)}"
@@ -555,11 +561,12 @@ def render_only(out: Path, quick: bool, note: str = "") -> int:
     lines = ["# Benchmarks", "", header, "", "Numbers are single measurements on a 2-core VM under the load stated above; differences "
              "under ~10% are noise. Regenerate with `bench/run` (full, about 30 min) or `bench/run --quick` (< 8 min); "
              "each section also runs alone (`bench/cluster.py`, `bench/collect.py`, `bench/partition.py`, `bench/gdc.py`, "
-             "`bench/train.py`, `bench/scale.py`).", ""]
+             "`bench/train.py`, `bench/nodes.py`, `bench/scale.py`).", ""]
     lines += render_summary(cluster, load("train"), load("scale"))
     if cluster is not None:
         lines += render_cluster(cluster)
-    lines += render_partition(quick) + render_gdc() + render_train(load("train")) + render_scale(load("scale"))
+    lines += render_partition(quick) + render_gdc() + render_train(load("train"))
+    lines += bench_module("nodes_report").render(load("nodes")) + render_scale(load("scale"))
     lines += [GPU_SECTION, NOT_MEASURED]
     out.write_text("\n".join(lines).rstrip() + "\n")
     say(f"re-rendered {out}")
@@ -619,6 +626,7 @@ def render_summary(c: dict | None, t: dict | None, s: dict | None) -> list[str]:
         out.append(f"| distrun train --script, 10 s mpi4py job | {f(L['distrun_median_s'], 2)} s | by hand "
                    f"{f(L['hand_median_s'], 2)} s: +{L['gap_s']:.1f} s, ratio {launch_ratio(L):.2f} | ≤ {LAUNCH_TARGET_RATIO:.2f} | "
                    f"{'met' if launch_ratio(L) <= LAUNCH_TARGET_RATIO else 'not met'} |")
+    out += bench_module("nodes_report").summary_rows(load("nodes"))
     out += workload_rows(t)
     if c and (c.get("torchrun") or {}).get("gap_s") is not None:
         T = c["torchrun"]
@@ -668,8 +676,9 @@ generated graph and the accuracy rows say `skip`. Only its plan, verdicts and ta
 NOT_MEASURED = """\
 ## Not measured, and why
 
-- **A real multi-node run beyond 3 nodes and any GPU path**: one 2-core VM, no GPU; 1000 nodes
-  are measured only on paper (planning/rendering) above.
+- **More than 16 nodes, and any GPU path**: one 2-core VM, no GPU; the CLI's verbs are measured
+  on up to 16 light nodes (no torch or Jittor on them), 1000 nodes only on paper
+  (planning/rendering) above.
 - **NFS shared folder**: this kernel has no NFS client or server; the test cluster uses
   `distrun_shared_fs_mode: sync` (rsync from the head).
 - **torchrun by hand vs `--launcher torchrun`**: only in the full run (`--quick` skips it).

@@ -354,9 +354,11 @@ def run_playbook(
     check: bool = False,
     ident: str | None = None,
     cached_facts: bool = False,
+    forks: int | None = None,
 ) -> PlaybookResult:
     """Run a playbook through ansible-runner. ``cached_facts``: the plays see the facts the
-    inventory's cache holds (gathered by setup, 'distrun check' or a first run) without gathering."""
+    inventory's cache holds (gathered by setup, 'distrun check' or a first run) without gathering.
+    ``forks``: this run's forks, over ansible.cfg's and the environment's."""
     import ansible_runner  # imported late: it is slow, and --help should stay fast
 
     ident = ident or uuid.uuid4().hex
@@ -373,7 +375,8 @@ def run_playbook(
     # them in place: without restoring ours, Ctrl-C while a job is followed would do nothing.
     with _FlagSignals():
         runner = ansible_runner.run(**kwargs, extravars=dict(extravars or {}), limit=limit, tags=tags,
-                                    skip_tags=skip_tags, cmdline=" ".join(cmdline) or None)
+                                    skip_tags=skip_tags, cmdline=" ".join(cmdline) or None,
+                                    **({"forks": forks} if forks else {}))
     return _result(playbook, runner, events, inventory)
 
 

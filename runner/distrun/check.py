@@ -86,6 +86,10 @@ def run_check(inventory: Path, label: str,
         result: PlaybookResult = run_playbook(
             "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
             extravars={"preflight_full": True, **preflight_vars(label, run.dir)},
+            # One fork per node: the full network probe's listeners wait for calls from every
+            # other node, so every node's probe must run at once (with fewer forks, the nodes
+            # past the first forks start when the first have given up on them).
+            forks=len(names),
         )
     sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # every node logged in to every other
     hosts = host_states(result, names)

@@ -25,6 +25,8 @@ def cause(error: str, timeout: object) -> str:
         return "it has no address on the ranks' network (distrun_network)"
     if error == "foreign":
         return "another program answers on that port"
+    if error == "silent":
+        return f"it accepts the connection but sends no greeting within {timeout}s: another program, or the node is overloaded"
     if error.startswith("unreachable"):
         return f"{error.split(': ', 1)[-1]}: no route between them (a wrong interface or address)"
     return error or "failed"

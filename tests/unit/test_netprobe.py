@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,6 +98,8 @@ def test_the_judge_names_each_cause_of_a_failed_connection():
     assert cause("unreachable: No route to host", 8) == ("No route to host: no route between them (a wrong "
                                                           "interface or address)")
     assert cause("foreign", 8) == "another program answers on that port"
+    assert cause("silent", 8) == ("it accepts the connection but sends no greeting within 8s: another program, or "
+                                  "the node is overloaded")
     assert cause("no address", 8) == "it has no address on the ranks' network (distrun_network)"
 
 
@@ -158,3 +161,62 @@ def test_a_node_whose_first_port_is_taken_listens_on_the_next_and_every_caller_f
         reached = ns["call"]("node2", nonce, "node1", ADDRESS["node1"], ports, deadline)
         assert reached == {"ok": True, "address": ADDRESS["node1"], "port": ports[1]}
         assert listener.result()["seen"] == ["node2"]
+
+
+def _shipped() -> dict:
+    ns: dict = {}
+    exec(compile((FILES / "netprobe.py").read_text(), "netprobe.py", "exec"), ns)  # noqa: S102 - the shipped code
+    return ns
+
+
+def test_a_caller_that_keeps_the_listener_waiting_delays_no_other_caller():
+    # Every node calls the head's rendezvous port at once; a caller slow to say its name (a loaded
+    # node) must not keep the next one from its greeting, which it waits for only so long.
+    ns, nonce, port = _shipped(), f"unit-{os.getpid()}-{time.time_ns()}", free_port()
+    deadline = time.monotonic() + 4
+    listener = ns["Listener"](nonce, "node1", [port], ["node2", "node3"], deadline, ADDRESS["node1"])
+    with socket.create_connection((ADDRESS["node1"], port)) as slow:
+        slow.recv(256)  # greeted; says nothing back
+        t0 = time.monotonic()
+        reached = ns["call"]("node2", nonce, "node1", ADDRESS["node1"], [port], deadline)
+        assert reached == {"ok": True, "address": ADDRESS["node1"], "port": port}
+        assert time.monotonic() - t0 < 0.5
+    assert "node2" in listener.result()["seen"]
+
+
+def test_a_port_that_accepts_and_never_greets_is_silent_not_refused():
+    ns, port = _shipped(), free_port()
+    with socket.socket() as mute:
+        mute.bind((ADDRESS["node1"], port))
+        mute.listen(8)  # the kernel accepts; nothing ever writes
+        got = ns["call"]("node2", "n", "node1", ADDRESS["node1"], [port], time.monotonic() + 1.5)
+    assert got["ok"] is False and got["error"] == "silent" and got["foreign"] is False
+
+
+def test_while_its_probe_is_busy_a_node_listens_and_calls_past_the_deadlines():
+    # On loaded nodes the probes start further apart than twice the timeout: a node still at its
+    # other checks keeps its listener open, and keeps calling a node that does not listen yet.
+    ns, nonce = _shipped(), f"unit-{os.getpid()}-{time.time_ns()}"
+    busy = threading.Event()
+    busy.set()
+    early_port, late_port = free_port(), free_port()
+    t0 = time.monotonic()
+    listener = ns["Listener"](nonce, "node1", [early_port], ["node2"], t0 + 0.3, ADDRESS["node1"], busy)
+    box: dict = {}
+    caller = threading.Thread(target=lambda: box.update(ns["call"](
+        "node1", nonce, "node2", ADDRESS["node2"], [late_port], t0 + 0.3, t0 + 0.6, busy)))
+    caller.start()
+    time.sleep(1.0)  # node2's probe starts now, past node1's deadlines
+    late = ns["Listener"](nonce, "node2", [late_port], ["node1"], time.monotonic() + 2, ADDRESS["node2"])
+    assert ns["call"]("node2", nonce, "node1", ADDRESS["node1"], [early_port], time.monotonic() + 2)["ok"]
+    caller.join(5)
+    busy.clear()
+    assert box == {"ok": True, "address": ADDRESS["node2"], "port": late_port}
+    assert listener.result()["seen"] == ["node2"] and late.result()["seen"] == ["node1"]
+
+
+def test_a_refused_call_ends_at_its_deadline_once_the_probe_is_done():
+    ns, port = _shipped(), free_port()
+    t0 = time.monotonic()
+    got = ns["call"]("node1", "n", "node2", ADDRESS["node2"], [port], t0 + 0.3, t0 + 0.6, threading.Event())
+    assert got["error"] == "refused" and time.monotonic() - t0 < 1.5

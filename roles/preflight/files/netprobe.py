@@ -34,11 +34,14 @@ def greeting(nonce, host, port):
 
 class Listener:
     """Listens on the first port of ``ports`` it can bind, greets each caller and notes its name,
-    until every expected caller came or the deadline passed."""
+    until every expected caller came or the deadline passed and ``busy`` (the node's probe still
+    at its other checks) is no longer set."""
 
-    def __init__(self, nonce, me, ports, expect, deadline, address="0.0.0.0"):
+    def __init__(self, nonce, me, ports, expect, deadline, address="0.0.0.0", busy=None):
         self.nonce, self.me, self.expect, self.deadline = nonce, me, set(expect), deadline
+        self.busy = busy or threading.Event()
         self.seen, self.port, self.error, self.sock = set(), None, "", None
+        self.greeters = []
         for port in ports:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -57,33 +60,42 @@ class Listener:
 
     def _serve(self):
         self.sock.settimeout(0.1)
-        while time.monotonic() < self.deadline and not self.expect <= self.seen:
+        while (time.monotonic() < self.deadline or self.busy.is_set()) and not self.expect <= self.seen:
             try:
                 conn, _ = self.sock.accept()
             except socket.timeout:
                 continue
             except OSError:
                 break
-            with conn:
-                try:
-                    conn.settimeout(1.0)
-                    conn.sendall(greeting(self.nonce, self.me, self.port))
-                    name = conn.recv(256).decode(errors="replace").strip()
-                    if name:
-                        self.seen.add(name)
-                    conn.recv(16)  # the caller closes first: no TIME_WAIT is left on this port
-                except OSError:
-                    pass
+            # Each caller in its own thread: every other node calls at once (the head's
+            # rendezvous port hears from all of them), and one served after another would keep
+            # the last ones waiting for their greeting longer than they wait.
+            self.greeters.append(threading.Thread(target=self._greet, args=(conn,), daemon=True))
+            self.greeters[-1].start()
         self.sock.close()
+
+    def _greet(self, conn):
+        with conn:
+            try:
+                conn.settimeout(1.0)
+                conn.sendall(greeting(self.nonce, self.me, self.port))
+                name = conn.recv(256).decode(errors="replace").strip()
+                if name:
+                    self.seen.add(name)
+                conn.recv(16)  # the caller closes first: no TIME_WAIT is left on this port
+            except OSError:
+                pass
 
     def result(self):
         if self.sock is None:
             return {"ok": False, "detail": f"could not listen ({self.error})"}
         self.thread.join(max(0.0, self.deadline - time.monotonic()) + 1)
+        for t in self.greeters:  # a caller greeted just before the deadline is counted
+            t.join(2.5)
         return {"ok": True, "port": self.port, "seen": sorted(self.seen)}
 
 
-def call(me, nonce, peer, address, ports, deadline, late=None):
+def call(me, nonce, peer, address, ports, deadline, late=None, busy=None):
     """Connect to ``peer``'s listener, retrying until the deadline (it may not listen yet); on
     failure, what went wrong in words the judge turns into a cause. A refused connection is tried
     until ``late`` (default: the deadline): nothing listens there yet while that node's own probe
@@ -91,7 +103,11 @@ def call(me, nonce, peer, address, ports, deadline, late=None):
 
     The peer listens on the first of ``ports`` it could bind (a port of the range may be taken by
     one of its own outgoing connections), so a port that refuses is not given up on, but the
-    ports are tried in turn until one answers; a port where another program answers is dropped."""
+    ports are tried in turn until one answers; a port where another program answers is dropped.
+
+    A refusal is also tried again while ``busy`` is set (this node's probe is still at its other
+    checks): on loaded nodes the probes start further apart than the deadlines, and both sides
+    keep listening and calling as long as either waits anyway."""
     if not address:
         # The peer has no address on the run's network (distrun_network): nothing to call, and
         # an empty address would reach this node itself.
@@ -100,7 +116,8 @@ def call(me, nonce, peer, address, ports, deadline, late=None):
     todo = list(ports)
     turn = 0
     late = max(deadline, late or deadline)
-    while todo and time.monotonic() < (late if last == "refused" else deadline):
+    while todo and (time.monotonic() < (late if last == "refused" else deadline)
+                    or (last == "refused" and busy is not None and busy.is_set())):
         port = todo[turn % len(todo)]
         turn += 1
         left = deadline - time.monotonic()
@@ -108,7 +125,7 @@ def call(me, nonce, peer, address, ports, deadline, late=None):
             s = socket.create_connection((address, port), timeout=max(0.05, min(1.0, left)))
         except ConnectionRefusedError:
             last = "refused"
-            time.sleep(0.05)
+            time.sleep(0.05 if time.monotonic() < late else 0.25)
             continue
         except socket.timeout:
             last = "timeout"
@@ -119,12 +136,18 @@ def call(me, nonce, peer, address, ports, deadline, late=None):
             continue
         with s:
             try:
-                s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
-                if s.recv(256) == greeting(nonce, peer, port):
-                    s.sendall(f"{me}\n".encode())
-                    return {"ok": True, "address": address, "port": port}
+                s.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
+                said = s.recv(256)
             except OSError:
-                pass
+                said = b""
+            if said == greeting(nonce, peer, port):
+                s.sendall(f"{me}\n".encode())
+                return {"ok": True, "address": address, "port": port}
+        if not said:
+            # Accepted, and no greeting yet: a listener busy with other callers on a loaded
+            # node, not another program. Called again until the deadline.
+            last = "silent"
+            continue
         foreign, last = True, "foreign"
         todo.remove(port)
     return {"ok": False, "address": address, "port": ports[0] if ports else 0, "error": last, "foreign": foreign}
@@ -149,25 +172,28 @@ class NetworkProbe:
         head, rendezvous = cfg.get("head", ""), int(cfg.get("rendezvous") or 0)
         address = cfg.get("listen_address") or "0.0.0.0"
         self.listeners, jobs = {}, {}
+        self.busy = threading.Event()  # cleared by result(): the probe's other checks are done
+        self.busy.set()
         if rendezvous and me == head:
-            self.listeners["rendezvous"] = Listener(nonce, me, [rendezvous], peers, late, address)
+            self.listeners["rendezvous"] = Listener(nonce, me, [rendezvous], peers, late, address, self.busy)
         elif rendezvous and head in peers:
             jobs[f"rendezvous {head}"] = (head, peers[head], [rendezvous])
         if cfg.get("mpi_range"):
             low, high = (int(x) for x in str(cfg["mpi_range"]).split("-"))
-            self.listeners["mpi"] = Listener(nonce, me, range_ports(nonce, me, low, high), peers, late, address)
+            self.listeners["mpi"] = Listener(nonce, me, range_ports(nonce, me, low, high), peers, late, address, self.busy)
             for peer, peer_address in sorted(peers.items()):
                 jobs[f"mpi {peer}"] = (peer, peer_address, range_ports(nonce, peer, low, high))
         self.calls = {}
 
         def run(key, job):
-            self.calls[key] = call(me, nonce, job[0], job[1], job[2], deadline, late)
+            self.calls[key] = call(me, nonce, job[0], job[1], job[2], deadline, late, self.busy)
 
         self.threads = [threading.Thread(target=run, args=(k, j), daemon=True) for k, j in jobs.items()]
         for t in self.threads:
             t.start()
 
     def result(self):
+        self.busy.clear()
         for t in self.threads:
             t.join()
         return {**self.said, "listen": {k: v.result() for k, v in self.listeners.items()},
