@@ -37,6 +37,9 @@ def run_role_tasks(tmp_path: Path, tasks_from: str, extra: Mapping[str, object])
         tasks_from: {tasks_from}
 """)
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    # The role's own modules run here too (its guard of the paths root installs from): under the
+    # Python running these tests, never whatever interpreter discovery would find first.
+    extra = {"ansible_python_interpreter": sys.executable, **extra}
     return subprocess.run([str(PLAYBOOK), "-i", "localhost,", str(play), "-e", json.dumps(extra)],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
 
