@@ -102,12 +102,14 @@ def test_only_ssh_failing_is_lost_contact():
     assert not sudo.lost and sudo.reason == "following the launcher on w3 failed (exit 1): sudo: a password is required"
 
 
+@pytest.mark.usefixtures("alone_with_run_tags")
 def test_one_failed_launch_host_stops_the_others_at_once(tmp_path):
     cluster, plan = plan_in(tmp_path)
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
-    # n3's launcher: a process group that would wait forever on a rendezvous.
-    (run_dir / "launch-n3.sh").write_text("sleep 300\n")
+    # n3's launcher: a process group that would wait forever on a rendezvous, its launcher
+    # process tagged with the run as the launchers tag theirs.
+    (run_dir / "launch-n3.sh").write_text(f"DISTRUN_RUN_ID={plan.run_id} sleep 300\n")
     waiting = subprocess.Popen(["bash", "launch-n3.sh"], cwd=run_dir, start_new_session=True)
     try:
         (run_dir / "launcher-n3.pid").write_text(f"{waiting.pid}\n")
