@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import threading
 import time
 
 import pytest
 
-from .conftest import distrun, run_processes
+from tests.harness import matrix
+
+from .conftest import REPO, distrun, run_processes
 
 pytestmark = pytest.mark.phase(1)
 
@@ -86,3 +89,104 @@ def test_a_lost_node_restarts_the_run_without_it_and_it_resumes_exactly(provisio
     assert uninterrupted["ranks"] == 2
     assert restarted["loss"] == uninterrupted["loss"], (restarted, uninterrupted)
     assert restarted["test_acc"] == uninterrupted["test_acc"]
+
+
+# A user's own fault-tolerant DDP program (--workdir): gloo, a DistributedSampler, a snapshot
+# rank 0 writes every few epochs and every rank resumes from. Paced, like the workload above, so
+# a node can be stopped while it runs.
+SNAPSHOT_TRAIN = textwrap.dedent("""
+    import glob, os, time
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    EPOCHS = 40
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    folder = os.environ["DISTRUN_CHECKPOINT_DIR"]
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    data = TensorDataset(x, x.sum(1, keepdim=True))
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    snaps = sorted(glob.glob(os.path.join(folder, "snap-*.pt")))
+    if snaps:
+        state = torch.load(snaps[-1])
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["epoch"]
+        print(f"SNAPSHOT resumed at epoch {start} restart={os.environ.get('DISTRUN_RESTART')}", flush=True)
+    sampler = DistributedSampler(data, shuffle=False)
+    for epoch in range(start, EPOCHS):
+        t0 = time.monotonic()
+        sampler.set_epoch(epoch)
+        for xb, yb in DataLoader(data, batch_size=32, sampler=sampler):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(xb), yb).backward()
+            opt.step()
+        if rank == 0 and (epoch + 1) % 5 == 0:
+            tmp = os.path.join(folder, "snap.tmp")
+            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch + 1}, tmp)
+            os.replace(tmp, os.path.join(folder, f"snap-{epoch + 1:04d}.pt"))
+        time.sleep(max(0.0, 0.3 - (time.monotonic() - t0)))
+    print(f"SNAPSHOT done epochs={EPOCHS}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.fixture(scope="module")
+def sshfs_inventory(provisioned, tmp_path_factory):
+    """The cluster's shared folder over sshfs (every node writes into one run directory) for the
+    module's sshfs tests; back to sync after them."""
+    inventories = matrix.inventories_by_mode("test", provisioned.inventory, REPO / "inventory" / "test" / "group_vars",
+                                             tmp_path_factory.mktemp, "restarts")
+    with matrix.ModeSwitch(distrun, inventories, "sync", "A") as switch:
+        yield switch.to("sshfs")
+
+
+def test_a_lost_node_on_a_shared_folder_restarts_a_workdir_program_from_its_snapshot(provisioned, distrun_home,
+                                                                                      sshfs_inventory, tmp_path):
+    """One run directory for every node: the failed attempt's launchers, still shutting down as
+    the restart begins, must not write into the next attempt's files, and their logs are kept."""
+    (tmp_path / "train.py").write_text(SNAPSHOT_TRAIN)
+    before = set((distrun_home / "runs").glob("*-train-*"))
+    box: dict = {}
+    worker = threading.Thread(target=lambda: box.setdefault("r", distrun(
+        "train", "--inventory", sshfs_inventory, "--launcher", "torchrun", "--workdir", str(tmp_path),
+        "--max-restarts", "1", "--exclude-failed", "--", "python", "train.py", timeout=1200)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 600
+        run = None
+        while time.monotonic() < deadline and worker.is_alive():
+            new = sorted(set((distrun_home / "runs").glob("*-train-*")) - before)
+            if new:
+                run = new[-1]
+                ls = provisioned.ssh(1, f"ls /srv/distrun/checkpoints/{run.name} 2>/dev/null; true").stdout
+                if "snap-" in ls:
+                    break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"no snapshot was written: {box.get('r')}")
+        assert run is not None
+        provisioned.kill_node(3)
+        worker.join(timeout=900)
+        assert not worker.is_alive(), "the restarted run did not end"
+        result = box["r"]
+        assert result.rc == 0, result.stdout[-4000:] + result.stderr[-3000:]
+        assert "restart 1 of 1 on node1, node2" in result.stderr.replace("\n", " "), result.stderr[-2000:]
+        log = (run / "launcher.log").read_text(errors="replace")
+        after = log.split("DISTRUN_RESTART 1", 1)[1]
+        resumed = re.search(r"SNAPSHOT resumed at epoch (\d+) restart=1", after)
+        assert resumed and int(resumed[1]) >= 5, after[-3000:]
+        assert "SNAPSHOT done epochs=40" in after
+        # The failed attempt's launcher logs came home, from its own folder attempts/0/.
+        kept = {p.name for p in (run / "nodes").rglob("attempts/0/launcher-*.log") if p.stat().st_size}
+        assert {"launcher-node1.log", "launcher-node2.log"} <= kept, sorted(kept)
+        assert not run_processes(provisioned, run.name, (1, 2))
+    finally:
+        worker.join(timeout=900)
+        provisioned.start_node(3)
