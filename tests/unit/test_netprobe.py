@@ -70,10 +70,11 @@ def test_every_node_reaches_the_heads_rendezvous_port_and_every_other_in_the_mpi
 
 
 def test_a_node_whose_probe_starts_late_is_waited_for_not_blamed():
-    # On a dozen nodes the play starts the probes over seconds: node3 listens 1.5 s after the
-    # others' 1 s deadline. Nothing is wrong, and nothing is reported.
+    # On a dozen nodes the play starts the probes over seconds: node3 listens 3.5 s after the
+    # others' 3 s deadline. Nothing is wrong, and nothing is reported. (The grace is as long
+    # again as the deadline: a second of margin on each side, for a loaded machine.)
     port = free_port()
-    found = run_nodes(ADDRESS, rendezvous=port, mpi_range="20000-60000", timeout=1, late={"node3": 1.5})
+    found = run_nodes(ADDRESS, rendezvous=port, mpi_range="20000-60000", timeout=3, late={"node3": 3.5})
     judged = net_verdict(found, head="node1")
     assert all(item[0] for item in judged.values()), judged
 

@@ -47,6 +47,13 @@ def start_time(pid: int) -> int | None:
     return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
 class Procs:
     """Processes a test started, by name, each with its start time (a pid alone may be reused)."""
 
@@ -54,7 +61,13 @@ class Procs:
         self.started: dict[str, tuple[int, int]] = {}
         self.popens: list[subprocess.Popen[bytes]] = []
 
-    def add(self, name: str, pid: int) -> None:
+    def add(self, name: str, pid: int, program: str | None = "sleep") -> None:
+        """Keep pid under name; with program, once pid runs it: a background job's pid is a fork
+        of its shell until it execs, and until then its environment is the shell's (its tag too)."""
+        deadline = time.monotonic() + 10
+        while program is not None and _comm(pid) != program:
+            assert time.monotonic() < deadline, f"{name} ({pid}) never ran {program}"
+            time.sleep(0.01)
         start = start_time(pid)
         assert start is not None, f"{name} ({pid}) is not running"
         self.started[name] = (pid, start)
@@ -101,7 +114,7 @@ def fake_launcher(procs: Procs, run_dir: Path, run_id: str, host: str = "n1") ->
     launcher = subprocess.Popen(["bash", script.name], cwd=run_dir, env={"PATH": os.environ["PATH"]},
                                 start_new_session=True)
     procs.popens.append(launcher)
-    procs.add(f"{run_id} launcher", launcher.pid)
+    procs.add(f"{run_id} launcher", launcher.pid, program=None)
     procs.from_file(run_dir / f"pids-{host}", [f"{run_id} {n}" for n in ("rank", "untagged rank", "escapee", "tagged escapee")])
 
 
@@ -190,7 +203,7 @@ def test_a_process_that_ignores_term_is_killed_after_the_grace_and_counted(tmp_p
     stubborn = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
                                 env={**clean_env(), "DISTRUN_RUN_ID": run})
     procs.popens.append(stubborn)
-    procs.add("stubborn", stubborn.pid)
+    procs.add("stubborn", stubborn.pid, program=None)
     began = time.monotonic()
     stopped = answer("stop", {"run": run, "grace_s": 1})
     assert stopped["killed"] >= 1 and stopped["survived"] == [] and procs.alive() == set()
@@ -205,7 +218,7 @@ def test_a_scan_of_every_run_names_each_run_once_and_a_forged_tag_stays_with_its
                               env={**clean_env(), "DISTRUN_RUN_ID": a}, stdout=subprocess.PIPE, text=True)
     procs.popens.append(parent)
     assert parent.stdout is not None
-    procs.add("a", parent.pid)
+    procs.add("a", parent.pid, program=None)
     procs.add("forged", int(parent.stdout.readline()))
     found = answer("scan", {})
     assert a in found["runs"] and b not in found["runs"]
@@ -240,7 +253,7 @@ def test_the_attempt_folders_are_the_run_directorys_own(tmp_path, procs):
 
     node_text = NODE.read_text()
     assert f'ATTEMPTS = "{rundir.ATTEMPTS}"' in node_text
-    run = f"unit-{os.getpid()}-e"
+    run = f"unit-{os.getpid()}-g"
     run_dir = tmp_path / run
     (run_dir / rundir.ATTEMPTS / "9").mkdir(parents=True)
     last = run_dir / rundir.ATTEMPTS / "10"  # 10 after 9: by number, not by name
