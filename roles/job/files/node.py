@@ -19,13 +19,15 @@ kill to them anyway), and among them, by this evidence, the oldest first:
   2. session and process group: a member of a session or group whose leader (pid = sid or
      pgid) belongs to a run belongs to it; processes join a session or group only by fork or
      inside their own session, so no other run's process can enter one;
-  3. the launch script: ``bash launch-<host>.sh`` working in D and leading a session that holds
-     a process tagged R (stop and scan of one run): the job owns D's path and may point it at
+  3. the launch script: ``bash launch-<host>.sh`` working in its attempt's folder
+     D/attempts/<n> (D itself for runs from before attempt folders) and leading a session that
+     holds a process tagged R (stop and scan of one run): the job owns D's path and may point it at
      another run's folder, but cannot put a process into another run's session;
   4. the tag: DISTRUN_RUN_ID=<run> in the environment the process was started with.
 A process of R that forges another run's tag stays R's while it has an ancestor or a session
-leader of R. The job writes the run's ``launcher-*.pgid`` files, so one only adds a group whose
-leader is gone and that holds a process of R (every member then); a forged pgid names nothing.
+leader of R. The job writes the run's ``launcher-*.pgid`` files (those of the last attempt's
+folder count), so one only adds a group whose leader is gone and that holds a process of R
+(every member then); a forged pgid names nothing.
 Stop signals by pidfd after reading the start time again: a reused pid is never hit. There is no
 cgroup evidence: runs are not in cgroups of their own yet.
 
