@@ -65,6 +65,24 @@ def child_maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
+class CliHome:
+    """The distrun CLI as a benchmark runs it: a DISTRUN_HOME of its own under tmp, and a fresh
+    ssh ControlPath folder for every command, so no command profits from masters another left."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.home = tmp / "home"
+        self.home.mkdir(mode=0o700)
+        self.n_cp = 0
+
+    def env(self, extra: dict | None = None) -> dict:
+        self.n_cp += 1
+        cp = self.tmp / f"cp{self.n_cp}"
+        cp.mkdir()
+        return {**os.environ, "COLUMNS": "200", "DISTRUN_HOME": str(self.home),
+                "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp), **(extra or {})}
+
+
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DISTRUN, REPO, median, run, say, write_json  # noqa: E402
+from _common import DISTRUN, REPO, CliHome, median, run, say, write_json  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 from tests.harness import podcluster  # noqa: E402
@@ -90,25 +90,12 @@ for _ in range(600):
 '''
 
 
-class Bench:
+class Bench(CliHome):
     def __init__(self, tmp: Path, quick: bool) -> None:
-        self.tmp = tmp
+        super().__init__(tmp)
         self.quick = quick
         self.inv_dir = tmp / "inv"
         self.hosts = self.inv_dir / "hosts.yml"
-        self.home = tmp / "home"
-        self.home.mkdir(mode=0o700)
-        self.n_cp = 0
-
-    def env(self, extra: dict | None = None) -> dict:
-        self.n_cp += 1
-        cp = self.tmp / f"cp{self.n_cp}"
-        cp.mkdir()
-        env = dict(os.environ)
-        env.update({"COLUMNS": "200", "DISTRUN_HOME": str(self.home),
-                    "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp)})
-        env.update(extra or {})
-        return env
 
     # ------------------------------------------------------------------ setup
     def setup(self, label: str, extra: dict | None = None) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import signal
 import sys
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DISTRUN, REPO, machine, median, run, say, write_json  # noqa: E402
+from _common import DISTRUN, REPO, CliHome, machine, median, run, say, write_json  # noqa: E402
 from cluster import RECAP, RUN_ID  # noqa: E402
 
 sys.path.insert(0, str(REPO))
@@ -111,19 +110,10 @@ def alias(k: int) -> str:
     return "alpha" if k == 1 else f"w{k}"
 
 
-class Nodes:
+class Nodes(CliHome):
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+        super().__init__(tmp)
         self.inv = tmp / "inv"
-        self.home = tmp / "home"
-        self.home.mkdir(mode=0o700)
-        self.n_cp = 0
-
-    def env(self, extra: dict | None = None) -> dict:
-        self.n_cp += 1
-        cp = self.tmp / f"cp{self.n_cp}"
-        cp.mkdir()
-        return {**os.environ, "COLUMNS": "200", "DISTRUN_HOME": str(self.home), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp), **(extra or {})}
 
     def write_inventories(self, cluster: podcluster.Cluster, sizes: list[int]) -> None:
         import yaml
