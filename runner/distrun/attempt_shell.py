@@ -111,10 +111,9 @@ def wait_command(plan: JobPlan, host: str) -> str:
 STOP_GRACE_S = 8  # TERM, then KILL to what outlives it: within run_each's 15 s for the stop
 
 
-def stop_command(plan: JobPlan, host: str) -> str:
-    """End host's launcher and everything it started: the node program's stop of the run, which
-    finds its processes by evidence the job cannot point at another run's (never a pid file the
-    job could have rewritten)."""
-    del host  # the stop is of the run on whichever node the command reaches
+def stop_command(plan: JobPlan) -> str:
+    """End the launcher of the node it reaches and everything it started: the node program's stop
+    of the run, which finds its processes by evidence the job cannot point at another run's
+    (never a pid file the job could have rewritten)."""
     return as_user(plan.user, nodeprog.command(
         "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S}))

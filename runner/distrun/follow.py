@@ -82,7 +82,8 @@ def session_ended(host: str, rc: int, output: list[str], over_ssh: bool) -> Outc
 
 def _stop_launchers(nodes: dict[str, Node], plan: JobPlan, hosts: list[str]) -> None:
     """End the launchers on hosts at once: none is left waiting on a rendezvous that is gone."""
-    run_each(nodes, {h: stop_command(plan, h) for h in hosts}, 15)
+    stop = stop_command(plan)
+    run_each(nodes, dict.fromkeys(hosts, stop), 15)
 
 
 def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Callable[[str], None]) -> Outcome:
