@@ -10,6 +10,7 @@ one line on stderr and exits 2. The config names the attempt: ``run``, ``host``,
           {"launched": true, "unit": U} or {"launched": true, "unit": ""} or {"error": ...}
   follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
           launcher's end: {"exit": rc} or {"error": why}
+  state   the attempt here now: {"dir", "launcher", "rc", "procs", "started"} (state's docstring)
 
 The control plane. Run as root on a node whose init is systemd, launch starts the script as a
 transient unit ``distrun:<run>:<attempt>:<host>.service`` running as the training user: every
@@ -257,7 +258,84 @@ def follow(cfg: dict) -> dict:
         time.sleep(0.05)
 
 
-VERBS = {"launch": launch, "follow": follow}
+def _unit_cgroup(unit: str) -> bool:
+    """Whether the unit still holds processes (its cgroup exists: systemd removes it once empty).
+    Units lie beside init's own cgroup (in a container without a cgroup namespace, under the
+    container's), in the unified or the named systemd hierarchy."""
+    base = ""
+    for line in (_read_small_all("/proc/1/cgroup") or "").splitlines():
+        if line.startswith(("0::", "1:name=systemd:")) or ":name=systemd:" in line:
+            base = os.path.dirname(line.split(":", 2)[2])
+    return any(os.path.isdir(f"{top}{base.rstrip('/')}/system.slice/{unit}")
+               for top in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"))
+
+
+def _read_small_all(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(65536).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def _tagged(run: str) -> int:
+    """How many live processes of the caller's uid carry the run's tag in their environment."""
+    tag, uid, n = f"DISTRUN_RUN_ID={run}".encode(), os.getuid(), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                n += tag in f.read().split(b"\0")
+        except OSError:
+            continue
+    return n
+
+
+def state(cfg: dict) -> dict:
+    """What this node says of the attempt now: {"dir", "launcher": running|exited|gone|none, "rc",
+    "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only."""
+    said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": _tagged(cfg["run"]),
+                  "started": []}
+    if not os.access(str(cfg.get("run_dir") or cfg["dir"]), os.R_OK | os.X_OK):
+        return said
+    said["dir"] = True
+    if not os.access(cfg["dir"], os.R_OK | os.X_OK):
+        return said  # not staged here: no launcher, no rank
+    try:
+        names = os.listdir(os.path.join(cfg["dir"], str(cfg.get("started", "started"))))
+    except OSError:
+        names = []
+    said["started"] = sorted({int(n[5:]) for n in names if n.startswith("rank-") and n[5:].isdigit()})
+    unit = unit_name(cfg)
+    if _root_file(_record(unit, "launched")) is not None:
+        record = _root_file(_record(unit, "exit"))
+        if record is not None:
+            code = _status(record.decode(errors="replace"))
+            said.update(launcher="exited" if code is not None else "gone", rc=code)
+        else:
+            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
+        return said
+    where = cfg["dir"]
+    text = _read_small(os.path.join(where, cfg["exit_file"]))
+    if text is not None:
+        ok = re.fullmatch(r"-?\d{1,4}", text)
+        said.update(launcher="exited" if ok else "gone", rc=int(text) if ok else None)
+        return said
+    pid = _read_small(os.path.join(where, cfg["pid_file"]))
+    if pid:
+        alive = pid.isdigit() and _alive(int(pid), cfg["script"])
+        try:
+            alive = alive and os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(where)
+        except OSError:
+            alive = False
+        said["launcher"] = "running" if alive else "gone"
+    return said
+
+
+VERBS = {"launch": launch, "follow": follow, "state": state}
 
 
 def main(argv: list[str]) -> int:

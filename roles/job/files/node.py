@@ -313,6 +313,9 @@ def stop(cfg: dict) -> dict:
     run, run_dir, root = cfg["run"], cfg.get("run_dir") or None, cfg.get("proc") or "/proc"
     grace = float(cfg.get("grace_s", 10))
     uid = _uid(cfg)
+    procs = processes(root)
+    attribute(procs, run, run_dir)
+    found = {(p.pid, p.start) for p in _mine(procs, uid).values() if p.owner == run}  # counted if a unit's stop ends them
     units = _stop_units(run, grace) if root == "/proc" else 0
     seen: dict[tuple[int, int], Proc] = {}  # (pid, start time): what was signalled, with its evidence
     killed: set[tuple[int, int]] = set()
@@ -338,7 +341,7 @@ def stop(cfg: dict) -> dict:
                         killed.add(key)
         time.sleep(0.1)
     survived = [{"pid": p.pid, "comm": p.comm, "why": p.why or "stopped"} for p in ours.values()] if ours else []
-    return {"verb": "stop", "run": run, "units": units, "stopped": len(seen), "killed": len(killed), "survived": survived}
+    return {"verb": "stop", "run": run, "units": units, "stopped": len(found | set(seen)), "killed": len(killed), "survived": survived}
 
 
 def claim(cfg: dict) -> dict:
