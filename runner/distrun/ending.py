@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 from .ansible_bridge import run_playbook
@@ -30,6 +31,7 @@ from .inventory import Cluster
 from .launchers import launcher_named
 from .listener import Listener
 from .plan import JobPlan
+from .remote import as_user, run_each
 from .runs import Run
 
 # Lines the runner keeps in memory to read the result and the failure from (the rest is in launcher.log).
@@ -119,6 +121,19 @@ class RunEnd:
         if pulled.left:
             self.run.write(LEFT_FILE, left_record(plan.run_dir, pulled.left))
         self.run.meta.collected = True
+        self.forget_env(cluster, plan, hosts)
+
+    def forget_env(self, cluster: Cluster, plan: JobPlan, hosts: list[str]) -> None:
+        """The run has ended: its --env values leave the nodes (another run of the training
+        account could read them there); the record keeps its own 0600 copy on this machine."""
+        if not plan.user_env_keys:
+            return
+        nodes = {n.name: n for n in cluster.nodes if n.name in hosts}
+        done = run_each(nodes, dict.fromkeys(nodes, as_user(plan.user, f"rm -f -- {shlex.quote(plan.env_file)}")), 30)
+        kept = sorted(h for h, d in done.items() if d.rc != 0)
+        if kept:
+            self.listener.warn(f"the run's env.sh (its --env values) could not be removed on {', '.join(kept)}: "
+                               f"remove {plan.env_file} there")
 
     def summarise(self, rc: int, elapsed: float, plan: JobPlan) -> int:
         """Read what the run printed and what was collected; the record's last word; distrun's exit code."""

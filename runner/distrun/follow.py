@@ -19,15 +19,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from . import nodeprog
 from .ansible_bridge import PlaybookEvent
-from .attempt_shell import launch_command, stop_command, tail_command, wait_command
+from .attempt_shell import LOG_PREFIX, launch_command, stop_command, tail_command, wait_command
 from .check import PREFLIGHT_FACT
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .plan import JobPlan
+from .printable import printable
 from .remote import KEEPALIVE_S, run_each, shell_argv
 
-EXIT_RE = re.compile(r"^DISTRUN_EXIT (-?\d+)$")
 # A remote step that failed says what failed, on which path; printed instead of an exit marker.
 ERROR_RE = re.compile(r"^DISTRUN_ERROR (.+)$")
 # ssh's own exit status when the connection failed (or its keepalives ran out).
@@ -49,10 +50,10 @@ def launch(cluster: Cluster, plan: JobPlan, hosts: list[str], timeout_s: float =
     done = run_each(nodes, {h: launch_command(plan, h) for h in hosts}, timeout_s)
     failed: dict[str, str] = {}
     for h, d in done.items():
-        lines = [ln.strip() for ln in d.out.splitlines()]
-        if d.rc == 0 and "DISTRUN_LAUNCHED" in lines:
+        said = nodeprog.answer(d.out, "launch")
+        if d.rc == 0 and said and said.get("launched") is True:
             continue
-        failed[h] = next((m.group(1) for ln in lines if (m := ERROR_RE.match(ln))), None) or d.last_line()
+        failed[h] = str(said["error"]) if said and said.get("error") else d.last_line()
     return failed
 
 
@@ -100,14 +101,20 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
         kept = output.setdefault(host, deque(maxlen=20))
         for raw in proc.stdout:
             text = raw.rstrip("\n")
-            m = EXIT_RE.match(text.strip())
-            if m:
-                events.put((host, "exit", int(m.group(1))))
+            if text.startswith(LOG_PREFIX):  # the launcher's log: data, whatever it says
+                line = text[len(LOG_PREFIX):]
+                if line.strip():
+                    kept.append(line)
+                if host == head:
+                    events.put((host, "line", line))
                 continue
-            if text.strip():
+            said = nodeprog.answer(text, "follow")
+            if said is not None and isinstance(said.get("exit"), int):
+                events.put((host, "exit", said["exit"]))
+            elif said is not None:
+                kept.append(f"DISTRUN_ERROR {printable(str(said.get('error', 'no exit code')))}")
+            elif text.strip():
                 kept.append(text)
-            if host == head and not ERROR_RE.match(text.strip()):
-                events.put((host, "line", text))
         events.put((host, "closed", proc.wait()))
 
     for h in dict.fromkeys([head, *plan.reached_hosts]):

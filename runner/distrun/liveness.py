@@ -10,15 +10,13 @@ lost (its launcher ended without one) or unreachable (no answer from a launch ho
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import rundir
+from . import nodeprog, rundir
 from .errors import UserError
 from .inventory import Cluster, Node
 from .launchers import LAUNCHERS, launcher_named
@@ -26,7 +24,6 @@ from .plan import JobPlan, RankHost
 from .remote import as_user, shell_argv
 from .runs import RecordError, Run
 
-PROBE_RE = re.compile(r"^DISTRUN_PROBE (.*)$", re.M)
 PROBE_TIMEOUT_S = 30
 
 
@@ -97,52 +94,32 @@ def recorded_plan(run: Run) -> JobPlan:
 
 
 def probe_command(plan: JobPlan, host: str) -> str:
-    """The remote check of one host, as the training user; prints one DISTRUN_PROBE line of
-    key=value words (numbers and fixed words only: what a node sends back is not trusted)."""
-    names = {"p": rundir.launcher_pid(host), "x": rundir.exit_code(host), "s": rundir.launch_script(host)}
-    return as_user(plan.user, (
-        f"set -u; h={shlex.quote(host)}; d={shlex.quote(plan.run_dir)}; a={shlex.quote(rundir.attempt_folder(plan) or '.')}; "
-        f"tag={shlex.quote('DISTRUN_RUN_ID=' + plan.run_id)}; "
-        + "".join(f"{k}={shlex.quote(v)}; " for k, v in names.items())
-        + 'cd "$d" 2>/dev/null || { echo "DISTRUN_PROBE dir=0"; exit 0; }; '
-        "code() { rc=$(cat \"$x\" 2>/dev/null) || rc=; case \"$rc\" in *[!0-9-]*) rc=;; esac; state=exited; }; "
-        'state=none; rc=; started=; here=0; '
-        # The attempt's own folder: none (not staged here) is a launcher not started, no rank started.
-        'if cd "$a" 2>/dev/null; then here=1; fi; '
-        'if [ "$here" = 0 ]; then :; '
-        'elif [ -e "$x" ]; then code; '
-        'elif [ -s "$p" ]; then state=gone; read -r pid < "$p" || pid=; '
-        # The launch script's own shell: alive, in this attempt's folder, running this host's launch script.
-        '  case "$pid" in ""|*[!0-9]*) ;; *) '
-        '    if [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$(pwd -P)" ] && '
-        "       tr '\\0' ' ' < \"/proc/$pid/cmdline\" 2>/dev/null | grep -qF \"$s\"; then state=running; fi;; esac; "
-        '  if [ "$state" = gone ] && [ -e "$x" ]; then code; fi; '
-        'fi; '
-        'uid=$(id -u); procs=0; '
-        'for q in $(find /proc -mindepth 1 -maxdepth 1 -regex "/proc/[0-9]+" -uid "$uid" 2>/dev/null); do '
-        '  if grep -qzxF "$tag" "$q/environ" 2>/dev/null; then procs=$((procs + 1)); fi; done; '
-        f"[ \"$here\" = 0 ] || started=$(ls {rundir.STARTED} 2>/dev/null | sed -n 's/^rank-\\([0-9][0-9]*\\)$/\\1/p' | tr '\\n' ',' ); "
-        'echo "DISTRUN_PROBE dir=1 launcher=$state rc=$rc procs=$procs started=$started"'
-    ))
+    """The remote check of one host, as the training user: the node program's state of the
+    attempt there, one JSON line (attempt.py; what a node sends back is checked, not trusted)."""
+    cfg = {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.restart),
+           "dir": rundir.attempt_path(plan), "script": rundir.launch_script(host), "exit_file": rundir.exit_code(host),
+           "pid_file": rundir.launcher_pid(host), "user": plan.user, "started": rundir.STARTED}
+    return as_user(plan.user, nodeprog.command("state", cfg, program="attempt"))
 
 
 def parse_probe(host: str, output: str) -> HostState:
-    """A host's state from its probe's output; a host that printed no DISTRUN_PROBE line was not reached."""
-    found = PROBE_RE.findall(output)
-    if not found:
+    """A host's state from its probe's answer; a host that gave none was not reached."""
+    said = nodeprog.answer(output, "state")
+    if said is None:
         last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no answer")
         return HostState(host, reached=False, error=last[:200])
-    words = dict(w.split("=", 1) for w in found[-1].split() if "=" in w)
-    state = HostState(host, run_dir=words.get("dir") == "1")
-    launcher = words.get("launcher", "none")
+    state = HostState(host, run_dir=said.get("dir") is True)
+    launcher = said.get("launcher")
     state.launcher = launcher if launcher in ("running", "exited", "gone", "none") else "none"
-    rc = words.get("rc", "")
-    state.rc = int(rc) if re.fullmatch(r"-?\d{1,4}", rc) else None
+    rc = said.get("rc")
+    state.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) and -9999 <= rc <= 9999 else None
     if state.launcher == "exited" and state.rc is None:
         state.launcher = "gone"  # an exit code file without a code in it
-    procs = words.get("procs", "0")
-    state.procs = int(procs) if procs.isdigit() else 0
-    state.started = tuple(sorted({int(r) for r in words.get("started", "").split(",") if r.isdigit()}))
+    procs = said.get("procs")
+    state.procs = procs if isinstance(procs, int) and not isinstance(procs, bool) and procs >= 0 else 0
+    started = said.get("started")
+    state.started = tuple(sorted({r for r in started if isinstance(r, int) and not isinstance(r, bool) and r >= 0})) \
+        if isinstance(started, list) else ()
     return state
 
 

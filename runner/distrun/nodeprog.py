@@ -10,19 +10,25 @@ from typing import Any
 
 from . import paths
 
+# The node programs: node.py (a run's processes: scan, stop, claim) and attempt.py (one
+# attempt's launcher: launch, follow).
+PROGRAMS = ("node", "attempt")
+
 
 @cache
-def text() -> str:
-    """The program's source, sent on the command line (it needs no file on the node)."""
-    return (paths.project_dir() / "roles" / "job" / "files" / "node.py").read_text()
+def text(program: str = "node") -> str:
+    """A program's source, sent on the command line (it needs no file on the node)."""
+    if program not in PROGRAMS:
+        raise ValueError(f"no node program {program!r}")
+    return (paths.project_dir() / "roles" / "job" / "files" / f"{program}.py").read_text()
 
 
-def command(verb: str, config: dict[str, Any]) -> str:
+def command(verb: str, config: dict[str, Any], program: str = "node") -> str:
     """Shell text that runs verb with config under the node's system Python, isolated (-I):
     neither the working directory, PYTHON* variables nor the user's site folder, all of which a
     job can write, reach its imports."""
     return ('py=/usr/bin/python3; [ -x "$py" ] || py=python3; '
-            f'exec "$py" -I -c {shlex.quote(text())} {shlex.quote(verb)} {shlex.quote(json.dumps(config))}')
+            f'exec "$py" -I -c {shlex.quote(text(program))} {shlex.quote(verb)} {shlex.quote(json.dumps(config))}')
 
 
 def answer(output: str, verb: str) -> dict[str, Any] | None:

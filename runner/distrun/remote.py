@@ -152,3 +152,16 @@ def as_user(user: str, command: str) -> str:
         f'elif [ "$(id -u)" = 0 ]; then exec runuser -u {u} -- bash -c {c}; '
         f"else exec sudo -n -u {u} -- bash -c {c}; fi"
     )
+
+
+def as_root_or_user(user: str, command: str) -> str:
+    """command run by bash as root where the connection can be root (logged in as root, or sudo
+    without a password), else as user: the node programs contain a run in a unit only as root."""
+    u = shlex.quote(user)
+    c = shlex.quote(command)
+    return (
+        f'if [ "$(id -u)" = 0 ]; then exec bash -c {c}; '
+        f"elif sudo -n true 2>/dev/null; then exec sudo -n -- bash -c {c}; "
+        f'elif [ "$(id -un)" = {u} ]; then exec bash -c {c}; '
+        f"else exec sudo -n -u {u} -- bash -c {c}; fi"
+    )

@@ -173,6 +173,11 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
         assert sorted(counts) == ["node1", "node2", "node3"] and sum(int(n) for n in counts.values()) > 0, stop.stdout
         assert f"run {run.name}: stopped {sum(int(n) for n in counts.values())} process(es) on 3 node(s)" in stop.stdout
         worker.join(timeout=300)
+        # (g) the run has ended: its --env values are gone from every node (another run of the
+        # same account could read them there).
+        for k in (1, 2, 3):
+            kept = provisioned.exec(k, f"test -e /srv/distrun/runs/{run.name}/env.sh", check=False).returncode == 0
+            attack(f"a finished run's env.sh stays on node{k}", kept)
         left = [p for p in run_processes(provisioned, run.name)
                 if not any(p == f"node2:/proc/{pid}/environ" for pid, _ in decoys)]
         attack("'distrun stop' leaves processes of the run", bool(left), str(left))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import attempt_shell, follow, rundir
+from distrun import attempt_shell, follow, nodeprog, rundir
 from distrun.inventory import cluster_from_json
 from distrun.plan import build_plan
 from distrun.remote import as_user, run_each
@@ -37,21 +37,27 @@ def sh(command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
 
 
+def said(out: str) -> dict:
+    """The follow verb's answer (its last JSON line): {"exit": rc} or {"error": why}."""
+    got = nodeprog.answer(out, "follow")
+    assert got is not None, out
+    return got
+
+
 def test_wait_prints_the_exit_marker_with_the_launchers_code(tmp_path):
     _, plan = plan_in(tmp_path)
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n2").write_text("7\n")
     out = sh(attempt_shell.wait_command(plan, "n2"))
-    assert out.returncode == 0 and "DISTRUN_EXIT 7" in out.stdout
+    assert out.returncode == 0 and said(out.stdout) == {"verb": "follow", "exit": 7}
 
 
 def test_a_failed_cd_stops_the_command_and_names_host_and_path(tmp_path):
     _, plan = plan_in(tmp_path)  # the run dir does not exist
     out = sh(attempt_shell.wait_command(plan, "n2"))
-    assert out.returncode == 3
-    assert "DISTRUN_EXIT" not in out.stdout
-    assert f"DISTRUN_ERROR n2: cannot enter the run directory {plan.run_dir} as user {ME}" in out.stdout
+    assert "exit" not in said(out.stdout)
+    assert said(out.stdout)["error"].startswith(f"n2: cannot enter the run directory {plan.run_dir} as user {ME}")
 
 
 @pytest.mark.parametrize("content", ["", "garbage\n"])
@@ -61,8 +67,8 @@ def test_an_exit_file_without_a_number_gives_no_exit_marker(tmp_path, content):
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n3").write_text(content)
     out = sh(attempt_shell.wait_command(plan, "n3"))
-    assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
-    assert f"DISTRUN_ERROR n3: {run_dir}/exitcode-n3 holds no exit code" in out.stdout
+    assert "exit" not in said(out.stdout)
+    assert said(out.stdout)["error"].startswith(f"n3: {run_dir}/exitcode-n3 holds no exit code")
 
 
 def test_the_head_reports_a_launcher_that_never_wrote_its_exit_code(tmp_path):
@@ -72,8 +78,8 @@ def test_the_head_reports_a_launcher_that_never_wrote_its_exit_code(tmp_path):
     (run_dir / "launcher-n1.pid").write_text("999999\n")  # no such process: tail returns at once
     (run_dir / "launcher-n1.log").write_text("hello\n")
     out = sh(attempt_shell.tail_command(plan, "n1"))
-    assert "hello" in out.stdout and "DISTRUN_EXIT" not in out.stdout
-    assert f"DISTRUN_ERROR n1: the launcher ended without writing {run_dir}/exitcode-n1" in out.stdout
+    assert "| hello" in out.stdout.splitlines() and "exit" not in said(out.stdout)
+    assert said(out.stdout)["error"].startswith(f"n1: the launcher ended without writing {run_dir}/exitcode-n1")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
@@ -199,8 +205,8 @@ def test_wait_ends_when_its_launcher_is_dead_and_no_exit_code_will_come(tmp_path
     (run_dir / "launcher-n2.pid").write_text("999999\n")  # no such process, no exit code
     started = time.monotonic()
     out = sh(attempt_shell.wait_command(plan, "n2"))
-    assert out.returncode == 4 and "DISTRUN_EXIT" not in out.stdout
-    assert f"DISTRUN_ERROR n2: the launcher ended without writing {run_dir}/exitcode-n2" in out.stdout
+    assert "exit" not in said(out.stdout)
+    assert said(out.stdout)["error"].startswith(f"n2: the launcher ended without writing {run_dir}/exitcode-n2")
     assert time.monotonic() - started < 15
 
 
@@ -218,7 +224,7 @@ def test_wait_ends_when_its_launch_script_is_killed_before_it_writes_its_exit_co
         script.kill()
         script.wait()
         out, _ = waiting.communicate(timeout=15)
-        assert waiting.returncode == 4 and "the launcher ended without writing" in out
+        assert "the launcher ended without writing" in said(out)["error"]
     finally:
         if script.poll() is None:
             script.kill()
@@ -233,7 +239,7 @@ def test_a_pid_reused_by_another_program_is_not_waited_on(tmp_path):
     try:
         (run_dir / "launcher-n2.pid").write_text(f"{other.pid}\n")
         out = sh(attempt_shell.wait_command(plan, "n2"))
-        assert out.returncode == 4 and "the launcher ended without writing" in out.stdout
+        assert "the launcher ended without writing" in said(out.stdout)["error"]
     finally:
         other.kill()
         other.wait()
@@ -246,5 +252,4 @@ def test_a_launcher_that_never_starts_is_named_not_waited_on(tmp_path, monkeypat
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     out = sh(getattr(attempt_shell, command)(plan, "n1"))
-    assert out.returncode == 4
-    assert f"DISTRUN_ERROR n1: the launcher did not start: no {run_dir}/launcher-n1.pid after 1 s" in out.stdout
+    assert said(out.stdout)["error"].startswith(f"n1: the launcher did not start: no {run_dir}/launcher-n1.pid after 1 s")

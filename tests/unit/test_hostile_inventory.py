@@ -160,7 +160,9 @@ def test_follow_commands_quote_the_host_name(tmp_path):
     run_dir = Path(rundir.attempt_path(plan))
     (run_dir / f"exitcode-{host}").write_text("7\n")
     out = bash(wait_command(plan, host), run_dir)
-    assert out.stdout.strip() == "DISTRUN_EXIT 7"
+    # The node program takes the name as one JSON value, and no name but a plain one at all.
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("attempt.py: follow: host ") and "is empty or not a plain name" in out.stderr
     assert not canary.exists()
     assert subprocess.run(["bash", "-n", "-c", tail_command(plan, host)]).returncode == 0
     logs = remote_log_command({"hosts": [{"name": host, "slots": 1}], "launcher": "torchrun",

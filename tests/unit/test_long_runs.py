@@ -213,6 +213,16 @@ def test_a_host_that_does_not_answer_is_unreachable_and_the_record_is_kept(tmp_p
     assert runs.read_meta(local.run.dir).status == "running"
 
 
+def state_answer(words: str, procs: int, started: list[int]) -> str:
+    """The node program's state answer for words like "launcher=exited rc=1" (rc as given: a
+    word that is no number stays a string, as a hostile node could send it)."""
+    said = dict(w.split("=", 1) for w in words.split())
+    rc = said.get("rc")
+    value = int(rc) if rc is not None and rc.lstrip("-").isdigit() else rc
+    return json.dumps({"verb": "state", "dir": True, "launcher": said["launcher"], "rc": value,
+                       "procs": procs, "started": started}) + "\n"
+
+
 @pytest.mark.parametrize(("launcher", "answers", "state", "rc"), [
     ("mpirun", {"n1": "launcher=running", "n2": "launcher=none"}, "running", None),
     ("mpirun", {"n1": "launcher=exited rc=0", "n2": "launcher=none"}, "succeeded", 0),
@@ -226,7 +236,7 @@ def test_a_host_that_does_not_answer_is_unreachable_and_the_record_is_kept(tmp_p
 def test_the_launchers_decide_the_runs_state(launcher, answers, state, rc):
     cluster = local_cluster(("n1", "n2"))
     plan = build_plan(cluster, run_id="R", launcher=launcher, workload="ddp")
-    hosts = {h: liveness.parse_probe(h, f"noise\nDISTRUN_PROBE dir=1 {a} procs=2 started=0,\n" if a else "ssh: timeout")
+    hosts = {h: liveness.parse_probe(h, "noise\n" + state_answer(a, procs=2, started=[0]) if a else "ssh: timeout")
              for h, a in answers.items()}
     judged = liveness.judge(plan, hosts)
     assert (judged.state, judged.rc) == (state, rc), judged
@@ -246,7 +256,7 @@ def test_the_launchers_decide_the_runs_state(launcher, answers, state, rc):
 def test_a_lost_node_leaves_the_run_in_reach_while_another_launch_host_answers(launcher, answers, lost, out):
     cluster = local_cluster(("n1", "n2", "n3"))
     plan = build_plan(cluster, run_id="R", launcher=launcher, workload="ddp")
-    hosts = {h: liveness.parse_probe(h, f"DISTRUN_PROBE dir=1 {a} procs=0 started=\n" if a else "ssh: timeout")
+    hosts = {h: liveness.parse_probe(h, state_answer(a, procs=0, started=[]) if a else "ssh: timeout")
              for h, a in answers.items()}
     said = liveness.out_of_contact(plan, hosts, lost)
     if out is None:

@@ -151,7 +151,7 @@ def test_stop_ends_the_run_with_its_escapees_and_spares_a_group_forged_into_its_
     assert {p["why"] for p in found["runs"][mine]} == {"launcher", "descendant"}
 
     stopped = answer("stop", {"run": mine, "run_dir": str(run_dir), "grace_s": 5})
-    assert stopped == {"verb": "stop", "run": mine, "stopped": 5, "killed": 0, "survived": []}
+    assert stopped == {"verb": "stop", "run": mine, "units": 0, "stopped": 5, "killed": 0, "survived": []}
     assert procs.alive() == {f"{other} rank", f"{other} untagged rank"}
     # The other run's own stop finds its group although its leader ended: the tagged rank vouches for it.
     (tmp_path / "runs" / other).mkdir()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import attempt_shell, bundle, follow, liveness, rundir
+from distrun import attempt_shell, bundle, follow, liveness, nodeprog, rundir
 from distrun.diagnosis import rank_logs
 from distrun.launchers import launcher_named
 from distrun.launchers.torchrun import Torchrun
@@ -74,7 +74,7 @@ def test_a_failed_attempts_launcher_ending_late_writes_only_into_its_own_folder(
     _stage(second)
     assert follow.launch(cluster_, second, ["n2"]) == {}
     out = sh(attempt_shell.wait_command(second, "n2"))
-    assert out.returncode == 0 and "DISTRUN_EXIT 0" in out.stdout, out.stdout
+    assert out.returncode == 0 and nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 0}, out.stdout
     assert (old / "exitcode-n2").read_text().strip() == "1"  # it did end late, into its own folder
     assert (Path(rundir.attempt_path(second)) / "exitcode-n2").read_text().strip() == "0"
     assert not list(Path(first.run_dir).glob("exitcode-*")) and not list(Path(first.run_dir).glob("launcher-*"))
@@ -125,4 +125,4 @@ def test_a_run_recorded_before_attempt_folders_is_read_at_the_top_of_its_run_dir
     state = liveness.parse_probe("n1", sh(liveness.probe_command(plan, "n1")).stdout)
     assert (state.run_dir, state.launcher, state.rc) == (True, "none", None)
     out = sh(attempt_shell.wait_command(old, "n1"))
-    assert "DISTRUN_EXIT 5" in out.stdout
+    assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 5}

@@ -4,6 +4,7 @@ outside the run dir."""
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
@@ -288,13 +289,14 @@ def test_stop_refuses_a_run_that_is_not_a_train_run():
 STOP_TASK = Path(__file__).resolve().parents[2] / "roles/job/tasks/stop.yml"
 
 
-def test_stop_step_is_one_call_of_the_node_program_as_the_training_user():
+def test_stop_step_is_one_call_of_the_node_program_as_root_naming_the_training_user():
     import yaml
 
     task = yaml.safe_load(STOP_TASK.read_text())[1]
-    assert task["become_user"] == "{{ job_user }}"
+    assert task["become"] is True and "become_user" not in task  # root: the only one that stops a unit
     raw = task["ansible.builtin.raw"]
     assert "-I -c" in raw and "lookup('ansible.builtin.file', 'node.py')" in raw and " stop" in raw
+    assert "'user': job_user" in raw  # whose processes it may signal
     assert "kill" not in STOP_TASK.read_text() and "/proc" not in STOP_TASK.read_text()
 
 
@@ -315,14 +317,15 @@ def test_stop_step_stops_only_its_run(tmp_path):
     jinja.filters.update(quote=shlex.quote, to_json=json.dumps)
     command = jinja.from_string(task["ansible.builtin.raw"]).render(
         ansible_facts={"python": {"executable": sys.executable}}, job_run_id=run_id, job_run_dir=str(run_dir),
-        job_stop_grace=3, lookup=lambda kind, name: (STOP_TASK.parents[1] / "files" / name).read_text())
+        job_stop_grace=3, job_user=getpass.getuser(),
+        lookup=lambda kind, name: (STOP_TASK.parents[1] / "files" / name).read_text())
     mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
     (run_dir / "launcher-n1.pgid").write_text(f"{other.pid}\n")
     try:
         out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout) == {"verb": "stop", "run": run_id, "stopped": 2, "killed": 0, "survived": []}
+        assert json.loads(out.stdout) == {"verb": "stop", "run": run_id, "units": 0, "stopped": 2, "killed": 0, "survived": []}
         assert mine.wait(timeout=10) == -15
         assert other.poll() is None
     finally:

@@ -1,20 +1,26 @@
 """distrun's node program: what one node knows of a run's processes, as one JSON line.
 
 ``python3 -I -c <this file> VERB '<config JSON>'`` (or ``python3 node.py VERB ...``), as the
-training user. Standard library only; Python 3.9 or newer. Every verb prints exactly one JSON
+training user or as root (below). Standard library only; Python 3.9 or newer. Every verb prints exactly one JSON
 object on stdout, ``{"verb": VERB, ...}``; a bad call prints one line on stderr and exits 2.
 
   scan   {"run": R, "run_dir": D}  the processes of run R here; without "run", of every run:
          {"runs": {run: [{"pid", "ppid", "pgid", "sid", "comm", "why"}, ...]}}
   stop   {"run": R, "run_dir": D, "grace_s": N}  TERM every process of R, KILL what is left
-         after N s: {"stopped": n, "killed": n, "survived": [{"pid", "comm", "why"}, ...]}
+         after N s: {"units": n, "stopped": n, "killed": n, "survived": [{"pid", "comm", "why"}]}
   claim  {"host": H, "run": R, "hold_s": N}  take this host for run R: {"claimed": true} and then
          held while a line arrives on stdin at least every N s; or {"claimed": false, "held":
          bool, "runs": [...]}: the run whose controller holds it, or the runs with processes here
 "proc" in any config names another /proc (a test's view of chosen processes).
 
-Which processes are a run's: only the caller's own uid's (the kernel keeps the training user's
-kill to them anyway), and among them, by this evidence, the oldest first:
+Called by root (``"user"`` in the config names the training user), stop first stops the run's
+units (roles/job/files/attempt.py starts every launcher in one), and both verbs look at that
+user's processes; otherwise at the caller's own (the kernel keeps its kill to them anyway).
+Which processes are a run's, by this evidence:
+  0. the unit: a process in the cgroup of unit ``distrun:<run>:<attempt>:<host>.service`` is
+     that run's, whatever else it did (no process of the training user can leave its cgroup);
+and for processes outside any run's unit (mpirun's daemons started over ssh, runs launched
+where there is no root or no systemd), the oldest first:
   1. ancestry: a process whose parent (or its parent, ...) belongs to a run belongs to it;
   2. session and process group: a member of a session or group whose leader (pid = sid or
      pgid) belongs to a run belongs to it; processes join a session or group only by fork or
@@ -28,14 +34,12 @@ A process of R that forges another run's tag stays R's while it has an ancestor 
 leader of R. The job writes the run's ``launcher-*.pgid`` files (those of the last attempt's
 folder count), so one only adds a group whose leader is gone and that holds a process of R
 (every member then); a forged pgid names nothing.
-Stop signals by pidfd after reading the start time again: a reused pid is never hit. There is no
-cgroup evidence: runs are not in cgroups of their own yet.
+Stop signals by pidfd after reading the start time again: a reused pid is never hit.
 
 Limits: every run shares one account, so a job may ptrace, or stop, another run's processes
-itself; and a process that drops its tag (env -i), leaves its session (setsid) and outlives its
-parents (re-parented to init) carries no evidence left: only a cgroup the job cannot leave (a
-systemd unit per run, or Slurm's) contains it. A process that keeps a forged tag of another run
-after the same escape is counted as that run's.
+itself. Outside a unit, a process that drops its tag (env -i), leaves its session (setsid) and
+outlives its parents (re-parented to init) carries no evidence left, and one that keeps a forged
+tag of another run after the same escape is counted as that run's.
 """
 
 from __future__ import annotations
@@ -47,10 +51,12 @@ import pwd
 import re
 import select
 import signal
+import subprocess
 import sys
 import time
 
 TAG = b"DISTRUN_RUN_ID="
+UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")  # attempt.py's units
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
 ATTEMPTS = "attempts"  # the run directory's folder of attempt folders (runner/distrun/rundir.py)
@@ -101,6 +107,11 @@ class Proc:
                 value = kv[len(TAG):].decode(errors="replace")
                 self.tag = value if RUN_ID.fullmatch(value) else ""
                 break
+        # The unit a process runs in (attempt.py starts each launcher as one): a cgroup no process
+        # of the training user can leave.
+        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines()
+        m = UNIT.fullmatch(cgroup[-1].rsplit("/", 1)[-1]) if cgroup else None
+        self.unit_run = m.group(1) if m else None
         self.owner: str | None = None
         self.why = ""
 
@@ -185,6 +196,9 @@ def attribute(procs: dict[int, Proc], run: str | None = None, run_dir: str | Non
         prev = owners
     for pid, (owner, why) in cur.items():
         procs[pid].owner, procs[pid].why = owner, why
+    for p in procs.values():
+        if p.unit_run:
+            p.owner, p.why = p.unit_run, "unit"
     if run and run_dir:
         for g in _pgid_files(run_dir):
             members = [p for p in procs.values() if g in (p.pgid, p.sid)]
@@ -221,15 +235,26 @@ def _settle(pid: int, procs: dict[int, Proc], direct: dict[int, tuple[str, str]]
             cur[q.pid] = direct.get(q.pid, (None, ""))
 
 
-def _mine(procs: dict[int, Proc]) -> dict[int, Proc]:
-    """The caller's uid's processes, less this program and its ancestors: a stop never ends its caller."""
+def _uid(cfg: dict) -> int:
+    """The uid whose processes a verb looks at: the caller's, or, called by root, the training
+    user's (cfg "user"): root's own processes are never a run's."""
+    if os.getuid() != 0 or cfg.get("user") is None:
+        return os.getuid()
+    try:
+        uid = pwd.getpwnam(str(cfg.get("user", ""))).pw_uid
+    except KeyError:
+        raise NodeError(f"called by root: user {cfg.get('user')!r} is not an account here") from None
+    return uid
+
+
+def _mine(procs: dict[int, Proc], uid: int) -> dict[int, Proc]:
+    """uid's processes, less this program and its ancestors: a stop never ends its caller."""
     spared: set[int] = set()
     pid = os.getpid()
     while pid > 1 and pid not in spared:
         spared.add(pid)
         stat = _read(f"/proc/{pid}/stat") or b") X 0"
         pid = int(stat[stat.rindex(b")") + 2:].split()[1])
-    uid = os.getuid()
     return {p.pid: p for p in procs.values() if p.uid == uid and p.pid not in spared}
 
 
@@ -238,7 +263,7 @@ def scan(cfg: dict) -> dict:
     procs = processes(cfg.get("proc") or "/proc")
     attribute(procs, run, run_dir)
     runs: dict[str, list[dict]] = {}
-    for p in sorted(_mine(procs).values(), key=lambda p: p.pid):
+    for p in sorted(_mine(procs, _uid(cfg)).values(), key=lambda p: p.pid):
         if p.owner is not None and (run is None or p.owner == run):
             runs.setdefault(p.owner, []).append(
                 {"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid, "comm": p.comm, "why": p.why})
@@ -267,9 +292,31 @@ def _signal(root: str, pid: int, start: int, sig: int) -> bool:
             os.close(fd)
 
 
+def _stop_units(run: str, grace: float) -> int:
+    """Called by root: stop the run's units here (systemd ends every process in each, TERM then
+    KILL); how many there were."""
+    if os.getuid() != 0 or not os.path.isdir("/run/systemd/system"):
+        return 0
+    try:
+        listed = subprocess.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--type=service",
+                                 f"distrun:{run}:*"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    units = [w[0] for w in (ln.split() for ln in listed.stdout.splitlines()) if w and UNIT.fullmatch(w[0])]
+    units = [u for u in units if UNIT.fullmatch(u).group(1) == run]
+    if units:
+        subprocess.run(["systemctl", "stop", *units], capture_output=True, timeout=grace + 30, check=False)
+    return len(units)
+
+
 def stop(cfg: dict) -> dict:
     run, run_dir, root = cfg["run"], cfg.get("run_dir") or None, cfg.get("proc") or "/proc"
     grace = float(cfg.get("grace_s", 10))
+    uid = _uid(cfg)
+    procs = processes(root)
+    attribute(procs, run, run_dir)
+    found = {(p.pid, p.start) for p in _mine(procs, uid).values() if p.owner == run}  # counted if a unit's stop ends them
+    units = _stop_units(run, grace) if root == "/proc" else 0
     seen: dict[tuple[int, int], Proc] = {}  # (pid, start time): what was signalled, with its evidence
     killed: set[tuple[int, int]] = set()
     deadline = time.monotonic() + grace
@@ -278,7 +325,7 @@ def stop(cfg: dict) -> dict:
         now = time.monotonic()
         procs = processes(root)
         attribute(procs, run, run_dir)
-        live = {(p.pid, p.start): p for p in _mine(procs).values()}
+        live = {(p.pid, p.start): p for p in _mine(procs, uid).values()}
         ours = {k: p for k, p in live.items() if p.owner == run}
         # Once stopped, a process stays the run's whoever its parents are now (an orphan of a
         # killed rank); new ones need evidence of their own.
@@ -294,7 +341,7 @@ def stop(cfg: dict) -> dict:
                         killed.add(key)
         time.sleep(0.1)
     survived = [{"pid": p.pid, "comm": p.comm, "why": p.why or "stopped"} for p in ours.values()] if ours else []
-    return {"verb": "stop", "run": run, "stopped": len(seen), "killed": len(killed), "survived": survived}
+    return {"verb": "stop", "run": run, "units": units, "stopped": len(found | set(seen)), "killed": len(killed), "survived": survived}
 
 
 def claim(cfg: dict) -> dict:

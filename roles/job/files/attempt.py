@@ -1,0 +1,369 @@
+"""distrun's node program for one attempt's launcher on one node: start it, follow it to its end.
+
+``python3 -I -c <this file> VERB '<config JSON>'``. Standard library only; Python 3.9 or newer.
+Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``; a bad call prints
+one line on stderr and exits 2. The config names the attempt: ``run``, ``host``, ``attempt``
+(its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log`` and ``exit_file``
+(names in that folder), ``user`` (the training user).
+
+  launch  start ``bash <script>`` in the attempt's folder as the training user, detached:
+          {"launched": true, "unit": U} or {"launched": true, "unit": ""} or {"error": ...}
+  follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
+          launcher's end: {"exit": rc} or {"error": why}
+  state   the attempt here now: {"dir", "launcher", "rc", "procs", "started"} (state's docstring)
+
+The control plane. Run as root on a node whose init is systemd, launch starts the script as a
+transient unit ``distrun:<run>:<attempt>:<host>.service`` running as the training user: every
+process it starts stays in the unit's cgroup (setsid, a double fork or a dropped environment
+do not leave it; the training user cannot move a process out), the unit ends when the script
+ends, and systemd then kills what is left in it. Its ExecStopPost, run by systemd as root,
+writes how the script ended into ``/run/distrun/<unit>.exit``, in a folder only root writes:
+that record, not a file in the run directory, is the exit code follow answers. Without root or
+without systemd, launch starts the script in its own session instead and follow reads the exit
+code the script wrote into its attempt's folder, which the job can write too (the limits in
+docs/guide/security.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import signal
+import subprocess
+import sys
+import time
+
+NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
+RECORDS = "/run/distrun"
+START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this did not start
+STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class AttemptError(Exception):
+    """A bad call, in one line."""
+
+
+def unit_name(cfg: dict) -> str:
+    """The attempt's unit on this node (the name node.py's scan reads a run from)."""
+    return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
+
+
+def _record(unit: str, kind: str) -> str:
+    return os.path.join(RECORDS, f"{unit}.{kind}")
+
+
+def _root_file(path: str) -> bytes | None:
+    """A regular file that root owns in a folder that only root writes, else None."""
+    try:
+        folder = os.lstat(os.path.dirname(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not os.path.stat.S_ISREG(st.st_mode):
+            return None
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _systemd() -> bool:
+    return os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
+
+
+def launch(cfg: dict) -> dict:
+    user = pwd.getpwnam(cfg["user"])
+    script = os.path.join(cfg["dir"], cfg["script"])
+    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",
+           "PATH": PATH if os.geteuid() == 0 else os.environ.get("PATH", PATH), "LANG": "C.UTF-8"}
+    if _systemd():
+        unit = unit_name(cfg)
+        os.makedirs(RECORDS, mode=0o755, exist_ok=True)
+        tmp, done = _record(unit, "exit.tmp"), _record(unit, "exit")
+        # systemd gives ExecStopPost how the main process ended; $$ is a literal $ in an Exec line.
+        post = (f'+/bin/sh -c "umask 022; echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {tmp} '
+                f'&& mv -f {tmp} {done}"')
+        argv = ["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--uid={user.pw_uid}",
+                f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
+                "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
+                "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
+                "-p", f"ExecStopPost={post}"]
+        argv += [f"--setenv={k}={v}" for k, v in env.items()]
+        argv += ["/bin/bash", script]
+        # A unit's records from an earlier try of the same attempt would answer for this one.
+        for kind in ("exit", "exit.tmp", "launched"):
+            try:
+                os.unlink(_record(unit, kind))
+            except FileNotFoundError:
+                pass
+        ran = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        if ran.returncode != 0:
+            why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
+            return {"verb": "launch", "error": f"systemd-run could not start {unit}: {why[:300]}"}
+        with open(_record(unit, "launched"), "w") as f:
+            f.write(f"{unit}\n")
+        return {"verb": "launch", "launched": True, "unit": unit}
+    if os.geteuid() not in (0, user.pw_uid):
+        raise AttemptError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
+    if os.geteuid() == user.pw_uid:  # root cannot look into a FUSE mount of the training user's
+        run_dir = str(cfg.get("run_dir") or cfg["dir"])
+        if not os.access(run_dir, os.R_OK | os.X_OK):
+            return {"verb": "launch", "error": f"{cfg['host']}: cannot enter the run directory {run_dir} as user "
+                                               f"{user.pw_name} (is the shared folder mounted, and is it the training user's?)"}
+        if not os.path.isfile(script):
+            return {"verb": "launch", "error": f"{cfg['host']}: there is no launch script {script}"}
+    sys.stdout.flush()
+    if os.fork() == 0:  # the launch script leads a session of its own, as the training user
+        try:
+            os.setsid()
+            if os.geteuid() == 0:
+                os.initgroups(user.pw_name, user.pw_gid)
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+            os.chdir(cfg["dir"])
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execve("/bin/bash", ["bash", cfg["script"]], env)
+        finally:
+            os._exit(127)
+    return {"verb": "launch", "launched": True, "unit": ""}
+
+
+def _status(text: str) -> int | None:
+    """The exit code a record says: 'RESULT exited N' is N, 'RESULT killed SIG' is 128 + SIG."""
+    words = text.split()
+    if len(words) != 3:
+        return None
+    if words[1] == "exited" and words[2].isdigit():
+        return int(words[2])
+    if words[1] in ("killed", "dumped"):
+        try:
+            return 128 + int(signal.Signals["SIG" + words[2]])
+        except KeyError:
+            return None
+    return None
+
+
+class Log:
+    """The launcher's log followed as it grows; each whole line printed as '| <line>'."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.fd, self.rest = path, None, b""
+
+    def pump(self) -> None:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                return
+        while True:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                break
+            lines = (self.rest + chunk).split(b"\n")
+            self.rest = lines.pop()
+            if lines:
+                sys.stdout.write("".join(f"| {ln.decode(errors='replace')}\n" for ln in lines))
+                sys.stdout.flush()
+
+    def close(self) -> None:
+        self.pump()
+        if self.rest:
+            sys.stdout.write(f"| {self.rest.decode(errors='replace')}\n")
+
+
+def _alive(pid: int, script: str) -> bool:
+    """Whether pid is still the shell running script (not ended, not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X") and script.encode() in argv
+
+
+def _read_small(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 64).decode(errors="replace").strip()
+    finally:
+        os.close(fd)
+
+
+def follow(cfg: dict) -> dict:
+    unit = unit_name(cfg)
+    where = cfg["dir"]
+    log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
+    exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
+    contained = _root_file(_record(unit, "launched")) is not None
+    started, pid = time.monotonic(), None
+
+    def ended() -> dict | None:
+        nonlocal pid
+        if contained:
+            said = _root_file(_record(unit, "exit"))
+            if said is None:
+                return None
+            code = _status(said.decode(errors="replace"))
+            if code is None:
+                return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without an exit code "
+                                 f"({said.decode(errors='replace').strip()[:80]})"}
+            return {"exit": code}
+        text = _read_small(exit_file)
+        if text is not None:
+            return {"exit": int(text)} if re.fullmatch(r"-?\d{1,4}", text) else {
+                "error": f"{cfg['host']}: {exit_file} holds no exit code"}
+        if pid is None:
+            said = _read_small(pid_file) or ""
+            pid = int(said) if said.isdigit() else None
+            wait_s = cfg.get("start_wait_s", START_WAIT_S)
+            if pid is None and time.monotonic() - started > wait_s:
+                return {"error": f"{cfg['host']}: the launcher did not start: no {pid_file} after {wait_s} s"}
+        elif not _alive(pid, cfg["script"]):
+            time.sleep(0.5)  # its exit code is written as it ends
+            if _read_small(exit_file) is None:
+                return {"error": f"{cfg['host']}: the launcher ended without writing {exit_file}"}
+            return ended()
+        return None
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    run_dir = str(cfg.get("run_dir") or where)
+    if not os.access(run_dir, os.R_OK | os.X_OK):
+        return {"verb": "follow", "error": f"{cfg['host']}: cannot enter the run directory {run_dir} as user {me} "
+                                           "(is the shared folder mounted, and is it the training user's?)"}
+    if not os.access(where, os.R_OK | os.X_OK):
+        return {"verb": "follow", "error": f"{cfg['host']}: cannot enter {where} as user {me} (the attempt was not staged there)"}
+    while True:
+        if log is not None:
+            log.pump()
+        if not os.access(where, os.R_OK | os.X_OK):
+            return {"verb": "follow", "error": f"{cfg['host']}: the run directory {run_dir} is no longer readable "
+                                               f"as user {me} (is the shared folder still mounted?)"}
+        end = ended()
+        if end is not None:
+            if log is not None:
+                time.sleep(0.1)
+                log.close()
+            return {"verb": "follow", **end}
+        time.sleep(0.05)
+
+
+def _unit_cgroup(unit: str) -> bool:
+    """Whether the unit still holds processes (its cgroup exists: systemd removes it once empty).
+    Units lie beside init's own cgroup (in a container without a cgroup namespace, under the
+    container's), in the unified or the named systemd hierarchy."""
+    base = ""
+    for line in (_read_small_all("/proc/1/cgroup") or "").splitlines():
+        if line.startswith(("0::", "1:name=systemd:")) or ":name=systemd:" in line:
+            base = os.path.dirname(line.split(":", 2)[2])
+    return any(os.path.isdir(f"{top}{base.rstrip('/')}/system.slice/{unit}")
+               for top in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"))
+
+
+def _read_small_all(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(65536).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def _tagged(run: str) -> int:
+    """How many live processes of the caller's uid carry the run's tag in their environment."""
+    tag, uid, n = f"DISTRUN_RUN_ID={run}".encode(), os.getuid(), 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as f:
+                n += tag in f.read().split(b"\0")
+        except OSError:
+            continue
+    return n
+
+
+def state(cfg: dict) -> dict:
+    """What this node says of the attempt now: {"dir", "launcher": running|exited|gone|none, "rc",
+    "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only."""
+    said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": _tagged(cfg["run"]),
+                  "started": []}
+    if not os.access(str(cfg.get("run_dir") or cfg["dir"]), os.R_OK | os.X_OK):
+        return said
+    said["dir"] = True
+    if not os.access(cfg["dir"], os.R_OK | os.X_OK):
+        return said  # not staged here: no launcher, no rank
+    try:
+        names = os.listdir(os.path.join(cfg["dir"], str(cfg.get("started", "started"))))
+    except OSError:
+        names = []
+    said["started"] = sorted({int(n[5:]) for n in names if n.startswith("rank-") and n[5:].isdigit()})
+    unit = unit_name(cfg)
+    if _root_file(_record(unit, "launched")) is not None:
+        record = _root_file(_record(unit, "exit"))
+        if record is not None:
+            code = _status(record.decode(errors="replace"))
+            said.update(launcher="exited" if code is not None else "gone", rc=code)
+        else:
+            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
+        return said
+    where = cfg["dir"]
+    text = _read_small(os.path.join(where, cfg["exit_file"]))
+    if text is not None:
+        ok = re.fullmatch(r"-?\d{1,4}", text)
+        said.update(launcher="exited" if ok else "gone", rc=int(text) if ok else None)
+        return said
+    pid = _read_small(os.path.join(where, cfg["pid_file"]))
+    if pid:
+        alive = pid.isdigit() and _alive(int(pid), cfg["script"])
+        try:
+            alive = alive and os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(where)
+        except OSError:
+            alive = False
+        said["launcher"] = "running" if alive else "gone"
+    return said
+
+
+VERBS = {"launch": launch, "follow": follow, "state": state}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) != 2 or argv[0] not in VERBS:
+            raise AttemptError(f"usage: attempt.py {{{','.join(VERBS)}}} '<config JSON>'")
+        try:
+            cfg = json.loads(argv[1])
+        except ValueError:
+            raise AttemptError(f"the {argv[0]} config is not JSON") from None
+        if not isinstance(cfg, dict):
+            raise AttemptError(f"the {argv[0]} config is not a JSON object")
+        for key in ("run", "host", "user", "script"):
+            if not (isinstance(cfg.get(key), str) and NAME.fullmatch(cfg[key]) and set(cfg[key]) != {"."}):
+                raise AttemptError(f"{argv[0]}: {key} {cfg.get(key)!r} is empty or not a plain name")
+        if not str(cfg.get("attempt", "")).isdigit():
+            raise AttemptError(f"{argv[0]}: attempt {cfg.get('attempt')!r} is not a number")
+        if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
+            raise AttemptError(f"{argv[0]}: dir {cfg.get('dir')!r} is not an absolute path")
+        answer = VERBS[argv[0]](cfg)
+    except (AttemptError, KeyError) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"attempt.py: {what}", file=sys.stderr, flush=True)
+        return 2
+    sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

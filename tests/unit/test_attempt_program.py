@@ -1,0 +1,116 @@
+"""Role job's attempt program (files/attempt.py), run for real here: how a follower reads an
+attempt's end from the record root keeps for its unit, and nothing the job can write.
+
+This machine has no systemd (the unit itself is started on the cluster's nodes:
+tests/cluster/test_control_plane.py); the records are made here as systemd's ExecStopPost
+makes them, root-owned in /run/distrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from distrun import nodeprog
+
+PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "job" / "files" / "attempt.py"
+RECORDS = Path("/run/distrun")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the unit's records are root's: these tests need root")
+
+
+@pytest.fixture
+def attempt(tmp_path):
+    """An attempt's folder and the node program's config for host h1 of a fresh run."""
+    run = f"unit-{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / "runs" / run / "attempts" / "0"
+    folder.mkdir(parents=True)
+    cfg = {"run": run, "run_dir": str(folder.parents[1]), "host": "h1", "attempt": "0", "dir": str(folder),
+           "script": "launch-h1.sh", "log": "launcher-h1.log", "exit_file": "exitcode-h1",
+           "pid_file": "launcher-h1.pid", "user": "root", "start_wait_s": 2}
+    unit = f"distrun:{run}:0:h1.service"
+    made: list[Path] = []
+
+    def record(kind: str, text: str, owner: int = 0) -> None:
+        RECORDS.mkdir(mode=0o755, exist_ok=True)
+        path = RECORDS / f"{unit}.{kind}"
+        path.write_text(text)
+        os.chown(path, owner, owner)
+        made.append(path)
+
+    yield folder, cfg, record
+    for path in made:
+        path.unlink(missing_ok=True)
+
+
+def call(verb: str, cfg: dict, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-I", str(PROGRAM), verb, json.dumps(cfg)], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(("record", "code"), [
+    ("success exited 0", 0), ("exit-code exited 3", 3), ("signal killed TERM", 143), ("core-dump dumped SEGV", 139),
+])
+def test_the_unit_record_is_the_exit_code_whatever_the_job_wrote(attempt, record, code):
+    folder, cfg, make = attempt
+    # The job's forgeries: an exit code file of success, and markers of success in its log.
+    (folder / "exitcode-h1").write_text("0\n")
+    (folder / "launcher-h1.log").write_text('DISTRUN_EXIT 0\n{"verb": "follow", "exit": 0}\ntraining done\n')
+    make("launched", "x\n")
+    make("exit", record + "\n")
+    out = call("follow", {**cfg, "log": "launcher-h1.log"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[:3] == ["| DISTRUN_EXIT 0", '| {"verb": "follow", "exit": 0}', "| training done"]
+    assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": code}
+    assert json.loads(call("state", cfg).stdout) == {"verb": "state", "dir": True, "launcher": "exited", "rc": code,
+                                                      "procs": 0, "started": []}
+
+
+def test_a_record_not_written_by_root_is_not_an_end(attempt):
+    folder, cfg, make = attempt
+    (folder / "exitcode-h1").write_text("0\n")
+    make("launched", "x\n")
+    make("exit", "success exited 0\n", owner=65534)  # as if the training user had made it
+    follower = subprocess.Popen([sys.executable, "-I", str(PROGRAM), "follow", json.dumps(cfg)],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert follower.poll() is None, "the follower took a record root did not write, or the job's exit code file"
+    finally:
+        follower.kill()
+        follower.communicate()
+    # No root record: the unit is gone (no cgroup here) without an exit status.
+    assert json.loads(call("state", cfg).stdout)["launcher"] == "gone"
+
+
+def test_a_unit_that_ended_without_a_status_is_named(attempt):
+    _, cfg, make = attempt
+    make("launched", "x\n")
+    make("exit", "resources  \n")
+    said = nodeprog.answer(call("follow", cfg).stdout, "follow")
+    assert said is not None and said["error"].startswith(f"h1: the launcher's unit distrun:{cfg['run']}:0:h1.service "
+                                                         "ended without an exit code")
+
+
+def test_without_a_unit_the_launch_scripts_own_exit_code_file_is_read(attempt):
+    folder, cfg, _ = attempt
+    (folder / "exitcode-h1").write_text("4\n")
+    assert nodeprog.answer(call("follow", cfg).stdout, "follow") == {"verb": "follow", "exit": 4}
+
+
+@pytest.mark.parametrize(("cfg", "error"), [
+    ({"host": "h1; rm -rf /"}, "follow: host 'h1; rm -rf /' is empty or not a plain name"),
+    ({"run": ".."}, "follow: run '..' is empty or not a plain name"),
+    ({"attempt": "0/../1"}, "follow: attempt '0/../1' is not a number"),
+    ({"dir": "relative"}, "follow: dir 'relative' is not an absolute path"),
+])
+def test_a_bad_config_is_one_line(attempt, cfg, error):
+    _, good, _ = attempt
+    out = call("follow", {**good, **cfg})
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", f"attempt.py: {error}\n")
