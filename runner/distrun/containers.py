@@ -168,6 +168,12 @@ def pyxis_args(plan: JobPlan) -> list[str]:
             f"--container-workdir={plan.start_dir}"]
 
 
+def stop_shell(plan: JobPlan) -> str:
+    """``stop_argv`` as one shell line ("" without an image), for a stop that is sent as shell text."""
+    argv = stop_argv(plan)
+    return shlex.join(argv) if argv else ""
+
+
 def stop_argv(plan: JobPlan) -> list[str]:
     """Remove every container of the run on the node this runs on ([] for a run without an image).
     None there: exit 0. Run as the training user: rootless podman's containers are that user's."""

@@ -193,3 +193,15 @@ def test_the_dry_run_shows_the_image_and_the_container_start(private_state):
     dry = json.loads(got.stdout)
     assert dry["plan"]["container"] == {"image": IMAGE, "runtime": "docker"}
     assert all(s.count("container-run.sh torchrun") == 1 for s in dry["launch_scripts"].values())
+
+
+def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop_play(tmp_path):
+    from distrun import stop
+
+    class Rec:
+        id = "r1"
+        dir = tmp_path
+    assert stop.container_stop(Rec()) == []  # type: ignore[arg-type]  # no plan.json: nothing to remove
+    (tmp_path / "plan.json").write_text(json.dumps(asdict(plan_for(runtime="podman")), default=str))
+    assert stop.container_stop(Rec()) == ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]  # type: ignore[arg-type]
+    assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1"
