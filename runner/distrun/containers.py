@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +59,7 @@ def check_runtime(name: str, where: str) -> str:
     return name
 
 
-def choose(source: object, group_vars: dict[str, Any] | Any, image: str | None,
+def choose(source: object, group_vars: Mapping[str, Any], image: str | None,
            runtime: str | None) -> Container | None:
     """The run's container: the flags win over the inventory's ``distrun_image`` and
     ``distrun_container_runtime``; None where neither names an image."""
