@@ -170,9 +170,11 @@ def pyxis_args(plan: JobPlan) -> list[str]:
 
 
 def stop_shell(plan: JobPlan) -> str:
-    """``stop_argv`` as one shell line ("" without an image), for a stop that is sent as shell text."""
+    """``stop_argv`` as one shell line ("" without an image), for a stop sent as shell text beside
+    another answer on stdout: the removed ids are dropped, an error still goes to stderr, and the
+    line's status is the runtime's."""
     argv = stop_argv(plan)
-    return shlex.join(argv) if argv else ""
+    return f"{shlex.join(argv)} >/dev/null" if argv else ""
 
 
 def stop_argv(plan: JobPlan) -> list[str]:

@@ -204,4 +204,4 @@ def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop
     assert stop.container_stop(Rec()) == []  # type: ignore[arg-type]  # no plan.json: nothing to remove
     (tmp_path / "plan.json").write_text(json.dumps(asdict(plan_for(runtime="podman")), default=str))
     assert stop.container_stop(Rec()) == ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]  # type: ignore[arg-type]
-    assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1"
+    assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1 >/dev/null"
