@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import nodeprog, rundir
+from .containers import stop_shell
 from .plan import JobPlan
 from .remote import as_root_or_user, as_user
 
@@ -53,6 +54,9 @@ STOP_GRACE_S = 8  # TERM, then KILL to what outlives it: within run_each's 15 s 
 def stop_command(plan: JobPlan) -> str:
     """End the run on the node it reaches: its units, then every process of the training user
     the node program finds to be the run's by evidence the job cannot point at another run's
-    (never a pid file the job could have rewritten)."""
-    return as_root_or_user(plan.user, nodeprog.command(
+    (never a pid file the job could have rewritten); then, for a run with an image, its
+    containers, as the training user whose (rootless) containers they are."""
+    stop = as_root_or_user(plan.user, nodeprog.command(
         "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S, "user": plan.user}))
+    containers = stop_shell(plan)
+    return f"( {stop} ); {as_user(plan.user, containers)}" if containers else stop

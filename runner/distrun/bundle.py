@@ -290,8 +290,11 @@ WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
 def preflight_needs(plan: JobPlan) -> dict[str, Any]:
     """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
     programs, head_programs = launcher_named(plan.launcher).needs(plan)
-    modules = list(WORKLOAD_MODULES.get(plan.workload or "", ()))
-    return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs}
+    # With an image the workload's modules are the image's, not the node env's.
+    modules = [] if plan.container else list(WORKLOAD_MODULES.get(plan.workload or "", ()))
+    image = {"ref": plan.container.image, "runtime": plan.container.runtime} if plan.container else {}
+    return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs,
+            "preflight_image": image}
 
 
 def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str],

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import paths, sshmesh
+from . import containers, paths, sshmesh
 from .ansible_bridge import PlaybookResult, run_playbook
 from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
 from .judge import Item, Report, blamed, build_report, from_dicts, report_json
@@ -68,6 +68,12 @@ def preflight_vars(label: str, run_dir: Path) -> dict[str, Any]:
     return {"preflight_inventory": label, "preflight_log_dir": str(run_dir / "ansible")}
 
 
+def image_vars(cluster: Cluster) -> dict[str, Any]:
+    """The inventory's container image (distrun_image), checked on every node like a run's."""
+    container = containers.choose(cluster.source, cluster.group_vars, None, None)
+    return {"preflight_image": {"ref": container.image, "runtime": container.runtime}} if container else {}
+
+
 def run_check(inventory: Path, label: str,
               progress: Callable[[list[str]], Any] | None = None) -> tuple[dict[str, Any], Cluster]:
     """Run the full preflight; the report as 'distrun check --json' prints it, and the cluster.
@@ -85,7 +91,7 @@ def run_check(inventory: Path, label: str,
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
         result: PlaybookResult = run_playbook(
             "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
-            extravars={"preflight_full": True, **preflight_vars(label, run.dir)},
+            extravars={"preflight_full": True, **preflight_vars(label, run.dir), **image_vars(cluster)},
             # One fork per node: the full network probe's listeners wait for calls from every
             # other node, so every node's probe must run at once (with fewer forks, the nodes
             # past the first forks start when the first have given up on them).

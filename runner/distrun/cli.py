@@ -141,6 +141,11 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="Extra arguments appended to mpirun, torchrun or srun, split like a shell would (no shell runs).")
 @click.option("--hosts", "hosts", multiple=True, metavar="A,B", help="Run ranks only on these workers of the inventory.")
 @click.option("--exclude", "exclude", multiple=True, metavar="C", help="Run no ranks on these workers.")
+@click.option("--image", default=None, metavar="REF",
+              help="Run every rank inside a container of this image (default: the inventory's distrun_image).")
+@click.option("--container-runtime", type=P.OneOf(["podman", "docker"]), default=None,
+              help="With an image: the runtime on the nodes (default: the inventory's distrun_container_runtime, "
+                   "else podman).")
 @json_option
 def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
@@ -148,7 +153,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
           skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
           exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
           prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
-          as_json: bool, program_args: tuple[str, ...] = ()) -> None:
+          image: str | None, container_runtime: str | None, as_json: bool, program_args: tuple[str, ...] = ()) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     \b
@@ -197,7 +202,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
             detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
             workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
             launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
-            exclude=host_names(exclude),
+            exclude=host_names(exclude), image=image, container_runtime=container_runtime,
         )
         if not dry_run:
             if as_json:

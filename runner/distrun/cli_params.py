@@ -232,6 +232,12 @@ def check_train(ctx: click.Context) -> None:
     if params.get("slurm_mode") is not None and params.get("launcher") != "slurm":
         raise click.UsageError(f"--slurm-mode goes with --launcher slurm (this run uses {params.get('launcher')}); "
                                "add --launcher slurm or drop --slurm-mode", ctx)
+    if params.get("image") is not None:
+        from .containers import check_image
+        try:
+            check_image(params["image"], "--image")
+        except UserError as exc:
+            raise click.UsageError(str(exc), ctx) from None
     if params.get("dry_run") and params.get("detach"):
         raise click.UsageError("--detach and --dry-run: a dry run starts nothing, so --detach would do nothing; "
                                "drop one of them", ctx)

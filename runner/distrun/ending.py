@@ -9,6 +9,7 @@ import os
 import shlex
 from pathlib import Path
 
+from . import containers
 from .ansible_bridge import run_playbook
 from .bundle import common_vars
 from .collect import (
@@ -85,8 +86,11 @@ class RunEnd:
         """Stop every process of the run on hosts; the hosts that could not be reached."""
         if not hosts:
             return set()
-        result = run_playbook("playbooks/stop.yml", self.inventory, self.run.dir,
-                              extravars={"distrun_run_id": plan.run_id}, limit=",".join(hosts))
+        extravars: dict[str, object] = {"distrun_run_id": plan.run_id}
+        if argv := containers.stop_argv(plan):  # a run with an image: its containers too
+            extravars["distrun_container_stop_argv"] = argv
+        result = run_playbook("playbooks/stop.yml", self.inventory, self.run.dir, extravars=extravars,
+                              limit=",".join(hosts))
         return {h.name for h in result.hosts.values() if h.unreachable}
 
     def collect(self, cluster: Cluster, plan: JobPlan, hosts: list[str], lost: set[str]) -> None:

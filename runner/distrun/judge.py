@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import judge_site, netjudge, sharedfs, sshmesh
+from . import imagejudge, judge_site, netjudge, sharedfs, sshmesh
 
 # Report order; also the rows of the human table.
-CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "slurm", "versions", "ports", "addresses", "network", "ssh", "names",
+CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "image", "slurm", "versions", "ports", "addresses", "network", "ssh", "names",
           "shared folder",
           "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
@@ -201,6 +201,7 @@ def verdict(
     report["shared folder"].update(_shared(probes, seen, head, shared_mode, shared_dir, setup))
     report["addresses"].update(planned_addresses(probes, planned or {}))
     report["network"].update({h: Item(*f) for h, f in netjudge.verdict(probes, head=head).items()})
+    report["image"].update({h: Item(*f) for h, f in imagejudge.verdict(probes, head=head, reference=_reference).items()})
     if site:
         report = judge_site.site_fixes(report, probes, env_prefix=env_prefix, shared_dir=shared_dir)
     return {c: dict(sorted(items.items())) for c, items in report.items() if items}
@@ -289,6 +290,9 @@ def need_fix(labels: Sequence[str], setup: str) -> str:
         fixes.append(f"add {', '.join(packages)} to the env's packages (mpi_env_packages) and run '{setup}'")
     if any(k in ("mpirun", "orted") for k in others):
         fixes.append(f"run '{setup} --tags mpi_env' (Open MPI)")
+    if any(k in ("podman", "docker") for k in others):
+        fixes.append("install the container runtime on those nodes (Debian: apt install podman uidmap, with "
+                     "subuid/subgid ranges for the training user; or docker.io) or run without --image")
     if any(k in ("srun", "sbatch") for k in others):
         fixes.append(f"enable Slurm for the inventory (slurm_enabled: true) and run '{setup}'")
     return "; ".join(fixes) or f"run '{setup}'"

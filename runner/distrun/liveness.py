@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import nodeprog, rundir
+from .containers import Container
 from .errors import UserError
 from .inventory import Cluster, Node
 from .launchers import LAUNCHERS, launcher_named
@@ -82,6 +83,8 @@ def recorded_plan(run: Run) -> JobPlan:
         data.setdefault("attempt_dirs", False)  # recorded before attempts had folders
         if data.get("login"):
             data["login"] = RankHost(**data["login"])
+        if data.get("container"):
+            data["container"] = Container(**data["container"])
         for key in ("program", "env", "partition"):
             if data.get(key) is not None:
                 data[key] = tuple(tuple(x) if isinstance(x, list) else x for x in data[key])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from . import contract, rules
+from .containers import Container
 from .envnames import check_env_key
 from .errors import PlanError
 from .inventory import Cluster, Node
@@ -88,6 +89,8 @@ class JobPlan:
     # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a plan
     # recorded before that (no such key in its plan.json) kept them at the top of the run dir.
     attempt_dirs: bool = True
+    # --image / distrun_image: every rank runs inside a container of this image (containers.py).
+    container: Container | None = None
 
     @property
     def reached_hosts(self) -> tuple[str, ...]:
@@ -220,6 +223,7 @@ def build_plan(
     workdir: str | None = None,
     prepare: Sequence[str] = (),
     launcher_args: Sequence[str] = (),
+    container: Container | None = None,
 ) -> JobPlan:
     mpi_world = launcher_named(launcher).mpi_world
     check_gpu_slots(cluster, allow=allow_gpu_mismatch)
@@ -227,7 +231,9 @@ def build_plan(
     world = sum(n for _, n in placed)
     by_name = {n.name: n for n in cluster.workers}
     run_dir = f"{cluster.shared_dir.rstrip('/')}/runs/{run_id}"
-    python = f"{cluster.env_prefix.rstrip('/')}/bin/python"
+    # In a container the image's Python runs the program, found on the image's PATH.
+    host_python = f"{cluster.env_prefix.rstrip('/')}/bin/python"
+    python = "python3" if container else host_python
 
     def iface_of(name: str) -> str | None:
         if network is not None and name in network.per_host:
@@ -274,7 +280,8 @@ def build_plan(
         program_args = [*data_args]
         if wl.needs_partition:
             part_dir = f"{cluster.shared_dir.rstrip('/')}/partitions/{dataset}-{world}parts{'-gdc' if gdc else ''}"
-            partition = (python, f"{workloads_dir}/partition.py", *data_args, "--num-parts", str(world), "--out", part_dir)
+            # The partitioner runs on the head itself (role job), in the node's env.
+            partition = (host_python, f"{workloads_dir}/partition.py", *data_args, "--num-parts", str(world), "--out", part_dir)
             program_args += ["--part-dir", part_dir, "--num-parts", str(world)]
         if epochs is not None:
             program_args += ["--epochs", str(epochs)]
@@ -320,6 +327,7 @@ def build_plan(
         prepare=substitute_strict(prepare, values, "--prepare") if prepare else (),
         launcher_args=tuple(launcher_args),
         login=RankHost(cluster.head.name, cluster.head.address, 0, 0, None) if cluster.slurm_existing else None,
+        container=container,
     )
 
 

@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import paths, rules
+from . import containers, paths, rules
 from .bundle import launch_scripts, plan_files
 from .inventory import Cluster, load_cluster, load_facts
 from .jobenv import run_env
@@ -45,6 +45,8 @@ class JobRequest:
     launcher_args: tuple[str, ...] = ()  # --launcher-args, split into words
     hosts: tuple[str, ...] = ()  # --hosts: only these workers
     exclude: tuple[str, ...] = ()  # --exclude: not these workers
+    image: str | None = None  # --image; None: the inventory's distrun_image, if any
+    container_runtime: str | None = None  # --container-runtime; None: distrun_container_runtime, else podman
 
 
 def load(request: JobRequest) -> Cluster:
@@ -121,6 +123,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         workdir=node_path(cluster.shared_dir, request.workdir) if request.workdir else None,
         prepare=request.prepare,
         launcher_args=request.launcher_args,
+        container=containers.choose(cluster.source, cluster.group_vars, request.image, request.container_runtime),
     )
 
 

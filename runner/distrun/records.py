@@ -100,6 +100,7 @@ def _plan(plan: dict[str, Any]) -> dict[str, Any]:
         "workload": plan.get("workload"),
         "program": plan.get("program"),
         "run_dir": f"{shared}/runs/{plan.get('run_id')}" if shared else None,
+        "container": plan.get("container") if isinstance(plan.get("container"), dict) else None,
     }
 
 

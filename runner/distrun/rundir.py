@@ -61,7 +61,7 @@ ATTEMPT_FILES = ("launch-*.sh", "launcher-*", "exitcode-*", RANKS, TORCHRUN, STA
 # (exact names, then shell patterns): a user's --script of such a name would replace distrun's
 # file or be replaced by it. The old layout's attempt files are kept: a run of that layout may
 # still be read. tests/unit/test_cli_args.py renders every launcher's files against this list.
-RUN_DIR_NAMES = ("hostfile", "rank-env.sh", "env.sh", "result.json", ATTEMPTS, RANKS, TORCHRUN, STARTED, "job.sbatch")
+RUN_DIR_NAMES = ("hostfile", "rank-env.sh", "container-run.sh", "env.sh", "result.json", ATTEMPTS, RANKS, TORCHRUN, STARTED, "job.sbatch")
 RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "job-*.sbatch", "slurm-*")
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import nodeprog
+from . import containers, nodeprog
 from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
 from .errors import UserError
 from .printable import printable
-from .runs import Run, load_run
+from .runs import RecordError, Run, load_run
 
 
 @dataclass
@@ -60,6 +60,17 @@ def stop_report(result: PlaybookResult, outputs: dict[str, str], run_id: str = "
     return report
 
 
+def container_stop(run: Run) -> list[str]:
+    """The removal of the run's containers on each node, for a run with an image ([] otherwise,
+    or for a record that never had a plan)."""
+    from .liveness import recorded_plan
+
+    try:
+        return containers.stop_argv(recorded_plan(run))
+    except RecordError:
+        return []
+
+
 def stop_run(run_id: str) -> StopReport:
     """Stop a train run everywhere and mark its record stopped; what was stopped where."""
     run: Run = load_run(run_id, verb="train")
@@ -72,8 +83,11 @@ def stop_run(run_id: str) -> StopReport:
         if ev.host and nodeprog.answer(out, "stop") is not None:
             outputs[ev.host] = out
 
-    result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir,
-                          extravars={"distrun_run_id": run.id}, on_event=on_event)
+    extravars: dict[str, object] = {"distrun_run_id": run.id}
+    if argv := container_stop(run):
+        extravars["distrun_container_stop_argv"] = argv
+    result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir, extravars=extravars,
+                          on_event=on_event)
     report = stop_report(result, outputs, run.id)
     if run.meta.status == "running":
         if report.missed:

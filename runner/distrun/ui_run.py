@@ -170,6 +170,8 @@ def dry_run_text(dry: DryRun) -> str:
     out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
     out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")
     out.append(f"run dir:     {plan.run_dir}")
+    if plan.container:
+        out.append(f"container:   {plan.container.runtime} image {plan.container.image} (every rank inside it)")
     net = plan.cidr or ("the site's: distrun contacts only the login node" if plan.login
                         else "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)")
     out.append(f"network:     {net}")

@@ -50,6 +50,10 @@ def inventory_file(verb: str, text: str) -> Argv:
     return lambda t: [verb, "-i", write(t, "hosts.ini", text)]
 
 
+def dry_inventory(text: str) -> Argv:
+    return lambda t: ["train", "-i", write(t, "hosts.ini", text), "--dry-run"]
+
+
 def write(t: Path, name: str, text: str) -> str:
     p = t / name
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +170,21 @@ add("--slurm-mode with torchrun", fixed([*D, "--launcher", "torchrun", "--slurm-
     ("--slurm-mode goes with --launcher slurm", "this run uses torchrun"))
 add("--use-gdc with --script", lambda t: [*D, "--script", write(t, "s.py", ""), "--use-gdc"],
     ("--use-gdc is an option of the reference workloads, not of --script",))
+# --- containers: an image reference and a runtime that cannot work -----------------------------------
+for ref in ["Ubuntu:22.04", "-v/etc:/x", "img with space", "img:tag;id", "a//b", "img@sha256:abc"]:
+    add(f"--image {ref!r}", fixed([*D, "--image", ref]), (f"--image {ref!r} is not an image reference",
+                                                         "[registry[:port]/]name[:tag]"))
+add("--container-runtime unknown", fixed([*D, "--image", "localhost/t:1", "--container-runtime", "lxc"]),
+    ("'lxc' is not one of podman, docker",))
+add("--container-runtime without an image", fixed([*D, "--container-runtime", "docker"]),
+    ("--container-runtime needs an image", "--image REF"), reads_inventory=True)
+add("distrun_image not an image", dry_inventory("[head]\na ansible_host=192.0.2.1\n[workers]\na\n"
+                                                        "[all:vars]\ndistrun_image='Bad Image'\n"),
+    ("distrun_image 'Bad Image' is not an image reference", "hosts.ini"), reads_inventory=True)
+add("distrun_container_runtime unknown", dry_inventory("[head]\na ansible_host=192.0.2.1\n[workers]\na\n"
+                                                               "[all:vars]\ndistrun_image=localhost/t:1\n"
+                                                               "distrun_container_runtime=lxc\n"),
+    ("distrun_container_runtime 'lxc'", "choose one of podman, docker"), reads_inventory=True)
 add("runs: --older-than alone (hours)", fixed(["runs", "--older-than", "12h"]), ("--older-than only goes with --prune",))
 
 # --- launcher arguments that repeat what distrun sets ------------------------------------------------

@@ -27,3 +27,21 @@ def test_check_asks_for_one_fork_per_node(tmp_path, monkeypatch, workers):
     with pytest.raises(_Stop):
         check.run_check(inv, str(inv))
     assert asked["name"] == "playbooks/preflight.yml" and asked["forks"] == workers
+
+
+def test_check_asks_every_node_for_the_inventorys_image(tmp_path, monkeypatch):
+    inv = tmp_path / "hosts.ini"
+    asked: dict = {}
+
+    def playbook(name, inventory, run_dir, **kwargs):
+        asked.update(kwargs["extravars"])
+        raise _Stop
+
+    monkeypatch.setattr(check, "run_playbook", playbook)
+    for text, want in [("", None), ("[all:vars]\ndistrun_image=localhost/train:1\ndistrun_container_runtime=docker\n",
+                                   {"ref": "localhost/train:1", "runtime": "docker"})]:
+        inv.write_text("[head]\nw1 ansible_host=192.0.2.1\n[workers]\nw1\n" + text)
+        asked.clear()
+        with pytest.raises(_Stop):
+            check.run_check(inv, str(inv))
+        assert asked.get("preflight_image") == want

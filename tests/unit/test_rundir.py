@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from distrun import attempt_shell, bundle, follow, liveness, nodeprog, rundir
+from distrun.containers import Container
 from distrun.diagnosis import rank_logs
 from distrun.launchers import launcher_named
 from distrun.launchers.torchrun import Torchrun
@@ -23,14 +24,15 @@ from .test_follow import plan_in, sh
 from .test_launchers import MIXED, cluster
 
 # What all attempts of a run share at the top of its run dir (rendered once per attempt, read only).
-SHARED = {"hostfile", "rank-env.sh", "env.sh", "result.json", "slurm-hostfile", "slurm-driver.sh", "job.sbatch",
+SHARED = {"hostfile", "rank-env.sh", "container-run.sh", "env.sh", "result.json", "slurm-hostfile", "slurm-driver.sh", "job.sbatch",
           "job-0.sbatch", "job-1.sbatch", "job-2.sbatch", "train.py"}
 
 
+@pytest.mark.parametrize("image", [None, "localhost/train:1"])
 @pytest.mark.parametrize(("launcher", "mode"), [("mpirun", ""), ("torchrun", ""), ("slurm", "single"), ("slurm", "multi-job")])
-def test_every_path_an_attempt_writes_lies_in_its_own_folder(launcher, mode):
+def test_every_path_an_attempt_writes_lies_in_its_own_folder(launcher, mode, image):
     plan = build_plan(cluster(MIXED), run_id="r1", launcher=launcher, restart=2, script="train.py",
-                      slurm={"mode": mode} if mode else None)
+                      slurm={"mode": mode} if mode else None, container=Container(image) if image else None)
     scripts = bundle.launch_scripts(plan)
     assert set(bundle.launch_files(plan, scripts)) == {f"attempts/2/launch-{h}.sh" for h in scripts}
     for text in scripts.values():

@@ -529,6 +529,21 @@ def probe_programs(programs):
     return out
 
 
+def probe_image(image):
+    """The run's container image as the training user's runtime sees it (rootless podman keeps
+    images per user): its id, or why there is none."""
+    ref, runtime = str(image.get("ref", "")), str(image.get("runtime", ""))
+    out = {"ref": ref, "runtime": runtime, "user": USER, "id": ""}
+    proc = as_user([runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
+    first = (proc.stdout or "").strip().splitlines()[:1]
+    if proc.returncode == 0 and first:
+        image_id = first[0].strip()
+        out["id"] = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+    else:
+        out["error"] = _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
+    return out
+
+
 SLURM_PROGRAMS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 
 
@@ -711,6 +726,9 @@ def body(report):
                                        "detail": "importable" if modules.get(m) else f"not in {PREFIX}"}
                        for m in CFG.get("modules", [])}
     report["needs"].update(probe_programs(CFG.get("programs", {})))
+    if CFG.get("image"):
+        STEP = "container image"
+        report["image"] = probe_image(CFG["image"])
     if CFG.get("mount_fstypes"):
         STEP = "shared folder mount"
         report["shared_mount"] = probe_mount(CFG["shared_dir"], CFG["mount_fstypes"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import rundir
+from .. import containers, rundir
 from .base import MPI_ABORT, MPI_PROCESS, Launcher
 
 if TYPE_CHECKING:
@@ -39,8 +39,11 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         argv += ["-x", f"{key}={value}"]
     for key in _FORWARD:
         argv += ["-x", key]
-    # --launcher-args last among the options: mpirun reads them after distrun's own.
-    argv += [*plan.launcher_args, plan.wrapper, *plan.program]
+    # --launcher-args last among the options: mpirun reads them after distrun's own. With an
+    # image, the rank wrapper runs on the node and hands the program to the container's start
+    # (one container per rank, the host's mpirun and orted outside: the hybrid model).
+    inside = [containers.script_path(plan)] if plan.container else []
+    argv += [*plan.launcher_args, plan.wrapper, *inside, *plan.program]
     return argv
 
 
@@ -59,10 +62,16 @@ class Mpirun(Launcher):
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
         return mpirun_argv(plan)
 
+    def files(self, plan: JobPlan) -> dict[str, str]:
+        return containers.files(plan, per_rank=True)
+
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         mpi_bin = f"{plan.mpi_prefix.rstrip('/')}/bin"
         # orted: Open MPI 4; prted: Open MPI 5.
-        return {"orted": [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]}, {"mpirun": [f"{mpi_bin}/mpirun"]}
+        nodes = {"orted": [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]}
+        if plan.container:
+            nodes[plan.container.runtime] = [plan.container.runtime]
+        return nodes, {"mpirun": [f"{mpi_bin}/mpirun"]}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:
         # --output-filename DIR: DIR/1/rank.N/stdout (the 1 is the job's number).

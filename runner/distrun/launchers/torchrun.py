@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import rundir
+from .. import containers, rundir
 from .base import TORCHRUN_ROOT_CAUSE, Launcher
 
 if TYPE_CHECKING:
@@ -25,7 +25,8 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
     """
     if store_host is None:
         store_host = host.name == plan.hosts[0].name
-    torchrun = f"{plan.env_prefix.rstrip('/')}/bin/torchrun"
+    # In a container: the image's torchrun, on its PATH.
+    torchrun = "torchrun" if plan.container else f"{plan.env_prefix.rstrip('/')}/bin/torchrun"
     return [
         torchrun,
         f"--nnodes={len(plan.hosts)}",
@@ -57,6 +58,8 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
 
 def torchrun_env(plan: JobPlan, host: RankHost) -> dict[str, str]:
     env = dict(plan.env)
+    if plan.container:
+        env["DISTRUN_HOST"] = host.name  # which node the container starts on: its GPUs
     if host.iface:
         env["GLOO_SOCKET_IFNAME"] = host.iface
         env["NCCL_SOCKET_IFNAME"] = host.iface
@@ -77,13 +80,20 @@ class Torchrun(Launcher):
         return list(plan.hosts)
 
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
-        return torchrun_argv(plan, host)
+        # With an image: the agent and its workers in one container on the node.
+        inside = [containers.script_path(plan)] if plan.container else []
+        return [*inside, *torchrun_argv(plan, host)]
+
+    def files(self, plan: JobPlan) -> dict[str, str]:
+        return containers.files(plan, per_rank=False)
 
     def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
         # The plan's env holds DISTRUN_RUN_ID, which tags the agent for 'distrun stop'.
         return sorted(torchrun_env(plan, host).items())
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        if plan.container:
+            return {plan.container.runtime: [plan.container.runtime]}, {}
         return {"torchrun": [f"{plan.env_prefix.rstrip('/')}/bin/torchrun"]}, {}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:

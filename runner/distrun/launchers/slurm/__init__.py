@@ -86,6 +86,8 @@ class Slurm(Launcher):
         return ["bash", f"{plan.run_dir}/slurm-driver.sh"]
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        if plan.container and mode(plan) == "multi-job":
+            return {plan.container.runtime: [plan.container.runtime]}, {"sbatch": ["sbatch"], "srun": ["srun"]}
         return {}, {"sbatch": ["sbatch"], "srun": ["srun"]}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:

@@ -16,7 +16,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
-from ... import rundir
+from ... import containers, rundir
 from ...errors import PlanError
 from ...rules import slurm_node_name
 from ..torchrun import torchrun_argv
@@ -108,8 +108,10 @@ def _site_node_check(plan: JobPlan) -> str:
         '[ -x "$3" ] || { echo "DISTRUN_FAILED_HOST $h $3 is not on $h: put distrun_env_prefix on a filesystem '
         'the compute nodes mount, or create the env there"; exit 1; }'
     )
+    # In a container the program's interpreter is the image's: nothing to find on the node.
+    interpreter = "/bin/sh" if plan.container else plan.program[0]
     return shlex.join(["srun", "--ntasks-per-node=1", f"--ntasks={len(plan.hosts)}", "bash", "-c", check,
-                       "distrun-node-check", plan.wrapper, plan.run_dir, plan.program[0]])
+                       "distrun-node-check", plan.wrapper, plan.run_dir, interpreter])
 
 
 def sbatch_script(plan: JobPlan) -> str:
@@ -147,6 +149,8 @@ def sbatch_script(plan: JobPlan) -> str:
     if placed_by_hostfile(plan):
         lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
         srun.append("--distribution=arbitrary")
+    if plan.container:
+        srun += containers.pyxis_args(plan)  # each task in the image, through pyxis
     # --launcher-args go to srun, after distrun's own options.
     lines.append(shlex.join([*srun, *plan.launcher_args, plan.wrapper, *plan.program]))
     return "\n".join(lines) + "\n"
@@ -184,6 +188,10 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     program = plan.program if plan.workdir else _without_mpi4py_runner(plan.program)
     torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, store_host=index == 0, program=program, launcher_args=()))
     torchrun = torchrun.replace(f"--rdzv-endpoint={mark}:", '--rdzv-endpoint="$MASTER_ADDR":', 1)
+    if plan.container:
+        # The agent and its workers in one container on the job's node.
+        lines.append(f"export DISTRUN_HOST={shlex.quote(host.name)}")
+        torchrun = f"{shlex.quote(containers.script_path(plan))} {torchrun}"
     # --launcher-args go to srun here too: Slurm starts the ranks' agent.
     lines.append(shlex.join(["srun", "--ntasks=1", "--kill-on-bad-exit=1", *plan.launcher_args]) + f" {torchrun}")
     return "\n".join(lines) + "\n"
@@ -192,7 +200,8 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
 def sbatch_files(plan: JobPlan) -> dict[str, str]:
     """Run-directory file name -> content: the sbatch script(s) of the plan's mode."""
     if mode(plan) == "multi-job":
-        return {f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.hosts)}
+        return {**{f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.hosts)},
+                **containers.files(plan, per_rank=False)}
     files = {"job.sbatch": sbatch_script(plan)}
     if placed_by_hostfile(plan):
         files["slurm-hostfile"] = slurm_hostfile(plan)

@@ -1,0 +1,97 @@
+"""The container image in the preflight: every node must have the run's image, the same one."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distrun.bundle import preflight_needs
+from distrun.containers import Container
+from distrun.plan import build_plan
+
+from .test_check import NODES
+from .test_preflight_needs import PROBE, cluster, failed, judge, probe
+
+REF = "localhost/train:1"
+A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def image(found: str = A, **over) -> dict:
+    return {"ref": REF, "runtime": "podman", "user": "distrun", "id": found, **over}
+
+
+def test_the_same_image_on_every_node_passes_and_says_its_id():
+    probes = {h: probe(h, image=image()) for h in NODES}
+    assert judge(probes, failed()) == ""
+
+
+def test_a_node_without_the_image_is_named_with_the_pull_as_the_training_user():
+    probes = {h: probe(h, image=image()) for h in NODES}
+    probes["node2"]["image"] = image("", error="localhost/train:1: image not known")
+    line = judge(probes, failed("node2"))
+    assert line == ("image: image localhost/train:1 is not in podman's images of distrun on node2 (localhost/train:1: "
+                    "image not known) on node2: pull or load it there as distrun: 'podman pull localhost/train:1' "
+                    "(or 'podman load -i FILE' with the archive the other nodes loaded)")
+
+
+def test_a_node_with_another_digest_is_blamed_against_the_majority():
+    probes = {h: probe(h, image=image()) for h in NODES}
+    probes["node3"]["image"] = image(B)
+    line = judge(probes, failed("node3"))
+    assert line.startswith(f"image: image {REF} on node3 is sha256:bbbbbbbbbbbb but sha256:aaaaaaaaaaaa on node1,node2 "
+                           "on node3: give node3 the same image")
+    assert "node1" not in line.split(": give")[1].split("archive")[0]
+
+
+def test_a_missing_runtime_is_a_need_with_the_install_fix():
+    probes = {h: probe(h, needs={"podman": {"ok": False, "detail": "not in PATH"}}) for h in NODES}
+    line = judge(probes, failed(*NODES))
+    assert line.startswith("needs: podman is not in PATH on node1, node2, node3: install the container runtime")
+
+
+def test_a_run_with_an_image_asks_the_nodes_for_it_and_not_for_the_envs_modules():
+    plain = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp")
+    boxed = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container(REF, "docker"))
+    assert preflight_needs(plain)["preflight_image"] == {}
+    needs = preflight_needs(boxed)
+    assert needs["preflight_image"] == {"ref": REF, "runtime": "docker"}
+    assert needs["preflight_modules"] == [] and needs["preflight_programs"] == {"docker": ["docker"]}
+
+
+def run_probe_with_image(tmp_path: Path, ref: str) -> dict:
+    prefix = tmp_path / "env"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(sys.executable)
+    cfg = {"host": "here", "user": getpass.getuser(), "env_prefix": str(prefix), "mpi_prefix": "/usr",
+           "shared_dir": str(tmp_path), "image": {"ref": ref, "runtime": "podman"}}
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])["image"]
+
+
+def local_image() -> str:
+    if not shutil.which("podman"):
+        pytest.skip("podman is not installed on this machine: the probe's image check needs it")
+    out = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}} {{.Id}}"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    named = [line.split() for line in out.stdout.splitlines() if not line.startswith("<none>")]
+    if not named:
+        pytest.skip("this user's podman holds no named image to inspect")
+    return named[0][0]
+
+
+def test_the_probe_reads_the_image_id_from_the_users_podman(tmp_path):
+    ref = local_image()
+    found = run_probe_with_image(tmp_path, ref)
+    want = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True,
+                          timeout=60, check=True).stdout.strip()
+    assert found["id"] == f"sha256:{want.removeprefix('sha256:')}" and found["ref"] == ref
+    missing = run_probe_with_image(tmp_path / "2", "localhost/distrun-no-such-image:0")
+    assert missing["id"] == "" and missing["error"]
