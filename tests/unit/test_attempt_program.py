@@ -114,3 +114,45 @@ def test_a_bad_config_is_one_line(attempt, cfg, error):
     _, good, _ = attempt
     out = call("follow", {**good, **cfg})
     assert (out.returncode, out.stdout, out.stderr) == (2, "", f"attempt.py: {error}\n")
+
+
+def test_a_log_that_never_ends_does_not_hide_the_units_end(attempt):
+    """A log fed without end (here a FIFO another process writes into forever) is followed in
+    bounded helpings: the unit's end is still seen, and the follower answers it."""
+    folder, cfg, make = attempt
+    os.mkfifo(folder / "launcher-h1.log")
+    writer = subprocess.Popen(["bash", "-c", "exec yes training >launcher-h1.log"], cwd=folder)
+    try:
+        make("launched", "x\n")
+        make("exit", "success exited 3\n")
+        out = call("follow", {**cfg, "log": "launcher-h1.log"})
+        assert out.returncode == 0, out.stderr
+        assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 3}
+        lines = out.stdout.splitlines()[:-1]
+        assert lines and all(ln.startswith("| ") and "training".startswith(ln[2:]) for ln in lines), lines[-3:]
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_line_without_end_reaches_the_controller_in_bounded_pieces(attempt):
+    folder, cfg, make = attempt
+    (folder / "launcher-h1.log").write_bytes(b"x" * (3 << 20))
+    make("launched", "x\n")
+    make("exit", "success exited 0\n")
+    out = call("follow", {**cfg, "log": "launcher-h1.log"})
+    lines = out.stdout.splitlines()
+    assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 0}
+    assert max(len(ln) for ln in lines) <= 2 + (64 << 10)
+    assert sum(len(ln) - 2 for ln in lines[:-1]) == 3 << 20
+
+
+def test_a_unit_gone_without_its_record_is_an_end(attempt):
+    """No record will come once the unit's cgroup is gone (no systemd here: none exists): the
+    follower says so instead of waiting for ever."""
+    _, cfg, make = attempt
+    make("launched", "x\n")
+    said = nodeprog.answer(call("follow", cfg, timeout=30).stdout, "follow")
+    assert said is not None and said["error"] == (
+        f"h1: the launcher's unit distrun:{cfg['run']}:0:h1.service ended without writing its record "
+        f"/run/distrun/distrun:{cfg['run']}:0:h1.service.exit (is /run full?)")

@@ -31,6 +31,7 @@ import os
 import pwd
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -38,6 +39,10 @@ import time
 NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
 RECORDS = "/run/distrun"
 START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this did not start
+LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer one is cut
+PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's end
+CLOSE_MAX = 256 << 20  # bytes of the log read at most once the launcher ended
+GONE_S = 5  # seconds a unit's cgroup is gone with no record before its end is called recordless
 STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -64,7 +69,7 @@ def _root_file(path: str) -> bytes | None:
         return None
     try:
         st = os.fstat(fd)
-        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not os.path.stat.S_ISREG(st.st_mode):
+        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
             return None
         return os.read(fd, 4096)
     finally:
@@ -150,31 +155,68 @@ def _status(text: str) -> int | None:
 
 
 class Log:
-    """The launcher's log followed as it grows; each whole line printed as '| <line>'."""
+    """The launcher's log followed as it grows; each line printed as '| <line>', valid UTF-8.
+
+    What the job writes is data: a line ends at "\n", "\r\n" or "\r" (a progress bar's
+    update is a line, and nothing after a "\r" reaches the controller unframed), and one longer
+    than LINE_MAX bytes is cut. Each look reads at most PUMP_MAX bytes, so a log fed without end
+    (a FIFO, another process appending) never keeps the follower from the launcher's end; once
+    that came, only what the log held then is read."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.fd, self.rest = path, None, b""
+        self.path, self.rest, self.cr = path, b"", False
+        self.fd: int | None = None
 
-    def pump(self) -> None:
+    def pump(self, limit: int = PUMP_MAX) -> None:
         if self.fd is None:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
                 return
-        while True:
-            chunk = os.read(self.fd, 1 << 16)
+        fd = self.fd
+        while limit > 0:
+            try:
+                chunk = os.read(fd, min(1 << 16, limit))
+            except OSError:  # a FIFO with nothing in it now, or not a file at all
+                break
             if not chunk:
                 break
-            lines = (self.rest + chunk).split(b"\n")
-            self.rest = lines.pop()
-            if lines:
-                sys.stdout.write("".join(f"| {ln.decode(errors='replace')}\n" for ln in lines))
-                sys.stdout.flush()
+            limit -= len(chunk)
+            self._frame(chunk)
+
+    def _frame(self, chunk: bytes) -> None:
+        data = self.rest + chunk
+        if self.cr and data.startswith(b"\n"):
+            data = data[1:]  # the rest of a "\r\n" whose "\r" ended the last line
+        self.cr = data.endswith(b"\r")
+        parts = re.split(rb"\r\n|\r|\n", data)
+        self.rest = parts.pop()
+        lines = [p[i:i + LINE_MAX] for p in parts for i in range(0, max(len(p), 1), LINE_MAX)]
+        while len(self.rest) > LINE_MAX:
+            lines.append(self.rest[:LINE_MAX])
+            self.rest = self.rest[LINE_MAX:]
+        self._write(lines)
+
+    @staticmethod
+    def _write(lines: list[bytes]) -> None:
+        if lines:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(b"".join(b"| " + ln.decode(errors="replace").encode() + b"\n" for ln in lines))
+            sys.stdout.buffer.flush()
 
     def close(self) -> None:
+        """Read what the log holds now (a regular file: up to its present size), then its last line."""
         self.pump()
+        if self.fd is not None:
+            try:
+                st = os.fstat(self.fd)
+                left = st.st_size - os.lseek(self.fd, 0, os.SEEK_CUR) if stat.S_ISREG(st.st_mode) else 0
+            except OSError:
+                left = 0
+            self.pump(min(left, CLOSE_MAX))
+            os.close(self.fd)
         if self.rest:
-            sys.stdout.write(f"| {self.rest.decode(errors='replace')}\n")
+            self._write([self.rest])
 
 
 def _alive(pid: int, script: str) -> bool:
@@ -183,10 +225,10 @@ def _alive(pid: int, script: str) -> bool:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+            line = f.read()
     except OSError:
         return False
-    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X") and script.encode() in argv
+    return line[line.rindex(b")") + 2:][:1] not in (b"Z", b"X") and script.encode() in argv
 
 
 def _read_small(path: str) -> str | None:
@@ -206,14 +248,22 @@ def follow(cfg: dict) -> dict:
     log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
     exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
     contained = _root_file(_record(unit, "launched")) is not None
-    started, pid = time.monotonic(), None
+    started, pid, gone = time.monotonic(), None, None
 
     def ended() -> dict | None:
-        nonlocal pid
+        nonlocal pid, gone
         if contained:
             said = _root_file(_record(unit, "exit"))
             if said is None:
-                return None
+                # systemd removes the unit's cgroup after its ExecStopPost: with neither, no
+                # record will come (its write failed: /run full, the post killed).
+                gone = None if _unit_cgroup(unit) else (gone or time.monotonic())
+                if gone is None or time.monotonic() - gone < GONE_S:
+                    return None
+                said = _root_file(_record(unit, "exit"))
+                if said is None:
+                    return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without writing its record "
+                                     f"{_record(unit, 'exit')} (is /run full?)"}
             code = _status(said.decode(errors="replace"))
             if code is None:
                 return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without an exit code "
@@ -224,8 +274,8 @@ def follow(cfg: dict) -> dict:
             return {"exit": int(text)} if re.fullmatch(r"-?\d{1,4}", text) else {
                 "error": f"{cfg['host']}: {exit_file} holds no exit code"}
         if pid is None:
-            said = _read_small(pid_file) or ""
-            pid = int(said) if said.isdigit() else None
+            written = _read_small(pid_file) or ""
+            pid = int(written) if written.isdigit() else None
             wait_s = cfg.get("start_wait_s", START_WAIT_S)
             if pid is None and time.monotonic() - started > wait_s:
                 return {"error": f"{cfg['host']}: the launcher did not start: no {pid_file} after {wait_s} s"}
