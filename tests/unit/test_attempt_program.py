@@ -7,8 +7,10 @@ makes them, root-owned in /run/distrun."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -156,3 +158,34 @@ def test_a_unit_gone_without_its_record_is_an_end(attempt):
     assert said is not None and said["error"] == (
         f"h1: the launcher's unit distrun:{cfg['run']}:0:h1.service ended without writing its record "
         f"/run/distrun/distrun:{cfg['run']}:0:h1.service.exit (is /run full?)")
+
+
+def _program(monkeypatch, records: Path):
+    """attempt.py imported here, as if on a node with systemd, its records in records."""
+    spec = importlib.util.spec_from_file_location("attempt_program", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RECORDS", str(records))
+    monkeypatch.setattr(module, "_systemd", lambda: True)
+    monkeypatch.setattr(module.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 0, "", ""))
+    return module
+
+
+@pytest.mark.parametrize("made_before", [False, True])
+def test_the_records_are_readable_by_the_followers_whatever_roots_umask(attempt, tmp_path, monkeypatch, made_before):
+    """Followers run as the training user: a record they cannot read makes them take the job's
+    exit code file instead (a hardened root umask, 027 or 077, must not open that door)."""
+    _, cfg, _ = attempt
+    records = tmp_path / "records"
+    if made_before:
+        records.mkdir(mode=0o700)
+    program = _program(monkeypatch, records)
+    old = os.umask(0o077)
+    try:
+        said = program.launch(cfg)
+    finally:
+        os.umask(old)
+    assert said == {"verb": "launch", "launched": True, "unit": f"distrun:{cfg['run']}:0:h1.service"}
+    assert stat.S_IMODE(records.stat().st_mode) == 0o755
+    assert stat.S_IMODE((records / f"{said['unit']}.launched").stat().st_mode) == 0o644

@@ -87,7 +87,10 @@ def launch(cfg: dict) -> dict:
            "PATH": PATH if os.geteuid() == 0 else os.environ.get("PATH", PATH), "LANG": "C.UTF-8"}
     if _systemd():
         unit = unit_name(cfg)
+        # Followers read the records as the training user: whatever root's umask (027, 077 on
+        # hardened nodes), or they would take the exit code file the job writes instead.
         os.makedirs(RECORDS, mode=0o755, exist_ok=True)
+        os.chmod(RECORDS, 0o755)
         tmp, done = _record(unit, "exit.tmp"), _record(unit, "exit")
         # systemd gives ExecStopPost how the main process ended; $$ is a literal $ in an Exec line.
         post = (f'+/bin/sh -c "umask 022; echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {tmp} '
@@ -109,8 +112,12 @@ def launch(cfg: dict) -> dict:
         if ran.returncode != 0:
             why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
             return {"verb": "launch", "error": f"systemd-run could not start {unit}: {why[:300]}"}
-        with open(_record(unit, "launched"), "w") as f:
-            f.write(f"{unit}\n")
+        fd = os.open(_record(unit, "launched"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+            os.write(fd, f"{unit}\n".encode())
+        finally:
+            os.close(fd)
         return {"verb": "launch", "launched": True, "unit": unit}
     if os.geteuid() not in (0, user.pw_uid):
         raise AttemptError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
