@@ -17,8 +17,10 @@ Called by root (``"user"`` in the config names the training user), stop first st
 units (roles/job/files/attempt.py starts every launcher in one), and both verbs look at that
 user's processes; otherwise at the caller's own (the kernel keeps its kill to them anyway).
 Which processes are a run's, by this evidence:
-  0. the unit: a process in the cgroup of unit ``distrun:<run>:<attempt>:<host>.service`` is
-     that run's, whatever else it did (no process of the training user can leave its cgroup);
+  0. the unit: a process in the cgroup of the system manager's unit
+     ``distrun:<run>:<attempt>:<host>.service`` is that run's, whatever else it did (no process
+     of the training user can leave its cgroup; a cgroup of that name under the user's own
+     manager, which the job may make, is no evidence);
 and for processes outside any run's unit (mpirun's daemons started over ssh, runs launched
 where there is no root or no systemd), the oldest first:
   1. ancestry: a process whose parent (or its parent, ...) belongs to a run belongs to it;
@@ -89,7 +91,7 @@ def _read(path: str, limit: int = 4 << 20) -> bytes | None:
 class Proc:
     """One process as /proc shows it: pid, parent, group, session, start time, uid, tag."""
 
-    def __init__(self, root: str, pid: int, stat: bytes) -> None:
+    def __init__(self, root: str, pid: int, stat: bytes, units: str = "/system.slice/") -> None:
         self.root, self.pid = root, pid
         comm_end = stat.rindex(b")")
         self.comm = stat[stat.index(b"(") + 1:comm_end].decode(errors="replace")[:32]
@@ -108,9 +110,11 @@ class Proc:
                 self.tag = value if RUN_ID.fullmatch(value) else ""
                 break
         # The unit a process runs in (attempt.py starts each launcher as one): a cgroup no process
-        # of the training user can leave.
+        # of the training user can leave. Only the system manager's units (``units``): the
+        # training user's own manager names its cgroups as that user likes.
         cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines()
-        m = UNIT.fullmatch(cgroup[-1].rsplit("/", 1)[-1]) if cgroup else None
+        path = cgroup[-1].split(":", 2)[-1] if cgroup else ""
+        m = UNIT.fullmatch(path[len(units):]) if path.startswith(units) else None
         self.unit_run = m.group(1) if m else None
         self.owner: str | None = None
         self.why = ""
@@ -130,15 +134,26 @@ class Proc:
                                   and os.path.basename(cwd).isdigit())
 
 
+def _units(root: str) -> str:
+    """The cgroup folder of the system manager's services: beside init's own cgroup (in a
+    container without a cgroup namespace, under the container's), as attempt.py finds them."""
+    base = ""
+    for line in (_read(f"{root}/1/cgroup", 4096) or b"").decode(errors="replace").splitlines():
+        if line.startswith("0::") or ":name=systemd:" in line:
+            base = os.path.dirname(line.split(":", 2)[2])
+    return f"{base.rstrip('/')}/system.slice/"
+
+
 def processes(root: str) -> dict[int, Proc]:
     """Every live process (zombies are gone already) that /proc shows."""
     found: dict[int, Proc] = {}
+    units = _units(root)
     for name in os.listdir(root):
         if name.isdigit():
             stat = _read(f"{root}/{name}/stat")
             if stat:
                 try:
-                    p = Proc(root, int(name), stat)
+                    p = Proc(root, int(name), stat, units)
                 except (ValueError, IndexError):
                     continue
                 if p.state not in ("Z", "X"):
