@@ -110,6 +110,8 @@ def test_without_a_unit_the_launch_scripts_own_exit_code_file_is_read(attempt):
     ({"host": "h1; rm -rf /"}, "follow: host 'h1; rm -rf /' is empty or not a plain name"),
     ({"run": ".."}, "follow: run '..' is empty or not a plain name"),
     ({"attempt": "0/../1"}, "follow: attempt '0/../1' is not a number"),
+    ({"attempt": "\u0661"}, "follow: attempt '\u0661' is not a number"),  # a digit to str.isdigit, not to systemd
+    ({"attempt": "1234567890"}, "follow: attempt '1234567890' is not a number"),  # node.py's stop would miss its unit
     ({"dir": "relative"}, "follow: dir 'relative' is not an absolute path"),
 ])
 def test_a_bad_config_is_one_line(attempt, cfg, error):

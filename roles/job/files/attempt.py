@@ -408,7 +408,7 @@ def main(argv: list[str]) -> int:
         for key in ("run", "host", "user", "script"):
             if not (isinstance(cfg.get(key), str) and NAME.fullmatch(cfg[key]) and set(cfg[key]) != {"."}):
                 raise AttemptError(f"{argv[0]}: {key} {cfg.get(key)!r} is empty or not a plain name")
-        if not str(cfg.get("attempt", "")).isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", str(cfg.get("attempt", ""))):  # as node.py's stop reads a unit
             raise AttemptError(f"{argv[0]}: attempt {cfg.get('attempt')!r} is not a number")
         if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
             raise AttemptError(f"{argv[0]}: dir {cfg.get('dir')!r} is not an absolute path")
