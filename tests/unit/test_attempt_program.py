@@ -191,3 +191,23 @@ def test_the_records_are_readable_by_the_followers_whatever_roots_umask(attempt,
     assert said == {"verb": "launch", "launched": True, "unit": f"distrun:{cfg['run']}:0:h1.service"}
     assert stat.S_IMODE(records.stat().st_mode) == 0o755
     assert stat.S_IMODE((records / f"{said['unit']}.launched").stat().st_mode) == 0o644
+
+
+def test_a_unit_is_followed_to_its_record_whatever_becomes_of_its_folder(attempt):
+    """The job (or another run's) may move or lock its attempt's folder: that ends no follower
+    of a unit, whose end comes from root's record alone."""
+    folder, cfg, make = attempt
+    make("launched", "x\n")
+    follower = subprocess.Popen([sys.executable, "-I", str(PROGRAM), "follow", json.dumps({**cfg, "log": "launcher-h1.log"})],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        folder.rename(folder.with_name("moved"))
+        time.sleep(0.5)
+        make("exit", "exit-code exited 2\n")
+        out = follower.communicate(timeout=20)[0]
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert nodeprog.answer(out, "follow") == {"verb": "follow", "exit": 2}
