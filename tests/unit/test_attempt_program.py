@@ -211,3 +211,14 @@ def test_a_unit_is_followed_to_its_record_whatever_becomes_of_its_folder(attempt
             follower.kill()
             follower.communicate()
     assert nodeprog.answer(out, "follow") == {"verb": "follow", "exit": 2}
+
+
+def test_the_state_of_a_unit_is_its_record_whatever_becomes_of_its_folder(attempt):
+    """Reconciling asks state: a job that moves or locks its run directory does not turn its
+    unit's end (or its running: the same check, by cgroup) into a launcher that never was."""
+    folder, cfg, make = attempt
+    make("launched", "x\n")
+    make("exit", "exit-code exited 2\n")
+    folder.parents[1].rename(folder.parents[1].with_name("moved"))
+    said = json.loads(call("state", cfg).stdout)
+    assert (said["dir"], said["launcher"], said["rc"]) == (False, "exited", 2)

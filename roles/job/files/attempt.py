@@ -357,6 +357,15 @@ def state(cfg: dict) -> dict:
     "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only."""
     said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": _tagged(cfg["run"]),
                   "started": []}
+    unit = unit_name(cfg)
+    contained = _root_file(_record(unit, "launched")) is not None
+    if contained:  # whatever became of the run directory, which the job may move or lock
+        record = _root_file(_record(unit, "exit"))
+        if record is not None:
+            code = _status(record.decode(errors="replace"))
+            said.update(launcher="exited" if code is not None else "gone", rc=code)
+        else:
+            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
     if not os.access(str(cfg.get("run_dir") or cfg["dir"]), os.R_OK | os.X_OK):
         return said
     said["dir"] = True
@@ -367,14 +376,7 @@ def state(cfg: dict) -> dict:
     except OSError:
         names = []
     said["started"] = sorted({int(n[5:]) for n in names if n.startswith("rank-") and n[5:].isdigit()})
-    unit = unit_name(cfg)
-    if _root_file(_record(unit, "launched")) is not None:
-        record = _root_file(_record(unit, "exit"))
-        if record is not None:
-            code = _status(record.decode(errors="replace"))
-            said.update(launcher="exited" if code is not None else "gone", rc=code)
-        else:
-            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
+    if contained:
         return said
     where = cfg["dir"]
     text = _read_small(os.path.join(where, cfg["exit_file"]))
