@@ -17,10 +17,8 @@ Called by root (``"user"`` in the config names the training user), stop first st
 units (roles/job/files/attempt.py starts every launcher in one), and both verbs look at that
 user's processes; otherwise at the caller's own (the kernel keeps its kill to them anyway).
 Which processes are a run's, by this evidence:
-  0. the unit: a process in the cgroup of the system manager's unit
-     ``distrun:<run>:<attempt>:<host>.service`` is that run's, whatever else it did (no process
-     of the training user can leave its cgroup; a cgroup of that name under the user's own
-     manager, which the job may make, is no evidence);
+  0. the unit: a process in the cgroup of the system manager's unit ``distrun:<run>:<attempt>:
+     <host>.service`` is that run's, whatever else it did (the training user cannot leave it);
 and for processes outside any run's unit (mpirun's daemons started over ssh, runs launched
 where there is no root or no systemd), the oldest first:
   1. ancestry: a process whose parent (or its parent, ...) belongs to a run belongs to it;
@@ -99,10 +97,8 @@ class Proc:
         self.state = fields[0].decode()
         self.ppid, self.pgid, self.sid = int(fields[1]), int(fields[2]), int(fields[3])
         self.start = int(fields[19])
-        self.uid = -1
-        for line in (_read(f"{root}/{pid}/status") or b"").splitlines():
-            if line.startswith(b"Uid:"):
-                self.uid = int(line.split()[1])
+        self.uid = next((int(ln.split()[1]) for ln in (_read(f"{root}/{pid}/status") or b"").splitlines()
+                         if ln.startswith(b"Uid:")), -1)
         self.tag: str | None = None
         for kv in (_read(f"{root}/{pid}/environ") or b"").split(b"\0"):
             if kv.startswith(TAG):
@@ -110,11 +106,9 @@ class Proc:
                 self.tag = value if RUN_ID.fullmatch(value) else ""
                 break
         # The unit a process runs in (attempt.py starts each launcher as one): a cgroup no process
-        # of the training user can leave. Only the system manager's units (``units``): the
-        # training user's own manager names its cgroups as that user likes.
-        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines()
-        path = cgroup[-1].split(":", 2)[-1] if cgroup else ""
-        m = UNIT.fullmatch(path[len(units):]) if path.startswith(units) else None
+        # of the training user can leave, of the system manager's (the user's own names any).
+        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines() or [""]
+        m = UNIT.fullmatch(cgroup[-1].split(":", 2)[-1].removeprefix(units))  # a path elsewhere has a "/" left
         self.unit_run = m.group(1) if m else None
         self.owner: str | None = None
         self.why = ""
@@ -128,26 +122,17 @@ class Proc:
             cwd = os.readlink(f"{self.root}/{self.pid}/cwd")
         except OSError:
             return False
-        # its attempt's folder (attempts/<n>/), or the run directory itself for runs recorded
-        # before attempts had folders
+        # its attempt's folder (attempts/<n>/), or the run directory itself (runs before attempt folders)
         return cwd == run_dir or (os.path.dirname(cwd) == os.path.join(run_dir, ATTEMPTS)
                                   and os.path.basename(cwd).isdigit())
-
-
-def _units(root: str) -> str:
-    """The cgroup folder of the system manager's services: beside init's own cgroup (in a
-    container without a cgroup namespace, under the container's), as attempt.py finds them."""
-    base = ""
-    for line in (_read(f"{root}/1/cgroup", 4096) or b"").decode(errors="replace").splitlines():
-        if line.startswith("0::") or ":name=systemd:" in line:
-            base = os.path.dirname(line.split(":", 2)[2])
-    return f"{base.rstrip('/')}/system.slice/"
 
 
 def processes(root: str) -> dict[int, Proc]:
     """Every live process (zombies are gone already) that /proc shows."""
     found: dict[int, Proc] = {}
-    units = _units(root)
+    init = [ln.split(":", 2)[2] for ln in (_read(f"{root}/1/cgroup", 4096) or b"").decode(errors="replace").splitlines()
+            if ln.startswith("0::") or ":name=systemd:" in ln]  # the system's units lie beside init's cgroup
+    units = (os.path.dirname(init[-1]).rstrip("/") if init else "") + "/system.slice/"
     for name in os.listdir(root):
         if name.isdigit():
             stat = _read(f"{root}/{name}/stat")
