@@ -1,4 +1,4 @@
-"""Role job's attempt program (files/attempt.py), run for real here: how a follower reads an
+"""Role job's attempt programs (files/attempt.py, files/launch.py), run for real here: how a follower reads an
 attempt's end from the record root keeps for its unit, and nothing the job can write.
 
 This machine has no systemd (the unit itself is started on the cluster's nodes:
@@ -22,6 +22,7 @@ import pytest
 from distrun import nodeprog
 
 PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "job" / "files" / "attempt.py"
+LAUNCH = PROGRAM.with_name("launch.py")
 RECORDS = Path("/run/distrun")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the unit's records are root's: these tests need root")
@@ -163,8 +164,8 @@ def test_a_unit_gone_without_its_record_is_an_end(attempt):
 
 
 def _program(monkeypatch, records: Path):
-    """attempt.py imported here, as if on a node with systemd, its records in records."""
-    spec = importlib.util.spec_from_file_location("attempt_program", PROGRAM)
+    """launch.py imported here, as if on a node with systemd, its records in records."""
+    spec = importlib.util.spec_from_file_location("launch_program", LAUNCH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -222,3 +223,15 @@ def test_the_state_of_a_unit_is_its_record_whatever_becomes_of_its_folder(attemp
     folder.parents[1].rename(folder.parents[1].with_name("moved"))
     said = json.loads(call("state", cfg).stdout)
     assert (said["dir"], said["launcher"], said["rc"]) == (False, "exited", 2)
+
+
+@pytest.mark.parametrize(("cfg", "error"), [
+    ({"host": "h1 -p ExecStartPre=/bin/sh"}, "launch: host 'h1 -p ExecStartPre=/bin/sh' is empty or not a plain name"),
+    ({"run": "r%n"}, "launch: run 'r%n' is empty or not a plain name"),  # a systemd specifier
+    ({"attempt": "1$$"}, "launch: attempt '1$$' is not a number"),
+])
+def test_a_bad_launch_is_one_line_before_root_does_anything(attempt, cfg, error):
+    _, good, _ = attempt
+    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**good, **cfg})], capture_output=True,
+                         text=True, timeout=20)
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", f"launch.py: {error}\n")

@@ -293,7 +293,7 @@ def _fake(view: Path, pid: int, cgroup: str, tag: str) -> None:
 
 def test_only_a_unit_of_the_system_manager_names_a_run(tmp_path):
     """A cgroup of the training user's own manager (delegated to that user: systemd-run --user
-    names it as it likes) is no unit of attempt.py's: it says nothing of whose a process is."""
+    names it as it likes) is no unit of launch.py's: it says nothing of whose a process is."""
     view = tmp_path / "proc"
     (view / "1").mkdir(parents=True)
     (view / "1" / "cgroup").write_text("0::/init.scope\n")

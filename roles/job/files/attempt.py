@@ -1,29 +1,21 @@
-"""distrun's node program for one attempt's launcher on one node: start it, follow it to its end.
+"""distrun's node program for one attempt's launcher on one node, once started (role job's
+files/launch.py starts it): follow it to its end, say its state.
 
-``python3 -I -c <this file> VERB '<config JSON>'``. Standard library only; Python 3.9 or newer.
-Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``; a bad call prints
-one line on stderr and exits 2. The config names the attempt: ``run``, ``host``, ``attempt``
-(its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log`` and ``exit_file``
-(names in that folder), ``user`` (the training user).
+``python3 -I -c <this file> VERB '<config JSON>'``, as the training user. Standard library only;
+Python 3.9 or newer. Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``;
+a bad call prints one line on stderr and exits 2. The config names the attempt: ``run``,
+``host``, ``attempt`` (its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log``
+and ``exit_file`` (names in that folder), ``user`` (the training user).
 
-  launch  start ``bash <script>`` in the attempt's folder as the training user, detached:
-          {"launched": true, "unit": U} or {"launched": true, "unit": ""} or {"error": ...}
   follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
           launcher's end: {"exit": rc} or {"error": why}
   state   the attempt here now: {"dir", "launcher", "rc", "procs", "started"} (state's docstring)
 
-The control plane. Run as root on a node whose init is systemd, launch starts the script as a
-transient unit ``distrun:<run>:<attempt>:<host>.service`` running as the training user: every
-process it starts stays in the unit's cgroup (setsid, a double fork or a dropped environment
-do not leave it; the training user cannot move a process out), the unit ends when the script
-ends, and systemd then kills what is left in it. Its ExecStopPost, run by systemd as root,
-writes how the script ended into ``/run/distrun/<unit>.exit``, in a folder only root writes:
-that record, not a file in the run directory, is the exit code follow answers. Without root or
-without systemd, launch starts the script in its own session instead and follow reads the exit
-code the script wrote into its attempt's folder, which the job can write too (the limits in
-docs/guide/security.md).
+A launcher that launch.py started in a systemd unit ended as root's record for the unit says
+(``/run/distrun/<unit>.exit``, in a folder only root writes), never as a file in the run
+directory says; without a unit, it ended with the exit code the script wrote into its attempt's
+folder, which the job can write too (the limits in docs/guide/security.md).
 """
-
 from __future__ import annotations
 
 import json
@@ -32,7 +24,6 @@ import pwd
 import re
 import signal
 import stat
-import subprocess
 import sys
 import time
 
@@ -43,8 +34,6 @@ LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer on
 PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's end
 CLOSE_MAX = 256 << 20  # bytes of the log read at most once the launcher ended
 GONE_S = 5  # seconds a unit's cgroup is gone with no record before its end is called recordless
-STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class AttemptError(Exception):
@@ -52,7 +41,7 @@ class AttemptError(Exception):
 
 
 def unit_name(cfg: dict) -> str:
-    """The attempt's unit on this node (the name node.py's scan reads a run from)."""
+    """The attempt's unit on this node (launch.py's; the name node.py's scan reads a run from)."""
     return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
 
 
@@ -74,76 +63,6 @@ def _root_file(path: str) -> bytes | None:
         return os.read(fd, 4096)
     finally:
         os.close(fd)
-
-
-def _systemd() -> bool:
-    return os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
-
-
-def launch(cfg: dict) -> dict:
-    user = pwd.getpwnam(cfg["user"])
-    script = os.path.join(cfg["dir"], cfg["script"])
-    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",
-           "PATH": PATH if os.geteuid() == 0 else os.environ.get("PATH", PATH), "LANG": "C.UTF-8"}
-    if _systemd():
-        unit = unit_name(cfg)
-        # Followers read the records as the training user: whatever root's umask (027, 077 on
-        # hardened nodes), or they would take the exit code file the job writes instead.
-        os.makedirs(RECORDS, mode=0o755, exist_ok=True)
-        os.chmod(RECORDS, 0o755)
-        tmp, done = _record(unit, "exit.tmp"), _record(unit, "exit")
-        # systemd gives ExecStopPost how the main process ended; $$ is a literal $ in an Exec line.
-        post = (f'+/bin/sh -c "umask 022; echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {tmp} '
-                f'&& mv -f {tmp} {done}"')
-        argv = ["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--uid={user.pw_uid}",
-                f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
-                "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
-                "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}"]
-        argv += [f"--setenv={k}={v}" for k, v in env.items()]
-        argv += ["/bin/bash", script]
-        # A unit's records from an earlier try of the same attempt would answer for this one.
-        for kind in ("exit", "exit.tmp", "launched"):
-            try:
-                os.unlink(_record(unit, kind))
-            except FileNotFoundError:
-                pass
-        ran = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-        if ran.returncode != 0:
-            why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
-            return {"verb": "launch", "error": f"systemd-run could not start {unit}: {why[:300]}"}
-        fd = os.open(_record(unit, "launched"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.fchmod(fd, 0o644)
-            os.write(fd, f"{unit}\n".encode())
-        finally:
-            os.close(fd)
-        return {"verb": "launch", "launched": True, "unit": unit}
-    if os.geteuid() not in (0, user.pw_uid):
-        raise AttemptError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
-    if os.geteuid() == user.pw_uid:  # root cannot look into a FUSE mount of the training user's
-        run_dir = str(cfg.get("run_dir") or cfg["dir"])
-        if not os.access(run_dir, os.R_OK | os.X_OK):
-            return {"verb": "launch", "error": f"{cfg['host']}: cannot enter the run directory {run_dir} as user "
-                                               f"{user.pw_name} (is the shared folder mounted, and is it the training user's?)"}
-        if not os.path.isfile(script):
-            return {"verb": "launch", "error": f"{cfg['host']}: there is no launch script {script}"}
-    sys.stdout.flush()
-    if os.fork() == 0:  # the launch script leads a session of its own, as the training user
-        try:
-            os.setsid()
-            if os.geteuid() == 0:
-                os.initgroups(user.pw_name, user.pw_gid)
-                os.setgid(user.pw_gid)
-                os.setuid(user.pw_uid)
-            os.chdir(cfg["dir"])
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.execve("/bin/bash", ["bash", cfg["script"]], env)
-        finally:
-            os._exit(127)
-    return {"verb": "launch", "launched": True, "unit": ""}
 
 
 def _status(text: str) -> int | None:
@@ -395,7 +314,7 @@ def state(cfg: dict) -> dict:
     return said
 
 
-VERBS = {"launch": launch, "follow": follow, "state": state}
+VERBS = {"follow": follow, "state": state}
 
 
 def main(argv: list[str]) -> int:

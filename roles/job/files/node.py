@@ -14,7 +14,7 @@ object on stdout, ``{"verb": VERB, ...}``; a bad call prints one line on stderr 
 "proc" in any config names another /proc (a test's view of chosen processes).
 
 Called by root (``"user"`` in the config names the training user), stop first stops the run's
-units (roles/job/files/attempt.py starts every launcher in one), and both verbs look at that
+units (roles/job/files/launch.py starts every launcher in one), and both verbs look at that
 user's processes; otherwise at the caller's own (the kernel keeps its kill to them anyway).
 Which processes are a run's, by this evidence:
   0. the unit: a process in the cgroup of the system manager's unit ``distrun:<run>:<attempt>:
@@ -56,7 +56,7 @@ import sys
 import time
 
 TAG = b"DISTRUN_RUN_ID="
-UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")  # attempt.py's units
+UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")  # launch.py's units
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
 ATTEMPTS = "attempts"  # the run directory's folder of attempt folders (runner/distrun/rundir.py)
@@ -105,7 +105,7 @@ class Proc:
                 value = kv[len(TAG):].decode(errors="replace")
                 self.tag = value if RUN_ID.fullmatch(value) else ""
                 break
-        # The unit a process runs in (attempt.py starts each launcher as one): a cgroup no process
+        # The unit a process runs in (launch.py starts each launcher as one): a cgroup no process
         # of the training user can leave, of the system manager's (the user's own names any).
         cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines() or [""]
         m = UNIT.fullmatch(cgroup[-1].split(":", 2)[-1].removeprefix(units))  # a path elsewhere has a "/" left
