@@ -1,10 +1,10 @@
 """The commands the runner sends to a node for one attempt's launcher: start it, follow it (the
-head's log, or only its end), stop the run. Each is one call of a node program (attempt.py,
-node.py under roles/job/files), which answers one JSON line; every path is the attempt's own
+head's log, or only its end), stop the run. Each is one call of a node program (launch.py,
+attempt.py, node.py under roles/job/files), which answers one JSON line; every path is the attempt's own
 (rundir.py).
 
 Started where the connection can be root, the launcher runs in a systemd unit of its own and
-its exit code comes from a record only root writes (attempt.py's docstring): nothing the job
+its exit code comes from a record only root writes (launch.py's docstring): nothing the job
 prints or writes can end a follower or decide how the attempt ended.
 """
 
@@ -33,7 +33,7 @@ def _attempt(plan: JobPlan, host: str) -> dict[str, Any]:
 
 def launch_command(plan: JobPlan, host: str) -> str:
     """Start host's launch script detached, in a unit where the connection can be root."""
-    return as_root_or_user(plan.user, nodeprog.command("launch", _attempt(plan, host), program="attempt"))
+    return as_root_or_user(plan.user, nodeprog.command("launch", _attempt(plan, host), program="launch"))
 
 
 def tail_command(plan: JobPlan, host: str) -> str:

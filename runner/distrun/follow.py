@@ -124,8 +124,9 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
             command = wait_command(plan, h)
         else:
             command = _heartbeat_command()
-        proc = subprocess.Popen(shell_argv(nodes[h], command), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        # Not strict: a byte that is not UTF-8 (a node's locale, its sudo) would end the reader.
+        proc = subprocess.Popen(shell_argv(nodes[h], command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                encoding="utf-8", errors="replace", bufsize=1, start_new_session=True)
         procs[h] = proc
         threading.Thread(target=reader, args=(h, proc), daemon=True).start()
 

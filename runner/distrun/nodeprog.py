@@ -10,9 +10,9 @@ from typing import Any
 
 from . import paths
 
-# The node programs: node.py (a run's processes: scan, stop, claim) and attempt.py (one
-# attempt's launcher: launch, follow).
-PROGRAMS = ("node", "attempt")
+# The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
+# launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
+PROGRAMS = ("node", "launch", "attempt")
 
 
 @cache

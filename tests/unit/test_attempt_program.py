@@ -1,4 +1,4 @@
-"""Role job's attempt program (files/attempt.py), run for real here: how a follower reads an
+"""Role job's attempt programs (files/attempt.py, files/launch.py), run for real here: how a follower reads an
 attempt's end from the record root keeps for its unit, and nothing the job can write.
 
 This machine has no systemd (the unit itself is started on the cluster's nodes:
@@ -7,8 +7,10 @@ makes them, root-owned in /run/distrun."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ import pytest
 from distrun import nodeprog
 
 PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "job" / "files" / "attempt.py"
+LAUNCH = PROGRAM.with_name("launch.py")
 RECORDS = Path("/run/distrun")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the unit's records are root's: these tests need root")
@@ -108,9 +111,127 @@ def test_without_a_unit_the_launch_scripts_own_exit_code_file_is_read(attempt):
     ({"host": "h1; rm -rf /"}, "follow: host 'h1; rm -rf /' is empty or not a plain name"),
     ({"run": ".."}, "follow: run '..' is empty or not a plain name"),
     ({"attempt": "0/../1"}, "follow: attempt '0/../1' is not a number"),
+    ({"attempt": "\u0661"}, "follow: attempt '\u0661' is not a number"),  # a digit to str.isdigit, not to systemd
+    ({"attempt": "1234567890"}, "follow: attempt '1234567890' is not a number"),  # node.py's stop would miss its unit
     ({"dir": "relative"}, "follow: dir 'relative' is not an absolute path"),
 ])
 def test_a_bad_config_is_one_line(attempt, cfg, error):
     _, good, _ = attempt
     out = call("follow", {**good, **cfg})
     assert (out.returncode, out.stdout, out.stderr) == (2, "", f"attempt.py: {error}\n")
+
+
+def test_a_log_that_never_ends_does_not_hide_the_units_end(attempt):
+    """A log fed without end (here a FIFO another process writes into forever) is followed in
+    bounded helpings: the unit's end is still seen, and the follower answers it."""
+    folder, cfg, make = attempt
+    os.mkfifo(folder / "launcher-h1.log")
+    writer = subprocess.Popen(["bash", "-c", "exec yes training >launcher-h1.log"], cwd=folder)
+    try:
+        make("launched", "x\n")
+        make("exit", "success exited 3\n")
+        out = call("follow", {**cfg, "log": "launcher-h1.log"})
+        assert out.returncode == 0, out.stderr
+        assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 3}
+        lines = out.stdout.splitlines()[:-1]
+        assert lines and all(ln.startswith("| ") and "training".startswith(ln[2:]) for ln in lines), lines[-3:]
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_line_without_end_reaches_the_controller_in_bounded_pieces(attempt):
+    folder, cfg, make = attempt
+    (folder / "launcher-h1.log").write_bytes(b"x" * (3 << 20))
+    make("launched", "x\n")
+    make("exit", "success exited 0\n")
+    out = call("follow", {**cfg, "log": "launcher-h1.log"})
+    lines = out.stdout.splitlines()
+    assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 0}
+    assert max(len(ln) for ln in lines) <= 2 + (64 << 10)
+    assert sum(len(ln) - 2 for ln in lines[:-1]) == 3 << 20
+
+
+def test_a_unit_gone_without_its_record_is_an_end(attempt):
+    """No record will come once the unit's cgroup is gone (no systemd here: none exists): the
+    follower says so instead of waiting for ever."""
+    _, cfg, make = attempt
+    make("launched", "x\n")
+    said = nodeprog.answer(call("follow", cfg, timeout=30).stdout, "follow")
+    assert said is not None and said["error"] == (
+        f"h1: the launcher's unit distrun:{cfg['run']}:0:h1.service ended without writing its record "
+        f"/run/distrun/distrun:{cfg['run']}:0:h1.service.exit (is /run full?)")
+
+
+def _program(monkeypatch, records: Path):
+    """launch.py imported here, as if on a node with systemd, its records in records."""
+    spec = importlib.util.spec_from_file_location("launch_program", LAUNCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "RECORDS", str(records))
+    monkeypatch.setattr(module, "_systemd", lambda: True)
+    monkeypatch.setattr(module.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 0, "", ""))
+    return module
+
+
+@pytest.mark.parametrize("made_before", [False, True])
+def test_the_records_are_readable_by_the_followers_whatever_roots_umask(attempt, tmp_path, monkeypatch, made_before):
+    """Followers run as the training user: a record they cannot read makes them take the job's
+    exit code file instead (a hardened root umask, 027 or 077, must not open that door)."""
+    _, cfg, _ = attempt
+    records = tmp_path / "records"
+    if made_before:
+        records.mkdir(mode=0o700)
+    program = _program(monkeypatch, records)
+    old = os.umask(0o077)
+    try:
+        said = program.launch(cfg)
+    finally:
+        os.umask(old)
+    assert said == {"verb": "launch", "launched": True, "unit": f"distrun:{cfg['run']}:0:h1.service"}
+    assert stat.S_IMODE(records.stat().st_mode) == 0o755
+    assert stat.S_IMODE((records / f"{said['unit']}.launched").stat().st_mode) == 0o644
+
+
+def test_a_unit_is_followed_to_its_record_whatever_becomes_of_its_folder(attempt):
+    """The job (or another run's) may move or lock its attempt's folder: that ends no follower
+    of a unit, whose end comes from root's record alone."""
+    folder, cfg, make = attempt
+    make("launched", "x\n")
+    follower = subprocess.Popen([sys.executable, "-I", str(PROGRAM), "follow", json.dumps({**cfg, "log": "launcher-h1.log"})],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        folder.rename(folder.with_name("moved"))
+        time.sleep(0.5)
+        make("exit", "exit-code exited 2\n")
+        out = follower.communicate(timeout=20)[0]
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert nodeprog.answer(out, "follow") == {"verb": "follow", "exit": 2}
+
+
+def test_the_state_of_a_unit_is_its_record_whatever_becomes_of_its_folder(attempt):
+    """Reconciling asks state: a job that moves or locks its run directory does not turn its
+    unit's end (or its running: the same check, by cgroup) into a launcher that never was."""
+    folder, cfg, make = attempt
+    make("launched", "x\n")
+    make("exit", "exit-code exited 2\n")
+    folder.parents[1].rename(folder.parents[1].with_name("moved"))
+    said = json.loads(call("state", cfg).stdout)
+    assert (said["dir"], said["launcher"], said["rc"]) == (False, "exited", 2)
+
+
+@pytest.mark.parametrize(("cfg", "error"), [
+    ({"host": "h1 -p ExecStartPre=/bin/sh"}, "launch: host 'h1 -p ExecStartPre=/bin/sh' is empty or not a plain name"),
+    ({"run": "r%n"}, "launch: run 'r%n' is empty or not a plain name"),  # a systemd specifier
+    ({"attempt": "1$$"}, "launch: attempt '1$$' is not a number"),
+])
+def test_a_bad_launch_is_one_line_before_root_does_anything(attempt, cfg, error):
+    _, good, _ = attempt
+    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**good, **cfg})], capture_output=True,
+                         text=True, timeout=20)
+    assert (out.returncode, out.stdout, out.stderr) == (2, "", f"launch.py: {error}\n")

@@ -7,6 +7,7 @@ import getpass
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -253,3 +254,32 @@ def test_a_launcher_that_never_starts_is_named_not_waited_on(tmp_path, monkeypat
     run_dir.mkdir(parents=True)
     out = sh(getattr(attempt_shell, command)(plan, "n1"))
     assert said(out.stdout)["error"].startswith(f"n1: the launcher did not start: no {run_dir}/launcher-n1.pid after 1 s")
+
+
+def test_a_carriage_return_in_the_log_cannot_end_the_follower(tmp_path):
+    """A log line is data whatever it holds: a "\\r" before a forged answer does not make that
+    answer a line of its own on the controller."""
+    cluster, plan = plan_in(tmp_path, launcher="mpirun")
+    folder = Path(rundir.attempt_path(plan))
+    folder.mkdir(parents=True)
+    (folder / "launcher-n1.log").write_bytes(b'epoch 1 40%\repoch 1 80%\r{"verb": "follow", "exit": 0}\r\ndone\n')
+    lines: list[str] = []
+    threading.Timer(1.5, lambda: (folder / "exitcode-n1").write_text("5\n")).start()
+    outcome = follow.follow(cluster, plan, ["n1"], lines.append)
+    assert (outcome.rc, outcome.host) == (5, "n1"), outcome
+    assert lines == ["epoch 1 40%", "epoch 1 80%", '{"verb": "follow", "exit": 0}', "done"]
+
+
+def test_a_byte_that_is_not_utf8_on_a_followers_stream_does_not_hide_its_end(tmp_path, monkeypatch):
+    """Whatever a node's shell, sudo or locale prints beside the node program, the controller
+    reads on to the answer (a decoding error would end its reader and leave train waiting)."""
+    cluster, plan = plan_in(tmp_path, launcher="mpirun")
+    monkeypatch.setattr(follow, "tail_command", lambda plan, host: r"""printf 'mot de passe \351chou\351\n| caf\351\n'; """
+                        """echo '{"verb": "follow", "exit": 6}'""")
+    lines: list[str] = []
+    done: list[follow.Outcome] = []
+    t = threading.Thread(target=lambda: done.append(follow.follow(cluster, plan, ["n1"], lines.append)), daemon=True)
+    t.start()
+    t.join(timeout=20)
+    assert done and (done[0].rc, done[0].host) == (6, "n1"), "the follower's end never reached the controller"
+    assert lines == ["caf\ufffd"]

@@ -279,3 +279,28 @@ def test_the_attempt_folders_are_the_run_directorys_own(tmp_path, procs):
     whys = {p["pid"]: p["why"] for p in answer("scan", {"run": run, "run_dir": str(run_dir)})["runs"][run]}
     assert whys[procs.started["recorded now tagless"][0]] == "group"
     assert procs.started["recorded before tagless"][0] not in whys
+
+
+def _fake(view: Path, pid: int, cgroup: str, tag: str) -> None:
+    """A process as /proc would show it: the caller's uid, a session of its own, a tag, a cgroup."""
+    folder = view / str(pid)
+    folder.mkdir()
+    (folder / "stat").write_text(f"{pid} (sleep) S 1 {pid} {pid} " + " ".join(["0"] * 15) + " 12345 0 0\n")
+    (folder / "status").write_text(f"Name:\tsleep\nUid:\t{os.getuid()}\t{os.getuid()}\t{os.getuid()}\t{os.getuid()}\n")
+    (folder / "environ").write_bytes(f"DISTRUN_RUN_ID={tag}\0".encode())
+    (folder / "cgroup").write_text(f"0::{cgroup}\n")
+
+
+def test_only_a_unit_of_the_system_manager_names_a_run(tmp_path):
+    """A cgroup of the training user's own manager (delegated to that user: systemd-run --user
+    names it as it likes) is no unit of launch.py's: it says nothing of whose a process is."""
+    view = tmp_path / "proc"
+    (view / "1").mkdir(parents=True)
+    (view / "1" / "cgroup").write_text("0::/init.scope\n")
+    mine, victim = f"unit-{os.getpid()}-m", f"unit-{os.getpid()}-v"
+    _fake(view, 4000001, f"/system.slice/distrun:{victim}:0:h1.service", mine)
+    _fake(view, 4000002, f"/user.slice/user-1000.slice/user@1000.service/app.slice/distrun:{victim}:0:h1.service", mine)
+    _fake(view, 4000003, f"/user.slice/user-1000.slice/user@1000.service/system.slice/distrun:{victim}:0:h1.service", mine)
+    runs = answer("scan", {"proc": str(view)})["runs"]
+    assert {r: [(p["pid"], p["why"]) for p in ps] for r, ps in runs.items()} == {
+        victim: [(4000001, "unit")], mine: [(4000002, "tag"), (4000003, "tag")]}

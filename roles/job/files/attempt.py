@@ -1,29 +1,21 @@
-"""distrun's node program for one attempt's launcher on one node: start it, follow it to its end.
+"""distrun's node program for one attempt's launcher on one node, once started (role job's
+files/launch.py starts it): follow it to its end, say its state.
 
-``python3 -I -c <this file> VERB '<config JSON>'``. Standard library only; Python 3.9 or newer.
-Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``; a bad call prints
-one line on stderr and exits 2. The config names the attempt: ``run``, ``host``, ``attempt``
-(its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log`` and ``exit_file``
-(names in that folder), ``user`` (the training user).
+``python3 -I -c <this file> VERB '<config JSON>'``, as the training user. Standard library only;
+Python 3.9 or newer. Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``;
+a bad call prints one line on stderr and exits 2. The config names the attempt: ``run``,
+``host``, ``attempt`` (its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log``
+and ``exit_file`` (names in that folder), ``user`` (the training user).
 
-  launch  start ``bash <script>`` in the attempt's folder as the training user, detached:
-          {"launched": true, "unit": U} or {"launched": true, "unit": ""} or {"error": ...}
   follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
           launcher's end: {"exit": rc} or {"error": why}
   state   the attempt here now: {"dir", "launcher", "rc", "procs", "started"} (state's docstring)
 
-The control plane. Run as root on a node whose init is systemd, launch starts the script as a
-transient unit ``distrun:<run>:<attempt>:<host>.service`` running as the training user: every
-process it starts stays in the unit's cgroup (setsid, a double fork or a dropped environment
-do not leave it; the training user cannot move a process out), the unit ends when the script
-ends, and systemd then kills what is left in it. Its ExecStopPost, run by systemd as root,
-writes how the script ended into ``/run/distrun/<unit>.exit``, in a folder only root writes:
-that record, not a file in the run directory, is the exit code follow answers. Without root or
-without systemd, launch starts the script in its own session instead and follow reads the exit
-code the script wrote into its attempt's folder, which the job can write too (the limits in
-docs/guide/security.md).
+A launcher that launch.py started in a systemd unit ended as root's record for the unit says
+(``/run/distrun/<unit>.exit``, in a folder only root writes), never as a file in the run
+directory says; without a unit, it ended with the exit code the script wrote into its attempt's
+folder, which the job can write too (the limits in docs/guide/security.md).
 """
-
 from __future__ import annotations
 
 import json
@@ -31,15 +23,17 @@ import os
 import pwd
 import re
 import signal
-import subprocess
+import stat
 import sys
 import time
 
 NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
 RECORDS = "/run/distrun"
 START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this did not start
-STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
-PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer one is cut
+PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's end
+CLOSE_MAX = 256 << 20  # bytes of the log read at most once the launcher ended
+GONE_S = 5  # seconds a unit's cgroup is gone with no record before its end is called recordless
 
 
 class AttemptError(Exception):
@@ -47,7 +41,7 @@ class AttemptError(Exception):
 
 
 def unit_name(cfg: dict) -> str:
-    """The attempt's unit on this node (the name node.py's scan reads a run from)."""
+    """The attempt's unit on this node (launch.py's; the name node.py's scan reads a run from)."""
     return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
 
 
@@ -64,74 +58,11 @@ def _root_file(path: str) -> bytes | None:
         return None
     try:
         st = os.fstat(fd)
-        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not os.path.stat.S_ISREG(st.st_mode):
+        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
             return None
         return os.read(fd, 4096)
     finally:
         os.close(fd)
-
-
-def _systemd() -> bool:
-    return os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
-
-
-def launch(cfg: dict) -> dict:
-    user = pwd.getpwnam(cfg["user"])
-    script = os.path.join(cfg["dir"], cfg["script"])
-    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",
-           "PATH": PATH if os.geteuid() == 0 else os.environ.get("PATH", PATH), "LANG": "C.UTF-8"}
-    if _systemd():
-        unit = unit_name(cfg)
-        os.makedirs(RECORDS, mode=0o755, exist_ok=True)
-        tmp, done = _record(unit, "exit.tmp"), _record(unit, "exit")
-        # systemd gives ExecStopPost how the main process ended; $$ is a literal $ in an Exec line.
-        post = (f'+/bin/sh -c "umask 022; echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {tmp} '
-                f'&& mv -f {tmp} {done}"')
-        argv = ["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--uid={user.pw_uid}",
-                f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
-                "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
-                "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}"]
-        argv += [f"--setenv={k}={v}" for k, v in env.items()]
-        argv += ["/bin/bash", script]
-        # A unit's records from an earlier try of the same attempt would answer for this one.
-        for kind in ("exit", "exit.tmp", "launched"):
-            try:
-                os.unlink(_record(unit, kind))
-            except FileNotFoundError:
-                pass
-        ran = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-        if ran.returncode != 0:
-            why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
-            return {"verb": "launch", "error": f"systemd-run could not start {unit}: {why[:300]}"}
-        with open(_record(unit, "launched"), "w") as f:
-            f.write(f"{unit}\n")
-        return {"verb": "launch", "launched": True, "unit": unit}
-    if os.geteuid() not in (0, user.pw_uid):
-        raise AttemptError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
-    if os.geteuid() == user.pw_uid:  # root cannot look into a FUSE mount of the training user's
-        run_dir = str(cfg.get("run_dir") or cfg["dir"])
-        if not os.access(run_dir, os.R_OK | os.X_OK):
-            return {"verb": "launch", "error": f"{cfg['host']}: cannot enter the run directory {run_dir} as user "
-                                               f"{user.pw_name} (is the shared folder mounted, and is it the training user's?)"}
-        if not os.path.isfile(script):
-            return {"verb": "launch", "error": f"{cfg['host']}: there is no launch script {script}"}
-    sys.stdout.flush()
-    if os.fork() == 0:  # the launch script leads a session of its own, as the training user
-        try:
-            os.setsid()
-            if os.geteuid() == 0:
-                os.initgroups(user.pw_name, user.pw_gid)
-                os.setgid(user.pw_gid)
-                os.setuid(user.pw_uid)
-            os.chdir(cfg["dir"])
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.execve("/bin/bash", ["bash", cfg["script"]], env)
-        finally:
-            os._exit(127)
-    return {"verb": "launch", "launched": True, "unit": ""}
 
 
 def _status(text: str) -> int | None:
@@ -150,31 +81,68 @@ def _status(text: str) -> int | None:
 
 
 class Log:
-    """The launcher's log followed as it grows; each whole line printed as '| <line>'."""
+    """The launcher's log followed as it grows; each line printed as '| <line>', valid UTF-8.
+
+    What the job writes is data: a line ends at "\n", "\r\n" or "\r" (a progress bar's
+    update is a line, and nothing after a "\r" reaches the controller unframed), and one longer
+    than LINE_MAX bytes is cut. Each look reads at most PUMP_MAX bytes, so a log fed without end
+    (a FIFO, another process appending) never keeps the follower from the launcher's end; once
+    that came, only what the log held then is read."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.fd, self.rest = path, None, b""
+        self.path, self.rest, self.cr = path, b"", False
+        self.fd: int | None = None
 
-    def pump(self) -> None:
+    def pump(self, limit: int = PUMP_MAX) -> None:
         if self.fd is None:
             try:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             except OSError:
                 return
-        while True:
-            chunk = os.read(self.fd, 1 << 16)
+        fd = self.fd
+        while limit > 0:
+            try:
+                chunk = os.read(fd, min(1 << 16, limit))
+            except OSError:  # a FIFO with nothing in it now, or not a file at all
+                break
             if not chunk:
                 break
-            lines = (self.rest + chunk).split(b"\n")
-            self.rest = lines.pop()
-            if lines:
-                sys.stdout.write("".join(f"| {ln.decode(errors='replace')}\n" for ln in lines))
-                sys.stdout.flush()
+            limit -= len(chunk)
+            self._frame(chunk)
+
+    def _frame(self, chunk: bytes) -> None:
+        data = self.rest + chunk
+        if self.cr and data.startswith(b"\n"):
+            data = data[1:]  # the rest of a "\r\n" whose "\r" ended the last line
+        self.cr = data.endswith(b"\r")
+        parts = re.split(rb"\r\n|\r|\n", data)
+        self.rest = parts.pop()
+        lines = [p[i:i + LINE_MAX] for p in parts for i in range(0, max(len(p), 1), LINE_MAX)]
+        while len(self.rest) > LINE_MAX:
+            lines.append(self.rest[:LINE_MAX])
+            self.rest = self.rest[LINE_MAX:]
+        self._write(lines)
+
+    @staticmethod
+    def _write(lines: list[bytes]) -> None:
+        if lines:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(b"".join(b"| " + ln.decode(errors="replace").encode() + b"\n" for ln in lines))
+            sys.stdout.buffer.flush()
 
     def close(self) -> None:
+        """Read what the log holds now (a regular file: up to its present size), then its last line."""
         self.pump()
+        if self.fd is not None:
+            try:
+                st = os.fstat(self.fd)
+                left = st.st_size - os.lseek(self.fd, 0, os.SEEK_CUR) if stat.S_ISREG(st.st_mode) else 0
+            except OSError:
+                left = 0
+            self.pump(min(left, CLOSE_MAX))
+            os.close(self.fd)
         if self.rest:
-            sys.stdout.write(f"| {self.rest.decode(errors='replace')}\n")
+            self._write([self.rest])
 
 
 def _alive(pid: int, script: str) -> bool:
@@ -183,10 +151,10 @@ def _alive(pid: int, script: str) -> bool:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+            line = f.read()
     except OSError:
         return False
-    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X") and script.encode() in argv
+    return line[line.rindex(b")") + 2:][:1] not in (b"Z", b"X") and script.encode() in argv
 
 
 def _read_small(path: str) -> str | None:
@@ -206,14 +174,22 @@ def follow(cfg: dict) -> dict:
     log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
     exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
     contained = _root_file(_record(unit, "launched")) is not None
-    started, pid = time.monotonic(), None
+    started, pid, gone = time.monotonic(), None, None
 
     def ended() -> dict | None:
-        nonlocal pid
+        nonlocal pid, gone
         if contained:
             said = _root_file(_record(unit, "exit"))
             if said is None:
-                return None
+                # systemd removes the unit's cgroup after its ExecStopPost: with neither, no
+                # record will come (its write failed: /run full, the post killed).
+                gone = None if _unit_cgroup(unit) else (gone or time.monotonic())
+                if gone is None or time.monotonic() - gone < GONE_S:
+                    return None
+                said = _root_file(_record(unit, "exit"))
+                if said is None:
+                    return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without writing its record "
+                                     f"{_record(unit, 'exit')} (is /run full?)"}
             code = _status(said.decode(errors="replace"))
             if code is None:
                 return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without an exit code "
@@ -224,8 +200,8 @@ def follow(cfg: dict) -> dict:
             return {"exit": int(text)} if re.fullmatch(r"-?\d{1,4}", text) else {
                 "error": f"{cfg['host']}: {exit_file} holds no exit code"}
         if pid is None:
-            said = _read_small(pid_file) or ""
-            pid = int(said) if said.isdigit() else None
+            written = _read_small(pid_file) or ""
+            pid = int(written) if written.isdigit() else None
             wait_s = cfg.get("start_wait_s", START_WAIT_S)
             if pid is None and time.monotonic() - started > wait_s:
                 return {"error": f"{cfg['host']}: the launcher did not start: no {pid_file} after {wait_s} s"}
@@ -246,7 +222,8 @@ def follow(cfg: dict) -> dict:
     while True:
         if log is not None:
             log.pump()
-        if not os.access(where, os.R_OK | os.X_OK):
+        # (a unit's end is root's record, wherever its folder went: the job may move or lock it)
+        if not contained and not os.access(where, os.R_OK | os.X_OK):
             return {"verb": "follow", "error": f"{cfg['host']}: the run directory {run_dir} is no longer readable "
                                                f"as user {me} (is the shared folder still mounted?)"}
         end = ended()
@@ -299,6 +276,15 @@ def state(cfg: dict) -> dict:
     "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only."""
     said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": _tagged(cfg["run"]),
                   "started": []}
+    unit = unit_name(cfg)
+    contained = _root_file(_record(unit, "launched")) is not None
+    if contained:  # whatever became of the run directory, which the job may move or lock
+        record = _root_file(_record(unit, "exit"))
+        if record is not None:
+            code = _status(record.decode(errors="replace"))
+            said.update(launcher="exited" if code is not None else "gone", rc=code)
+        else:
+            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
     if not os.access(str(cfg.get("run_dir") or cfg["dir"]), os.R_OK | os.X_OK):
         return said
     said["dir"] = True
@@ -309,14 +295,7 @@ def state(cfg: dict) -> dict:
     except OSError:
         names = []
     said["started"] = sorted({int(n[5:]) for n in names if n.startswith("rank-") and n[5:].isdigit()})
-    unit = unit_name(cfg)
-    if _root_file(_record(unit, "launched")) is not None:
-        record = _root_file(_record(unit, "exit"))
-        if record is not None:
-            code = _status(record.decode(errors="replace"))
-            said.update(launcher="exited" if code is not None else "gone", rc=code)
-        else:
-            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
+    if contained:
         return said
     where = cfg["dir"]
     text = _read_small(os.path.join(where, cfg["exit_file"]))
@@ -335,7 +314,7 @@ def state(cfg: dict) -> dict:
     return said
 
 
-VERBS = {"launch": launch, "follow": follow, "state": state}
+VERBS = {"follow": follow, "state": state}
 
 
 def main(argv: list[str]) -> int:
@@ -351,7 +330,7 @@ def main(argv: list[str]) -> int:
         for key in ("run", "host", "user", "script"):
             if not (isinstance(cfg.get(key), str) and NAME.fullmatch(cfg[key]) and set(cfg[key]) != {"."}):
                 raise AttemptError(f"{argv[0]}: {key} {cfg.get(key)!r} is empty or not a plain name")
-        if not str(cfg.get("attempt", "")).isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", str(cfg.get("attempt", ""))):  # as node.py's stop reads a unit
             raise AttemptError(f"{argv[0]}: attempt {cfg.get('attempt')!r} is not a number")
         if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
             raise AttemptError(f"{argv[0]}: dir {cfg.get('dir')!r} is not an absolute path")

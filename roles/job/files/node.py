@@ -14,11 +14,11 @@ object on stdout, ``{"verb": VERB, ...}``; a bad call prints one line on stderr 
 "proc" in any config names another /proc (a test's view of chosen processes).
 
 Called by root (``"user"`` in the config names the training user), stop first stops the run's
-units (roles/job/files/attempt.py starts every launcher in one), and both verbs look at that
+units (roles/job/files/launch.py starts every launcher in one), and both verbs look at that
 user's processes; otherwise at the caller's own (the kernel keeps its kill to them anyway).
 Which processes are a run's, by this evidence:
-  0. the unit: a process in the cgroup of unit ``distrun:<run>:<attempt>:<host>.service`` is
-     that run's, whatever else it did (no process of the training user can leave its cgroup);
+  0. the unit: a process in the cgroup of the system manager's unit ``distrun:<run>:<attempt>:
+     <host>.service`` is that run's, whatever else it did (the training user cannot leave it);
 and for processes outside any run's unit (mpirun's daemons started over ssh, runs launched
 where there is no root or no systemd), the oldest first:
   1. ancestry: a process whose parent (or its parent, ...) belongs to a run belongs to it;
@@ -56,7 +56,7 @@ import sys
 import time
 
 TAG = b"DISTRUN_RUN_ID="
-UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")  # attempt.py's units
+UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")  # launch.py's units
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
 ATTEMPTS = "attempts"  # the run directory's folder of attempt folders (runner/distrun/rundir.py)
@@ -89,7 +89,7 @@ def _read(path: str, limit: int = 4 << 20) -> bytes | None:
 class Proc:
     """One process as /proc shows it: pid, parent, group, session, start time, uid, tag."""
 
-    def __init__(self, root: str, pid: int, stat: bytes) -> None:
+    def __init__(self, root: str, pid: int, stat: bytes, units: str = "/system.slice/") -> None:
         self.root, self.pid = root, pid
         comm_end = stat.rindex(b")")
         self.comm = stat[stat.index(b"(") + 1:comm_end].decode(errors="replace")[:32]
@@ -97,20 +97,18 @@ class Proc:
         self.state = fields[0].decode()
         self.ppid, self.pgid, self.sid = int(fields[1]), int(fields[2]), int(fields[3])
         self.start = int(fields[19])
-        self.uid = -1
-        for line in (_read(f"{root}/{pid}/status") or b"").splitlines():
-            if line.startswith(b"Uid:"):
-                self.uid = int(line.split()[1])
+        self.uid = next((int(ln.split()[1]) for ln in (_read(f"{root}/{pid}/status") or b"").splitlines()
+                         if ln.startswith(b"Uid:")), -1)
         self.tag: str | None = None
         for kv in (_read(f"{root}/{pid}/environ") or b"").split(b"\0"):
             if kv.startswith(TAG):
                 value = kv[len(TAG):].decode(errors="replace")
                 self.tag = value if RUN_ID.fullmatch(value) else ""
                 break
-        # The unit a process runs in (attempt.py starts each launcher as one): a cgroup no process
-        # of the training user can leave.
-        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines()
-        m = UNIT.fullmatch(cgroup[-1].rsplit("/", 1)[-1]) if cgroup else None
+        # The unit a process runs in (launch.py starts each launcher as one): a cgroup no process
+        # of the training user can leave, of the system manager's (the user's own names any).
+        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines() or [""]
+        m = UNIT.fullmatch(cgroup[-1].split(":", 2)[-1].removeprefix(units))  # a path elsewhere has a "/" left
         self.unit_run = m.group(1) if m else None
         self.owner: str | None = None
         self.why = ""
@@ -124,8 +122,7 @@ class Proc:
             cwd = os.readlink(f"{self.root}/{self.pid}/cwd")
         except OSError:
             return False
-        # its attempt's folder (attempts/<n>/), or the run directory itself for runs recorded
-        # before attempts had folders
+        # its attempt's folder (attempts/<n>/), or the run directory itself (runs before attempt folders)
         return cwd == run_dir or (os.path.dirname(cwd) == os.path.join(run_dir, ATTEMPTS)
                                   and os.path.basename(cwd).isdigit())
 
@@ -133,12 +130,15 @@ class Proc:
 def processes(root: str) -> dict[int, Proc]:
     """Every live process (zombies are gone already) that /proc shows."""
     found: dict[int, Proc] = {}
+    init = [ln.split(":", 2)[2] for ln in (_read(f"{root}/1/cgroup", 4096) or b"").decode(errors="replace").splitlines()
+            if ln.startswith("0::") or ":name=systemd:" in ln]  # the system's units lie beside init's cgroup
+    units = (os.path.dirname(init[-1]).rstrip("/") if init else "") + "/system.slice/"
     for name in os.listdir(root):
         if name.isdigit():
             stat = _read(f"{root}/{name}/stat")
             if stat:
                 try:
-                    p = Proc(root, int(name), stat)
+                    p = Proc(root, int(name), stat, units)
                 except (ValueError, IndexError):
                     continue
                 if p.state not in ("Z", "X"):

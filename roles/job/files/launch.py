@@ -1,0 +1,149 @@
+"""distrun's node program that starts one attempt's launcher on one node: ``bash <script>`` in
+the attempt's folder, as the training user, detached; role job's files/attempt.py follows it.
+
+``python3 -I -c <this file> launch '<config JSON>'``. Standard library only; Python 3.9 or
+newer. It prints one JSON object as its last line: {"verb": "launch", "launched": true, "unit":
+U} ("" without a unit) or {"verb": "launch", "error": why}; a bad call prints one line on stderr
+and exits 2. The config is attempt.py's (``run``, ``host``, ``attempt``, ``dir``, ``script``,
+``user``; ``run_dir``).
+
+The control plane. Run as root on a node whose init is systemd, it starts the script as a
+transient unit ``distrun:<run>:<attempt>:<host>.service`` running as the training user: every
+process the script forks stays in the unit's cgroup (setsid, a double fork or a dropped
+environment do not leave it; the training user cannot move a process out), the unit ends when
+the script ends, and systemd then kills what is left in it. Its ExecStopPost, run by systemd as
+root, writes how the script ended into ``/run/distrun/<unit>.exit``, in a folder only root
+writes: that record, not a file in the run directory, is the exit code attempt.py answers.
+Without root or without systemd, the script runs in its own session instead and writes its exit
+code into its attempt's folder, which the job can write too (the limits in
+docs/guide/security.md). Root does nothing here with a path the job controls: the unit, as the
+training user, opens the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import subprocess
+import sys
+
+NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
+RECORDS = "/run/distrun"
+STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class LaunchError(Exception):
+    """A bad call, in one line."""
+
+
+def unit_name(cfg: dict) -> str:
+    """The attempt's unit on this node (attempt.py's unit_name: the same)."""
+    return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
+
+
+def _record(unit: str, kind: str) -> str:
+    return os.path.join(RECORDS, f"{unit}.{kind}")
+
+
+def _systemd() -> bool:
+    return os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
+
+
+def launch(cfg: dict) -> dict:
+    user = pwd.getpwnam(cfg["user"])
+    script = os.path.join(cfg["dir"], cfg["script"])
+    env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",
+           "PATH": PATH if os.geteuid() == 0 else os.environ.get("PATH", PATH), "LANG": "C.UTF-8"}
+    if _systemd():
+        unit = unit_name(cfg)
+        # Followers read the records as the training user: whatever root's umask (027, 077 on
+        # hardened nodes), or they would take the exit code file the job writes instead.
+        os.makedirs(RECORDS, mode=0o755, exist_ok=True)
+        os.chmod(RECORDS, 0o755)
+        tmp, done = _record(unit, "exit.tmp"), _record(unit, "exit")
+        # systemd gives ExecStopPost how the main process ended; $$ is a literal $ in an Exec line.
+        post = (f'+/bin/sh -c "umask 022; echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {tmp} '
+                f'&& mv -f {tmp} {done}"')
+        argv = ["systemd-run", "--quiet", "--collect", f"--unit={unit}", f"--uid={user.pw_uid}",
+                f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
+                "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
+                "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
+                "-p", f"ExecStopPost={post}"]
+        argv += [f"--setenv={k}={v}" for k, v in env.items()]
+        argv += ["/bin/bash", script]
+        # A unit's records from an earlier try of the same attempt would answer for this one.
+        for kind in ("exit", "exit.tmp", "launched"):
+            try:
+                os.unlink(_record(unit, kind))
+            except FileNotFoundError:
+                pass
+        ran = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        if ran.returncode != 0:
+            why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
+            return {"verb": "launch", "error": f"systemd-run could not start {unit}: {why[:300]}"}
+        fd = os.open(_record(unit, "launched"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+            os.write(fd, f"{unit}\n".encode())
+        finally:
+            os.close(fd)
+        return {"verb": "launch", "launched": True, "unit": unit}
+    if os.geteuid() not in (0, user.pw_uid):
+        raise LaunchError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
+    if os.geteuid() == user.pw_uid:  # root cannot look into a FUSE mount of the training user's
+        run_dir = str(cfg.get("run_dir") or cfg["dir"])
+        if not os.access(run_dir, os.R_OK | os.X_OK):
+            return {"verb": "launch", "error": f"{cfg['host']}: cannot enter the run directory {run_dir} as user "
+                                               f"{user.pw_name} (is the shared folder mounted, and is it the training user's?)"}
+        if not os.path.isfile(script):
+            return {"verb": "launch", "error": f"{cfg['host']}: there is no launch script {script}"}
+    sys.stdout.flush()
+    if os.fork() == 0:  # the launch script leads a session of its own, as the training user
+        try:
+            os.setsid()
+            if os.geteuid() == 0:
+                os.initgroups(user.pw_name, user.pw_gid)
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+            os.chdir(cfg["dir"])
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execve("/bin/bash", ["bash", cfg["script"]], env)
+        finally:
+            os._exit(127)
+    return {"verb": "launch", "launched": True, "unit": ""}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if len(argv) != 2 or argv[0] != "launch":
+            raise LaunchError("usage: launch.py launch '<config JSON>'")
+        try:
+            cfg = json.loads(argv[1])
+        except ValueError:
+            raise LaunchError("the launch config is not JSON") from None
+        if not isinstance(cfg, dict):
+            raise LaunchError("the launch config is not a JSON object")
+        for key in ("run", "host", "user", "script"):
+            if not (isinstance(cfg.get(key), str) and NAME.fullmatch(cfg[key]) and set(cfg[key]) != {"."}):
+                raise LaunchError(f"launch: {key} {cfg.get(key)!r} is empty or not a plain name")
+        if not re.fullmatch(r"[0-9]{1,9}", str(cfg.get("attempt", ""))):  # as node.py's stop reads a unit
+            raise LaunchError(f"launch: attempt {cfg.get('attempt')!r} is not a number")
+        if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
+            raise LaunchError(f"launch: dir {cfg.get('dir')!r} is not an absolute path")
+        answer = launch(cfg)
+    except (LaunchError, KeyError) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"launch.py: {what}", file=sys.stderr, flush=True)
+        return 2
+    sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
