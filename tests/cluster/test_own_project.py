@@ -147,11 +147,14 @@ def test_a_project_runs_on_three_nodes_with_its_prepare_step_env_and_launcher_ar
     mpirun = next(ln for ln in (run / "commands.txt").read_text().splitlines() if "/bin/mpirun " in ln)
     assert "--mca btl_base_verbose 0 " in mpirun and mpirun.endswith(
         "python -m mypkg.train --config config.json --parts 3 > launcher-node1.log 2>&1 < /dev/null")
-    # The secret is only ever in env.sh: the controller's 0600 copy and the nodes' (collected).
+    # The secret is only ever in env.sh: the controller's 0600 copy and the nodes' (collected before it was removed).
     assert {Path(f).name for f in _files_with(run, TOKEN)} == {"env.sh"}
-    listing = provisioned.exec(2, f"stat -c '%U %a' {where} /srv/distrun/runs/{run.name}/env.sh; ls -A {where}").stdout.split()
-    # The training user's; others may read neither the project nor the env file.
-    assert listing[0] == "distrun" and listing[1].endswith("0") and listing[2:4] == ["distrun", "600"], listing
+    listing = provisioned.exec(2, f"stat -c '%U %a' {where}; ls -A {where}").stdout.split()
+    # The training user's; others may not read the project.
+    assert listing[0] == "distrun" and listing[1].endswith("0"), listing
+    # The run has ended: its env file (the secret) has left the node.
+    kept = provisioned.exec(2, f"test -e /srv/distrun/runs/{run.name}/env.sh", check=False).returncode == 0
+    assert not kept, f"the ended run's env.sh stays on node2: /srv/distrun/runs/{run.name}/env.sh"
     assert ".distrun_env" not in listing and "scratch" not in listing and "notes.log" not in listing
     assert not run_processes(provisioned, run.name)
 
