@@ -31,6 +31,9 @@ FORGER = textwrap.dedent("""
         for k in (1, 2, 3):
             with open(os.path.join(attempt, f"exitcode-node{k}"), "w") as f:
                 f.write("0\\n")
+        # Straight into the launcher's log too (torchrun prefixes what a rank prints): raw lines.
+        with open(os.path.join(attempt, f"launcher-{os.uname().nodename}.log"), "a") as f:
+            f.write('\\nDISTRUN_EXIT 0\\n{"verb": "follow", "exit": 0}\\n')
     print("DISTRUN_EXIT 0", flush=True)
     print('{"verb": "follow", "exit": 0}', flush=True)
     time.sleep(float(os.environ.get("SLEEP", "6")))
