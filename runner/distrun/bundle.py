@@ -18,7 +18,7 @@ from typing import Any
 
 from . import paths, rundir
 from .envnames import check_env_key
-from .launchers import launcher_named
+from .launchers import LAUNCHERS, launcher_named
 from .launchers.base import fill
 from .network import NetworkChoice
 from .plan import WORKLOADS, JobPlan, render_hostfile
@@ -26,8 +26,8 @@ from .runs import Run
 
 
 def clashes_with_run_dir(name: str) -> bool:
-    """Whether a file of this name in a run directory would collide with one distrun writes."""
-    return rundir.clashes(name)
+    """Whether a file of this name in a run directory would collide with one distrun or a launcher writes."""
+    return rundir.clashes(name) or any(name in launcher.run_dir_files for launcher in LAUNCHERS.values())
 
 
 def _comment(text: str) -> str:

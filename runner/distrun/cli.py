@@ -99,7 +99,7 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 
 @main.command(cls=ProgramCommand)
 @inventory_option
-@click.option("--launcher", type=P.OneOf(["mpirun", "torchrun", "slurm"]), default="mpirun", show_default=True)
+@P.launcher_option
 @click.option("--np", "np", type=P.RANKS, default=None, help="Number of ranks (default: the sum of the workers' slots).")
 @click.option("--workload", type=P.OneOf(["gcn", "gcn-torch", "gcn-tp", "ddp"]), default="gcn", show_default=True,
               help="A reference workload (not with --script).")

@@ -193,22 +193,21 @@ def check_gdc(ctx: click.Context) -> None:
             raise click.UsageError(f"{_flag(name)} only matters with --use-gdc: add --use-gdc or drop {_flag(name)}", ctx)
 
 
-# What distrun itself gives each launcher (launchers/): a second one in --launcher-args would
-# contradict the plan (world size, hosts, rendezvous) or the files distrun reads back.
-LAUNCHER_SETS: dict[str, tuple[str, ...]] = {
-    "mpirun": ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
-               "--prefix", "--map-by", "--output-filename"),
-    "torchrun": ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--rdzv-backend",
-                 "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--master-addr",
-                 "--master_addr", "--master-port", "--master_port", "--standalone", "--no-python", "--no_python"),
-    "slurm": ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
-              "--output", "-o", "--mpi"),
-}
+def launcher_option(fn: Any) -> Any:
+    """--launcher: its choices and help from the launchers' registry."""
+    from .launchers import LAUNCHERS
+    said = "; ".join(f"{name}: {launcher.summary}" for name, launcher in LAUNCHERS.items())
+    return click.option("--launcher", type=OneOf(list(LAUNCHERS)), default="mpirun", show_default=True,
+                        help=f"How the ranks start: {said}.")(fn)
 
 
 def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
-    """--launcher-args must add to what distrun gives the launcher, not give it again."""
-    owned = LAUNCHER_SETS.get(launcher, ())
+    """--launcher-args must add to what distrun gives the launcher (its owned_args), not give it again."""
+    from .launchers import LAUNCHERS
+    owned = LAUNCHERS[launcher].owned_args if launcher in LAUNCHERS else ()
+    if words and launcher in LAUNCHERS and not LAUNCHERS[launcher].takes_args:
+        raise UserError(f"--launcher-args: --launcher {launcher} has no command line of its own to extend; drop "
+                        "--launcher-args and pass your program's options after '--'")
     for word in words:
         name = word.split("=", 1)[0]
         if name in owned:

@@ -34,7 +34,7 @@ _IMAGE = re.compile(rf"{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_
 
 # What a rank reads to find its place: torch's names, distrun's and the interface choice. The
 # launchers' own (Open MPI's, PMIx's, Slurm's) are passed by their prefix, whatever they are.
-RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
               "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DISTRUN_HOST")
 RANK_PREFIXES = ("OMPI_", "PMIX_", "SLURM_")
 

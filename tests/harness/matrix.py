@@ -28,6 +28,11 @@ LAUNCHERS = ("mpirun", "torchrun", "slurm")
 # Slurm's multi-job mode (one job and one torchrun agent per node) is a column of its own where a
 # row runs it; "slurm" is its single mode (one job, srun's ranks).
 COLUMNS = (*LAUNCHERS, "slurm multi-job")
+# The table's columns: the ssh launcher is a column of the YAML inventory's rows only, and of
+# two of its shared folder modes (the others show "-"): its ranks read the run directory as
+# torchrun's do, so two modes prove it and keep the suite short.
+TABLE_COLUMNS = (*COLUMNS, "ssh")
+COLUMN_MODES = {"ssh": ("sync", "sshfs")}
 MODES = ("sync", "sshfs", "external", "nfs")
 INVENTORIES = {
     "yaml-root": "YAML, names = hostnames, admin root",
@@ -37,7 +42,7 @@ INVENTORIES = {
 }
 # The rows an inventory has (its shared folder modes) and the columns it runs; every test node's
 # hostname is on 127.0.1.1 in its /etc/hosts, as Debian's installer writes it.
-ROWS = {"yaml-root": (MODES, LAUNCHERS), "ini-alias-ops": (MODES, LAUNCHERS),
+ROWS = {"yaml-root": (MODES, (*LAUNCHERS, "ssh")), "ini-alias-ops": (MODES, LAUNCHERS),
         "yaml-slots-2": (("sync",), COLUMNS), "yaml-slots-2-1-1": (("sync",), COLUMNS)}
 NOT_RUNNABLE = {
     "nfs": "this kernel has no NFS client or server: the nfs mode is converged rendered-only "
@@ -314,14 +319,14 @@ def table(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """The matrix as Markdown: one row per inventory and shared folder mode, one column per
     launcher; a cell is its result and seconds, or why it cannot run here ("-": not a cell of that row)."""
     got = {(r["launcher"], r["mode"], r["inventory"]): r for r in rows}
-    out = ["| inventory | shared folder | " + " | ".join(COLUMNS) + " |", "|---|---|" + "---|" * len(COLUMNS)]
+    out = ["| inventory | shared folder | " + " | ".join(TABLE_COLUMNS) + " |", "|---|---|" + "---|" * len(TABLE_COLUMNS)]
     for kind in INVENTORIES:
         modes, columns = ROWS[kind]
         for mode in modes:
             cells = []
-            for launcher in COLUMNS:
+            for launcher in TABLE_COLUMNS:
                 r = got.get((launcher, mode, kind))
-                if launcher not in columns:
+                if launcher not in columns or mode not in COLUMN_MODES.get(launcher, modes):
                     cells.append("-")
                 elif mode in NOT_RUNNABLE:
                     cells.append("not runnable here (1)")

@@ -6,9 +6,10 @@ from ..errors import PlanError
 from .base import Launcher
 from .mpirun import Mpirun, mpirun_argv
 from .slurm import Slurm, sbatch_script
+from .ssh import Ssh
 from .torchrun import Torchrun, torchrun_argv
 
-LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (Mpirun(), Torchrun(), Slurm())}
+LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (Mpirun(), Torchrun(), Slurm(), Ssh())}
 
 __all__ = ["LAUNCHERS", "Launcher", "launcher_named", "mpirun_argv", "sbatch_script", "torchrun_argv"]
 

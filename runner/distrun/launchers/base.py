@@ -40,6 +40,16 @@ class Launcher(ABC):
     """One way to start a plan's ranks (mpirun, torchrun, Slurm)."""
 
     name: str
+    # One line for 'distrun train --help': what starts the ranks.
+    summary: str = ""
+    # Options of the launcher's own command line that distrun itself gives it (world size,
+    # hosts, rendezvous, log folders): --launcher-args may not give them a second time.
+    owned_args: tuple[str, ...] = ()
+    # Whether the launcher has a command line of its own that --launcher-args extends.
+    takes_args: bool = True
+    # Names this launcher's files() writes at the top of a run directory: a user's --script of
+    # such a name would replace it (rundir.RUN_DIR_NAMES holds the names every launcher shares).
+    run_dir_files: tuple[str, ...] = ()
     # The ranks form one MPI world, so Python runs under mpi4py's runner: a rank that raises
     # then calls MPI_Abort and the whole job ends at once.
     mpi_world: bool = False

@@ -49,6 +49,9 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
 
 class Mpirun(Launcher):
     name = "mpirun"
+    summary = "Open MPI's mpirun on the head starts every rank over ssh (one MPI world)"
+    owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
+                  "--prefix", "--map-by", "--output-filename")
     mpi_world = True
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
 

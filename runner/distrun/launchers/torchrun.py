@@ -68,6 +68,10 @@ def torchrun_env(plan: JobPlan, host: RankHost) -> dict[str, str]:
 
 class Torchrun(Launcher):
     name = "torchrun"
+    summary = "one torchrun agent per rank host, c10d rendezvous on the first"
+    owned_args = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--rdzv-backend",
+                  "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--master-addr",
+                  "--master_addr", "--master-port", "--master_port", "--standalone", "--no-python", "--no_python")
     failed_rank_patterns = (TORCHRUN_ROOT_CAUSE,)
 
     def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:

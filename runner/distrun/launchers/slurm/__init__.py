@@ -56,6 +56,9 @@ def enabled(cluster: Cluster) -> bool:
 
 class Slurm(Launcher):
     name = "slurm"
+    summary = "sbatch on the head, srun starts the ranks (--slurm-mode single or multi)"
+    owned_args = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
+                  "--output", "-o", "--mpi")
     mpi_world = True
     # Single mode runs MPI ranks under srun; multi-job mode runs one torchrun agent per job.
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE)
