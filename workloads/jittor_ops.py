@@ -71,7 +71,7 @@ class CommStats:
 
 
 def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
-    """(SpMM, HaloExchange, AllReduceSum) as jt.Function classes bound to this Jittor."""
+    """(SpMM, Propagate, AllReduceSum) as jt.Function classes bound to this Jittor."""
     stats = stats or CommStats()
 
     class SpMM(jt.Function):
@@ -86,29 +86,42 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
         def grad(self, g):  # noqa: ANN001,ANN201
             return jt.array(self.adj.rmatmul_t(g.numpy()))
 
-    class HaloExchange(jt.Function):
-        """Owned rows in, owned rows followed by the halo rows out; the backward sends each halo
-        row's gradient back to its owner and adds it there."""
+    class Propagate(jt.Function):
+        """A · [h; the halo's rows of h] with A split into its own and its halo columns (the
+        concatenated rows are never built). Forward:
+        the halo rows travel while the product over the own columns runs; backward: the halo
+        rows' gradients travel back to their owners while the product with the own columns'
+        transpose runs, and are added to their nodes' gradients there."""
 
-        def __init__(self, halo: Halo) -> None:
-            self.halo = halo
+        def __init__(self, own: SparseRows, halo_cols: SparseRows, halo: Halo) -> None:
+            self.own, self.halo_cols, self.halo = own, halo_cols, halo
 
         def execute(self, h):  # noqa: ANN001,ANN201
             a = h.numpy()
             t0 = time.perf_counter()
-            recv = self.halo.gather(a)
+            recv, pending = self.halo.start_gather(a)
             stats.seconds += time.perf_counter() - t0
             stats.bytes_sent += int(self.halo.send_idx.size) * a.shape[1] * a.itemsize
-            return jt.array(np.concatenate([a, recv]))
+            y = self.own.matmul(a)
+            t0 = time.perf_counter()
+            pending.wait()
+            stats.seconds += time.perf_counter() - t0
+            if recv.shape[0]:
+                y += self.halo_cols.matmul(recv)
+            return jt.array(y)
 
         def grad(self, g):  # noqa: ANN001,ANN201
             g = g.numpy()
-            n = self.halo.num_owned
+            halo_grad = self.halo_cols.rmatmul_t(g)
             t0 = time.perf_counter()
-            back = self.halo.scatter_add_back(g[n:])
+            back, pending = self.halo.start_scatter(halo_grad)
             stats.seconds += time.perf_counter() - t0
             stats.bytes_sent += int(self.halo.num_halo) * g.shape[1] * g.itemsize
-            return jt.array(g[:n] + back)
+            grad = self.own.rmatmul_t(g)
+            t0 = time.perf_counter()
+            pending.wait()
+            stats.seconds += time.perf_counter() - t0
+            return jt.array(self.halo.add_back(grad, back))
 
     class AllReduceSum(jt.Function):
         """Sum over ranks; the backward is the identity (each rank's loss is the replicated total)."""
@@ -130,7 +143,7 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
         def grad(self, g):  # noqa: ANN001,ANN201
             return g
 
-    return SpMM, HaloExchange, AllReduceSum
+    return SpMM, Propagate, AllReduceSum
 
 
 def onehot_train(labels: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:
