@@ -585,13 +585,10 @@ def workload_rows(t: dict | None) -> list[str]:
     """The summary rows of the workload sections (strong scaling, partition, reuse, GDC)."""
     out: list[str] = []
     if t:
-        for w in sorted({r["workload"] for r in t["rows"]}):
-            rows = {r["label"]: r for r in t["rows"] if r["workload"] == w}
-            one, two = rows.get("1 rank x 1 thread", {}), rows.get("2 ranks x 1 thread", {})
-            sp = two.get("speedup")
-            out.append(f"| {w} epoch, 1 rank x 1 thread / 2 ranks x 1 thread | {f(one.get('epoch_s'), 3)} / "
-                       f"{f(two.get('epoch_s'), 3)} s | speedup {f(sp, 2)} | ≥ 1.7 | "
-                       f"{'met' if sp and sp >= 1.7 else 'not met'} (load {f(two.get('load_1min'))}) |")
+        shapes = t.get("shapes") or {"": None}
+        for shape, g in shapes.items():
+            for w in sorted({r["workload"] for r in t["rows"]}):
+                out.append(scaling_row(t, w, shape, g))
     part = load("partition")
     if part:
         big = next((c for c in part["cells"] if c.get("ok") and c["size"] == "114M" and c["parts"] == 2
@@ -613,6 +610,17 @@ def workload_rows(t: dict | None) -> list[str]:
                            f"{max(r['peak_rss_gib'], r['worker_peak_rss_gib']):.2f} GiB | — | minutes, bounded memory | "
                            f"(load {r['load']:.1f}) |")
     return out
+
+
+def scaling_row(t: dict, w: str, shape: str, g: dict | None) -> str:
+    """A workload's summary row on one graph shape (``g`` None: a result from before shapes)."""
+    rows = {r["label"]: r for r in t["rows"] if r["workload"] == w and r.get("shape", "") == shape}
+    one, two = rows.get("1 rank x 1 thread", {}), rows.get("2 ranks x 1 thread", {})
+    sp = two.get("speedup")
+    on = f", {shape} graph ({g['nodes']:,} nodes, {g['features']} features, hidden {g['hidden']})" if g else ""
+    return (f"| {w} epoch{on}, 1 rank x 1 thread / 2 ranks x 1 thread | {f(one.get('epoch_s'), 3)} / "
+            f"{f(two.get('epoch_s'), 3)} s | speedup {f(sp, 2)} | ≥ 1.7 | "
+            f"{'met' if sp and sp >= 1.7 else 'not met'} (load {f(two.get('load_1min'))}) |")
 
 
 def render_summary(c: dict | None, t: dict | None, s: dict | None) -> list[str]:
