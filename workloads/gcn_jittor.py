@@ -6,8 +6,9 @@
 
 Why the gradients are right under Jittor's MPI optimizer. Each rank computes the logits of the
 nodes it owns; its loss is  L_r = sum over its training nodes of CE / N_train, so the global loss
-is  L = sum_r L_r. Rows needed from other parts arrive through a custom jt.Function whose backward
-sends the halo gradients back to their owners, so the gradient each rank computes for the shared
+is  L = sum_r L_r. Rows needed from other parts arrive through a custom jt.Function (Propagate:
+they travel while the product over the rank's own columns runs) whose backward sends the halo
+gradients back to their owners, so the gradient each rank computes for the shared
 weights is exactly dL_r/dW including every cross-partition path, and dL/dW = sum_r dL_r/dW.
 Jittor's optimizer, when run under mpirun, replaces each gradient by its MEAN over ranks; we
 therefore hand it R * L_r, whose mean over ranks is sum_r dL_r/dW = dL/dW: the same step as
@@ -22,7 +23,8 @@ counted in bytes only.
 
 The first layer takes the cheaper order of Â·X·W1, as gcn_torch.py does: with features no wider
 than the hidden layer, Â·X first, the halo's feature rows exchanged once before training and each
-epoch only the owners' dropout masks of those rows (as bits); with wide features (Cora's 1433
+epoch only the owners' dropout masks of those rows (as bits, while the product over the own
+columns runs); with wide features (Cora's 1433
 against 16), X·W1 first, through the exchange above. Each rank draws the masks of the nodes it
 owns, so a node is dropped the same way wherever it is aggregated.
 """

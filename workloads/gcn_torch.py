@@ -15,7 +15,8 @@ the gradient of each halo row goes back to the rank that owns the node, while th
 the own columns' transpose runs, and is added to that node's gradient.
 The first layer takes the cheaper order of Â·X·W1: with features no wider than the hidden layer,
 Â·X first; the input features need no gradient, so their halo rows travel once, before training,
-and each epoch only the owners' dropout masks of those rows (as bits); with wide features
+and each epoch only the owners' dropout masks of those rows (as bits, while the product over the
+own columns runs); with wide features
 (Cora's 1433 against 16), X·W1 first and the exchange as above.
 
 Why the gradients are those of single-process training. Rank r's loss is

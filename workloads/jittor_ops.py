@@ -1,5 +1,6 @@
 """What the Jittor trainers share: the environment Jittor needs before import, starting Jittor and
-MPI, the numpy-backed SpMM and halo exchange as jt.Functions, the allreduce, the masked loss.
+MPI, the numpy-backed SpMM and the propagation with its halo exchange (overlapping the product
+over the own columns) as jt.Functions, the allreduce, the masked loss.
 
 Import this module before numpy-heavy work and before Jittor: it sets Jittor's import-time
 variables (a CUDA nvcc without its runtime makes Jittor fail, and MKL/oneDNN would be
