@@ -30,13 +30,14 @@ def _row(workload: str, shape: str, label: str, ranks: int, epoch_s: float, spee
             "speedup": speedup, "ranks_profile": prof, "test_acc": 0.5, "load_1min": 1.2}
 
 
+ROWS = [_row("gcn_torch", "narrow", "1 rank x 1 thread", 1, 0.2, 1.0),
+        _row("gcn_torch", "narrow", "2 ranks x 1 thread", 2, 0.1, 2.0),
+        _row("gcn_torch", "wide", "1 rank x 1 thread", 1, 1.0, 1.0),
+        _row("gcn_torch", "wide", "2 ranks x 1 thread", 2, 0.625, 1.6)]
 DATA = {"shapes": {"narrow": dict(train.SHAPES["narrow"], edges_directed=1_018_778),
                    "wide": dict(train.SHAPES["wide"], edges_directed=1_019_696)},
         "repeats": 3, "machine": {"cpus": 2},
-        "rows": [_row("gcn_torch", "narrow", "1 rank x 1 thread", 1, 0.2, 1.0),
-                 _row("gcn_torch", "narrow", "2 ranks x 1 thread", 2, 0.1, 2.0),
-                 _row("gcn_torch", "wide", "1 rank x 1 thread", 1, 1.0, 1.0),
-                 _row("gcn_torch", "wide", "2 ranks x 1 thread", 2, 0.625, 1.6)]}
+        "rows": ROWS}
 
 
 def test_each_shape_has_its_table_and_verdict():
@@ -58,7 +59,7 @@ def test_the_summary_has_one_row_per_shape_and_workload():
 def test_a_result_from_before_shapes_still_renders_as_one_table():
     old = {"graph": {"nodes": 50_000, "edges": 1_000_000, "features": 64, "hidden": 64, "classes": 8},
            "epochs": 20, "edges": 1_018_778, "repeats": 3,
-           "rows": [{k: v for k, v in r.items() if k != "shape"} for r in DATA["rows"][:2]]}
+           "rows": [{k: v for k, v in r.items() if k != "shape"} for r in ROWS[:2]]}
     text = "\n".join(train.render(old))
     assert text.count("| workload | configuration |") == 1 and "gcn_torch: 2.00" in text
     assert len([r for r in run_all.workload_rows(old) if r.startswith("| gcn_torch epoch")]) == 1
