@@ -40,7 +40,7 @@ import numpy as np
 import common
 from common import EpochStats, Reporter
 from graph import init_params
-from halo import Halo, unpack_bits
+from halo import Halo
 
 PROG = "gcn_jittor.py"
 
@@ -93,16 +93,7 @@ def main() -> int:
         keep = masks_rng.random(features.shape, dtype=np.float32) >= args.dropout
         if world == 1:
             return jt.matmul(jt.array(adj.matmul(x_all * keep)), params["W1"])
-        # The halo rows' masks travel while the product over the own columns runs.
-        t0 = time.perf_counter()
-        bits, pending = halo.start_mask_rows(keep)
-        stats.seconds += time.perf_counter() - t0
-        stats.bytes_sent += int(halo.send_idx.size) * ((features.shape[1] + 7) // 8)
-        y = a_own.matmul(x_all[:n_own] * keep)
-        t0 = time.perf_counter()
-        pending.wait()
-        stats.seconds += time.perf_counter() - t0
-        y += a_halo.matmul(x_all[n_own:] * unpack_bits(bits, features.shape[1]))
+        y = jittor_ops.masked_aggregate(halo, a_own, a_halo, x_all, keep, stats)
         return jt.matmul(jt.array(y), params["W1"])
 
     def forward(training: bool):  # noqa: ANN202

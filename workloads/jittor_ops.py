@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 from graph import SparseRows  # noqa: E402
-from halo import Halo  # noqa: E402
+from halo import Halo, unpack_bits  # noqa: E402
 
 
 @dataclass
@@ -145,6 +145,25 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
             return g
 
     return SpMM, Propagate, AllReduceSum
+
+
+def masked_aggregate(halo: Halo, own: SparseRows, halo_cols: SparseRows, x_all: np.ndarray, keep: np.ndarray,
+                     stats: CommStats | None = None) -> np.ndarray:
+    """A · (x_all masked by the owners' dropout masks): ``keep`` is this rank's mask of its own rows,
+    the halo rows' masks travel as bits while the product over the own columns runs. Collective."""
+    n = halo.num_owned
+    stats = stats or CommStats()
+    t0 = time.perf_counter()
+    bits, pending = halo.start_mask_rows(keep)
+    stats.seconds += time.perf_counter() - t0
+    stats.bytes_sent += int(halo.send_idx.size) * bits.shape[1]
+    y = own.matmul(x_all[:n] * keep)
+    t0 = time.perf_counter()
+    pending.wait()
+    stats.seconds += time.perf_counter() - t0
+    if bits.shape[0]:
+        y += halo_cols.matmul(x_all[n:] * unpack_bits(bits, keep.shape[1]))
+    return y
 
 
 def onehot_train(labels: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:
