@@ -15,7 +15,8 @@ the gradient of each halo row goes back to the rank that owns the node, while th
 the own columns' transpose runs, and is added to that node's gradient.
 The first layer takes the cheaper order of Â·X·W1: with features no wider than the hidden layer,
 Â·X first; the input features need no gradient, so their halo rows travel once, before training,
-and each epoch only the owners' dropout masks of those rows (as bits); with wide features
+and each epoch only the owners' dropout masks of those rows (as bits, while the product over the
+own columns runs); with wide features
 (Cora's 1433 against 16), X·W1 first and the exchange as above.
 
 Why the gradients are those of single-process training. Rank r's loss is
@@ -148,8 +149,21 @@ def build_ops(td: torch_dist.Dist, adj: SparseRows, part: dict[str, np.ndarray],
         got = exchange(bits, send_counts, recv_counts, num_halo)
         return torch.cat([keep, torch.from_numpy(unpack_bits(got.cpu().numpy(), keep.shape[1])).to(dev)])
 
-    def aggregate(h):  # noqa: ANN001,ANN202
-        return a @ h
+    def aggregate(h, keep=None, out=None):  # noqa: ANN001,ANN202
+        """A · h for [own; halo] rows h; with ``keep`` (this rank's dropout mask of its own rows),
+        A · (h masked by the owners' masks) into the buffer ``out``, the halo rows' masks
+        travelling (as bits) while the product over the own columns runs."""
+        if keep is None:
+            return a @ h
+        if td.world == 1:
+            return a @ torch.mul(h, keep, out=out)
+        bits = torch.from_numpy(pack_bits(keep[send_idx].cpu().numpy())).to(dev)
+        got = bits.new_empty((num_halo, bits.shape[1]))
+        work = start(got, bits, send_counts, recv_counts)
+        y = own @ torch.mul(h[:n_own], keep, out=out[:n_own])
+        finish(work)
+        halo_keep = torch.from_numpy(unpack_bits(got.cpu().numpy(), keep.shape[1])).to(dev)
+        return y.add_(halo @ torch.mul(h[n_own:], halo_keep, out=out[n_own:]))
 
     return propagate, halo_rows, halo_mask, aggregate
 
@@ -213,8 +227,8 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
             return propagate(dropout(x, training) @ params["W1"])
         if not (training and args.dropout):
             return ax_eval @ params["W1"]
-        keep = halo_mask(torch.rand(x.shape, generator=gen, device=dev) >= args.dropout)
-        return aggregate(torch.mul(x_all, keep, out=x_masked)) @ params["W1"]
+        keep = torch.rand(x.shape, generator=gen, device=dev) >= args.dropout
+        return aggregate(x_all, keep, x_masked) @ params["W1"]
 
     def forward(training: bool):  # noqa: ANN202
         h = torch.relu(first_layer(training) + params["b1"])

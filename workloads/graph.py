@@ -76,15 +76,23 @@ def spmm(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, h: np.ndar
     cuts = np.unique(np.searchsorted(indptr, np.arange(0, nnz, chunk_nnz), side="right") - 1)
     cuts = np.append(cuts[cuts < num_rows], num_rows)
     vals = values.astype(h.dtype, copy=False)
-    for r0, r1 in zip(cuts[:-1], cuts[1:]):
+    # One buffer for every chunk's neighbour rows, filled and scaled in place, and each chunk's
+    # sums written straight into its rows of the result: no temporaries per chunk.
+    buf = np.empty((int(np.max(indptr[cuts[1:]] - indptr[cuts[:-1]])), h.shape[1]), dtype=h.dtype)
+    for r0, r1 in zip(cuts[:-1], cuts[1:], strict=True):
         a, b = int(indptr[r0]), int(indptr[r1])
         if a == b:
             continue
-        msgs = h[indices[a:b]] * vals[a:b, None]
+        msgs = buf[: b - a]
+        np.take(h, indices[a:b], axis=0, out=msgs)
+        np.multiply(msgs, vals[a:b, None], out=msgs)
         starts = indptr[r0:r1] - a
-        nonempty = np.diff(indptr[r0 : r1 + 1]) > 0
+        if starts[-1] < b - a and np.all(starts[1:] > starts[:-1]):  # no empty row (Â: every row has its self loop)
+            np.add.reduceat(msgs, starts, axis=0, out=out[r0:r1])
+            continue
         # reduceat over the starts of non-empty rows only: an empty row would otherwise
         # receive its neighbour's first entry instead of zero.
+        nonempty = np.diff(indptr[r0 : r1 + 1]) > 0
         out[r0:r1][nonempty] = np.add.reduceat(msgs, starts[nonempty], axis=0)
     return out
 

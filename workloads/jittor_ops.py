@@ -1,5 +1,6 @@
 """What the Jittor trainers share: the environment Jittor needs before import, starting Jittor and
-MPI, the numpy-backed SpMM and halo exchange as jt.Functions, the allreduce, the masked loss.
+MPI, the numpy-backed SpMM and the propagation with its halo exchange (overlapping the product
+over the own columns) as jt.Functions, the allreduce, the masked loss.
 
 Import this module before numpy-heavy work and before Jittor: it sets Jittor's import-time
 variables (a CUDA nvcc without its runtime makes Jittor fail, and MKL/oneDNN would be
@@ -21,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 from graph import SparseRows  # noqa: E402
-from halo import Halo  # noqa: E402
+from halo import Halo, unpack_bits  # noqa: E402
 
 
 @dataclass
@@ -71,7 +72,7 @@ class CommStats:
 
 
 def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
-    """(SpMM, HaloExchange, AllReduceSum) as jt.Function classes bound to this Jittor."""
+    """(SpMM, Propagate, AllReduceSum) as jt.Function classes bound to this Jittor."""
     stats = stats or CommStats()
 
     class SpMM(jt.Function):
@@ -86,29 +87,42 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
         def grad(self, g):  # noqa: ANN001,ANN201
             return jt.array(self.adj.rmatmul_t(g.numpy()))
 
-    class HaloExchange(jt.Function):
-        """Owned rows in, owned rows followed by the halo rows out; the backward sends each halo
-        row's gradient back to its owner and adds it there."""
+    class Propagate(jt.Function):
+        """A · [h; the halo's rows of h] with A split into its own and its halo columns (the
+        concatenated rows are never built). Forward:
+        the halo rows travel while the product over the own columns runs; backward: the halo
+        rows' gradients travel back to their owners while the product with the own columns'
+        transpose runs, and are added to their nodes' gradients there."""
 
-        def __init__(self, halo: Halo) -> None:
-            self.halo = halo
+        def __init__(self, own: SparseRows, halo_cols: SparseRows, halo: Halo) -> None:
+            self.own, self.halo_cols, self.halo = own, halo_cols, halo
 
         def execute(self, h):  # noqa: ANN001,ANN201
             a = h.numpy()
             t0 = time.perf_counter()
-            recv = self.halo.gather(a)
+            recv, pending = self.halo.start_gather(a)
             stats.seconds += time.perf_counter() - t0
             stats.bytes_sent += int(self.halo.send_idx.size) * a.shape[1] * a.itemsize
-            return jt.array(np.concatenate([a, recv]))
+            y = self.own.matmul(a)
+            t0 = time.perf_counter()
+            pending.wait()
+            stats.seconds += time.perf_counter() - t0
+            if recv.shape[0]:
+                y += self.halo_cols.matmul(recv)
+            return jt.array(y)
 
         def grad(self, g):  # noqa: ANN001,ANN201
             g = g.numpy()
-            n = self.halo.num_owned
+            halo_grad = self.halo_cols.rmatmul_t(g)
             t0 = time.perf_counter()
-            back = self.halo.scatter_add_back(g[n:])
+            back, pending = self.halo.start_scatter(halo_grad)
             stats.seconds += time.perf_counter() - t0
             stats.bytes_sent += int(self.halo.num_halo) * g.shape[1] * g.itemsize
-            return jt.array(g[:n] + back)
+            grad = self.own.rmatmul_t(g)
+            t0 = time.perf_counter()
+            pending.wait()
+            stats.seconds += time.perf_counter() - t0
+            return jt.array(self.halo.add_back(grad, back))
 
     class AllReduceSum(jt.Function):
         """Sum over ranks; the backward is the identity (each rank's loss is the replicated total)."""
@@ -130,7 +144,26 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
         def grad(self, g):  # noqa: ANN001,ANN201
             return g
 
-    return SpMM, HaloExchange, AllReduceSum
+    return SpMM, Propagate, AllReduceSum
+
+
+def masked_aggregate(halo: Halo, own: SparseRows, halo_cols: SparseRows, x_all: np.ndarray, keep: np.ndarray,
+                     stats: CommStats | None = None) -> np.ndarray:
+    """A · (x_all masked by the owners' dropout masks): ``keep`` is this rank's mask of its own rows,
+    the halo rows' masks travel as bits while the product over the own columns runs. Collective."""
+    n = halo.num_owned
+    stats = stats or CommStats()
+    t0 = time.perf_counter()
+    bits, pending = halo.start_mask_rows(keep)
+    stats.seconds += time.perf_counter() - t0
+    stats.bytes_sent += int(halo.send_idx.size) * bits.shape[1]
+    y = own.matmul(x_all[:n] * keep)
+    t0 = time.perf_counter()
+    pending.wait()
+    stats.seconds += time.perf_counter() - t0
+    if bits.shape[0]:
+        y += halo_cols.matmul(x_all[n:] * unpack_bits(bits, keep.shape[1]))
+    return y
 
 
 def onehot_train(labels: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:

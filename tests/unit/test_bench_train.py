@@ -1,0 +1,65 @@
+"""The strong-scaling section's tables and summary rows per graph shape (bench/train.py's render,
+bench/run_all.py's workload rows): one table and one verdict per shape and workload."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+
+def _load(name: str):  # noqa: ANN202
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+train = _load("train")
+run_all = _load("run_all")
+
+
+def _row(workload: str, shape: str, label: str, ranks: int, epoch_s: float, speedup: float) -> dict:
+    prof = [{"rank": r, "epoch_s": epoch_s, "compute_s": epoch_s * 0.9, "comm_s": epoch_s * 0.1,
+             "halo_bytes": 2**20, "allreduce_bytes": 1024} for r in range(ranks)]
+    return {"workload": workload, "shape": shape, "label": label, "ranks": ranks, "epoch_s": epoch_s,
+            "speedup": speedup, "ranks_profile": prof, "test_acc": 0.5, "load_1min": 1.2}
+
+
+ROWS = [_row("gcn_torch", "narrow", "1 rank x 1 thread", 1, 0.2, 1.0),
+        _row("gcn_torch", "narrow", "2 ranks x 1 thread", 2, 0.1, 2.0),
+        _row("gcn_torch", "wide", "1 rank x 1 thread", 1, 1.0, 1.0),
+        _row("gcn_torch", "wide", "2 ranks x 1 thread", 2, 0.625, 1.6)]
+DATA = {"shapes": {"narrow": dict(train.SHAPES["narrow"], edges_directed=1_018_778),
+                   "wide": dict(train.SHAPES["wide"], edges_directed=1_019_696)},
+        "repeats": 3, "machine": {"cpus": 2},
+        "rows": ROWS}
+
+
+def test_each_shape_has_its_table_and_verdict():
+    text = "\n".join(train.render(DATA))
+    assert "### narrow: synthetic graph 50,000 nodes / 1,018,778 directed edges / 64 features" in text
+    assert "Â·X first" in text and "X·W1 first" in text
+    assert "gcn_torch, narrow: 2.00 at load 1.2 — **met**" in text
+    assert "gcn_torch, wide: 1.60 at load 1.2 — **not met**" in text
+
+
+def test_the_summary_has_one_row_per_shape_and_workload():
+    rows = run_all.workload_rows(DATA)
+    scaling = [r for r in rows if r.startswith("| gcn_torch epoch")]
+    assert len(scaling) == 2
+    assert "narrow graph (50,000 nodes, 64 features, hidden 64)" in scaling[0] and "| met (load 1.2) |" in scaling[0]
+    assert "wide graph (100,000 nodes, 256 features, hidden 64)" in scaling[1] and "not met" in scaling[1]
+
+
+def test_a_result_from_before_shapes_still_renders_as_one_table():
+    old = {"graph": {"nodes": 50_000, "edges": 1_000_000, "features": 64, "hidden": 64, "classes": 8},
+           "epochs": 20, "edges": 1_018_778, "repeats": 3,
+           "rows": [{k: v for k, v in r.items() if k != "shape"} for r in ROWS[:2]]}
+    text = "\n".join(train.render(old))
+    assert text.count("| workload | configuration |") == 1 and "gcn_torch: 2.00" in text
+    assert len([r for r in run_all.workload_rows(old) if r.startswith("| gcn_torch epoch")]) == 1
