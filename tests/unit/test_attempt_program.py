@@ -194,9 +194,9 @@ def test_the_records_are_readable_by_the_followers_whatever_roots_umask(attempt,
     assert stat.S_IMODE((records / f"{said['unit']}.launched").stat().st_mode) == 0o644
 
 
-def test_a_unit_is_followed_to_its_record_whatever_becomes_of_its_folder(attempt):
-    """The job (or another run's) may move or lock its attempt's folder: that ends no follower
-    of a unit, whose end comes from root's record alone."""
+def test_a_units_folder_gone_unreadable_fails_the_attempt_naming_the_cause(attempt):
+    """A dropped mount, or the job moving or locking its attempt's folder, ends the follower of a
+    unit with that cause (the run fails: a job can make its run fail this way, never succeed)."""
     folder, cfg, make = attempt
     make("launched", "x\n")
     follower = subprocess.Popen([sys.executable, "-I", str(PROGRAM), "follow", json.dumps({**cfg, "log": "launcher-h1.log"})],
@@ -204,14 +204,15 @@ def test_a_unit_is_followed_to_its_record_whatever_becomes_of_its_folder(attempt
     try:
         time.sleep(0.5)
         folder.rename(folder.with_name("moved"))
-        time.sleep(0.5)
-        make("exit", "exit-code exited 2\n")
         out = follower.communicate(timeout=20)[0]
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.communicate()
-    assert nodeprog.answer(out, "follow") == {"verb": "follow", "exit": 2}
+    said = nodeprog.answer(out, "follow")
+    assert said is not None and "exit" not in said, out
+    assert said["error"] == (f"h1: the run directory {cfg['run_dir']} is no longer readable as user root "
+                             "(is the shared folder still mounted?)")
 
 
 def test_the_state_of_a_unit_is_its_record_whatever_becomes_of_its_folder(attempt):

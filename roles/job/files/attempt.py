@@ -222,8 +222,8 @@ def follow(cfg: dict) -> dict:
     while True:
         if log is not None:
             log.pump()
-        # (a unit's end is root's record, wherever its folder went: the job may move or lock it)
-        if not contained and not os.access(where, os.R_OK | os.X_OK):
+        # An unreadable folder (a dropped mount, the job) fails the attempt: never a success.
+        if not os.access(where, os.R_OK | os.X_OK):
             return {"verb": "follow", "error": f"{cfg['host']}: the run directory {run_dir} is no longer readable "
                                                f"as user {me} (is the shared folder still mounted?)"}
         end = ended()
