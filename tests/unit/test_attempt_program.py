@@ -88,8 +88,8 @@ def test_a_record_not_written_by_root_is_not_an_end(attempt):
     finally:
         follower.kill()
         follower.communicate()
-    # No root record: the unit is gone (no cgroup here) without an exit status.
-    assert json.loads(call("state", cfg).stdout)["launcher"] == "gone"
+    # No root record yet: the unit runs, whatever the job wrote.
+    assert json.loads(call("state", cfg).stdout)["launcher"] == "running"
 
 
 def test_a_unit_that_ended_without_a_status_is_named(attempt):
@@ -150,17 +150,6 @@ def test_a_line_without_end_reaches_the_controller_in_bounded_pieces(attempt):
     assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 0}
     assert max(len(ln) for ln in lines) <= 2 + (64 << 10)
     assert sum(len(ln) - 2 for ln in lines[:-1]) == 3 << 20
-
-
-def test_a_unit_gone_without_its_record_is_an_end(attempt):
-    """No record will come once the unit's cgroup is gone (no systemd here: none exists): the
-    follower says so instead of waiting for ever."""
-    _, cfg, make = attempt
-    make("launched", "x\n")
-    said = nodeprog.answer(call("follow", cfg, timeout=30).stdout, "follow")
-    assert said is not None and said["error"] == (
-        f"h1: the launcher's unit distrun:{cfg['run']}:0:h1.service ended without writing its record "
-        f"/run/distrun/distrun:{cfg['run']}:0:h1.service.exit (is /run full?)")
 
 
 def _program(monkeypatch, records: Path):

@@ -33,7 +33,6 @@ START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this 
 LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer one is cut
 PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's end
 CLOSE_MAX = 256 << 20  # bytes of the log read at most once the launcher ended
-GONE_S = 5  # seconds a unit's cgroup is gone with no record before its end is called recordless
 
 
 class AttemptError(Exception):
@@ -174,22 +173,16 @@ def follow(cfg: dict) -> dict:
     log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
     exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
     contained = _root_file(_record(unit, "launched")) is not None
-    started, pid, gone = time.monotonic(), None, None
+    started, pid = time.monotonic(), None
 
     def ended() -> dict | None:
-        nonlocal pid, gone
+        nonlocal pid
         if contained:
             said = _root_file(_record(unit, "exit"))
             if said is None:
-                # systemd removes the unit's cgroup after its ExecStopPost: with neither, no
-                # record will come (its write failed: /run full, the post killed).
-                gone = None if _unit_cgroup(unit) else (gone or time.monotonic())
-                if gone is None or time.monotonic() - gone < GONE_S:
-                    return None
-                said = _root_file(_record(unit, "exit"))
-                if said is None:
-                    return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without writing its record "
-                                     f"{_record(unit, 'exit')} (is /run full?)"}
+                # systemd writes it after the unit's last process ended: until then the unit runs.
+                # (Where cgroups lie differs between machines and containers: not read here.)
+                return None
             code = _status(said.decode(errors="replace"))
             if code is None:
                 return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without an exit code "
@@ -235,26 +228,6 @@ def follow(cfg: dict) -> dict:
         time.sleep(0.05)
 
 
-def _unit_cgroup(unit: str) -> bool:
-    """Whether the unit still holds processes (its cgroup exists: systemd removes it once empty).
-    Units lie beside init's own cgroup (in a container without a cgroup namespace, under the
-    container's), in the unified or the named systemd hierarchy."""
-    base = ""
-    for line in (_read_small_all("/proc/1/cgroup") or "").splitlines():
-        if line.startswith(("0::", "1:name=systemd:")) or ":name=systemd:" in line:
-            base = os.path.dirname(line.split(":", 2)[2])
-    return any(os.path.isdir(f"{top}{base.rstrip('/')}/system.slice/{unit}")
-               for top in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"))
-
-
-def _read_small_all(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(65536).decode(errors="replace")
-    except OSError:
-        return None
-
-
 def _tagged(run: str) -> int:
     """How many live processes of the caller's uid carry the run's tag in their environment."""
     tag, uid, n = f"DISTRUN_RUN_ID={run}".encode(), os.getuid(), 0
@@ -284,7 +257,7 @@ def state(cfg: dict) -> dict:
             code = _status(record.decode(errors="replace"))
             said.update(launcher="exited" if code is not None else "gone", rc=code)
         else:
-            said["launcher"] = "running" if _unit_cgroup(unit) else "gone"
+            said["launcher"] = "running"  # no record yet: systemd writes it when the unit has ended
     if not os.access(str(cfg.get("run_dir") or cfg["dir"]), os.R_OK | os.X_OK):
         return said
     said["dir"] = True
