@@ -4,7 +4,7 @@ Output protocol (parsed by the distrun runner), printed by rank 0 only, one line
   DISTRUN_EPOCH {"epoch", "epochs", "loss", "train_acc", "val_acc", "epoch_time_s"}
   DISTRUN_RESULT {"workload", "dataset", "ranks", "epochs", "loss", "train_acc", "val_acc",
                   "test_acc", "epoch_time_s" (mean), "first_epoch_time_s", "wall_s", ...}
-  DISTRUN_CHECK {"loss", "path"}      only with --check-exact
+  DISTRUN_CHECK {"loss", "path", "device"}  only with --check-exact
 """
 
 from __future__ import annotations
@@ -220,10 +220,11 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
-def write_check(path: Path, logits: np.ndarray, loss: float, grads: dict[str, np.ndarray]) -> None:
+def write_check(path: Path, logits: np.ndarray, loss: float, grads: dict[str, np.ndarray],
+                device: str = "cpu") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, logits=logits, loss=np.float64(loss), **{f"grad_{k}": v for k, v in grads.items()})
-    emit("DISTRUN_CHECK", {"loss": float(loss), "path": str(path)})
+    emit("DISTRUN_CHECK", {"loss": float(loss), "path": str(path), "device": device})
 
 
 def run_main(prog: str, body: Callable[[], int]) -> None:

@@ -102,7 +102,7 @@ def train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, 
         total = float(global_sum(loss).item())
         if rank == 0:
             grads = {k: p.grad.detach().cpu().numpy() for k, p in model.named_parameters()}
-            common.write_check(args.check_exact, logits.detach().cpu().numpy(), total, grads)
+            common.write_check(args.check_exact, logits.detach().cpu().numpy(), total, grads, str(device))
         return 0
 
     rep = Reporter("gcn_ddp", args, rank, world)
@@ -125,7 +125,8 @@ def train(args, g, n, train_idx, mine, world, rank, device, distributed, torch, 
         if rank == 0 and checkpoint.due(args, epoch):
             state = {"epoch": epoch, "model": model.state_dict(), "opt": opt.state_dict(), "rng": torch.get_rng_state()}
             checkpoint.save(args, epoch, lambda path, state=state: torch.save(state, path))
-    rep.result(acc[2], {"num_nodes": n, "num_edges": int(g.adj.indices.size - n), "backend": dist.get_backend() if distributed else "none"})
+    rep.result(acc[2], {"num_nodes": n, "num_edges": int(g.adj.indices.size - n), "backend": dist.get_backend() if distributed else "none",
+                         "device": str(device)})
     return 0
 
 

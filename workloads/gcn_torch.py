@@ -270,7 +270,7 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
             for gid, lg in gathered:
                 full[gid] = lg
             common.write_check(args.check_exact, full, total,
-                               {k: params[k].grad.cpu().numpy() for k in names})
+                               {k: params[k].grad.cpu().numpy() for k in names}, str(dev))
         return 0
 
     rep = Reporter("gcn_torch", args, rank, world)
@@ -298,7 +298,7 @@ def train(args, td: torch_dist.Dist) -> int:  # noqa: ANN001
     per_rank = common.rank_profile(rep, comm_s, halo_bytes, grad_bytes, td.allgather)
     rep.result(acc[2], {"num_nodes": int(man["num_nodes"]), "num_edges": int(man["num_edges"]),
                         "edge_cut": man["edge_cut"], "propagation": man.get("propagation", "gcn"),
-                        "threads": torch.get_num_threads(), "ranks_profile": per_rank})
+                        "threads": torch.get_num_threads(), "ranks_profile": per_rank, "device": str(dev)})
     return 0
 
 

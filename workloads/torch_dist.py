@@ -96,7 +96,9 @@ def start(args: argparse.Namespace) -> Dist:
     else:
         torch.cuda.set_device(device)
     if distributed:
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world)
+        # Naming the device binds the group to this rank's GPU (NCCL's barrier otherwise guesses it).
+        bound = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world, **bound)
     return Dist(torch, dist, rank, world, device, distributed)
 
 

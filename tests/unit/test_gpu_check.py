@@ -144,3 +144,31 @@ def test_without_cuda_it_exits_non_zero_with_one_line(tmp_path: Path) -> None:
 def test_the_script_is_executable_and_reads_only_the_standard_library_at_import() -> None:
     assert SCRIPT.stat().st_mode & 0o111
     assert isinstance(gc, ModuleType) and "torch" not in vars(gc) and "numpy" not in vars(gc)
+
+
+@pytest.mark.parametrize("device,verdict", [("cuda:0", "pass"), ("cpu", "FAIL"), (None, "FAIL")])
+def test_a_program_that_computed_on_the_cpu_fails_its_row(tmp_path: Path, device: str | None,
+                                                           verdict: str) -> None:
+    """The device a program reports decides: a CUDA machine whose program fell back to the CPU
+    (a wrong --backend, a torch without CUDA in the job's env) must not pass as a GPU check."""
+    res = {"workload": "ddp_minimal", "ranks": 1, "loss": 0.2} | ({"device": device} if device else {})
+    out = "".join(f'DISTRUN_EPOCH {{"epoch": {e}, "loss": {1.0 / e}}}\n' for e in range(1, gc.EPOCHS_DDP + 1))
+    prog = tmp_path / "prog.py"
+    prog.write_text(f"import sys\nsys.stdout.write({out!r})\nprint('DISTRUN_RESULT ' + {repr(__import__('json').dumps(res))})\n")
+    step = gc.Step("ddp_minimal", "ddp", 1, [sys.executable, str(prog)])
+    with open(tmp_path / "log.txt", "w") as log:
+        _, number, result = gc.run(step, {"PATH": "/usr/bin:/bin"}, None, log)
+    assert result == verdict, number
+    if verdict == "FAIL":
+        assert number == f"ran on {device or 'an unreported device'}, not a GPU"
+    else:
+        assert number == "loss 1.000 -> 0.200"
+
+
+def test_an_exactness_run_is_judged_by_the_device_on_its_check_line(tmp_path: Path) -> None:
+    """--check-exact runs print DISTRUN_CHECK (no DISTRUN_RESULT): the device is read there."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("print('DISTRUN_CHECK {\"loss\": 1.9, \"path\": \"x.npz\", \"device\": \"cpu\"}')\n")
+    step = gc.Step("gcn_torch exact (cora)", "exact", 1, [sys.executable, str(prog)], npz=tmp_path / "x.npz")
+    with open(tmp_path / "log.txt", "w") as log:
+        assert gc.run(step, {"PATH": "/usr/bin:/bin"}, None, log) == (None, "ran on cpu, not a GPU", "FAIL")

@@ -61,7 +61,8 @@ def main() -> None:
             print("DISTRUN_EPOCH " + json.dumps({"epoch": epoch, "epochs": args.epochs, "loss": mean.item()}), flush=True)
     if rank == 0:
         # Kept as result.json in the run record on the controller.
-        print("DISTRUN_RESULT " + json.dumps({"workload": "ddp_minimal", "ranks": world, "loss": mean.item()}), flush=True)
+        print("DISTRUN_RESULT " + json.dumps({"workload": "ddp_minimal", "ranks": world, "loss": mean.item(),
+                                                 "device": str(device)}), flush=True)
     dist.destroy_process_group()
 
 
