@@ -665,7 +665,7 @@ def render_summary(c: dict | None, t: dict | None, s: dict | None) -> list[str]:
 GPU_SECTION = """\
 ## GPU: the torch trainers and the DDP example on CUDA (NCCL)
 
-Run once, on 2026-11-27 11:52 UTC, on a lent machine with one NVIDIA H200 (143771 MiB, driver
+Run on 2026-11-27 at 11:31 UTC, on a lent machine with one NVIDIA H200 (143771 MiB, driver
 580.159.04, 16 cores), Python 3.12.3, torch 2.11.0+cu130 (CUDA 13.0, NCCL 2.28.9), numpy 2.5.2, no
 network: `scripts/gpu-check --cora DIR` with Cora copied beside the repository, 98 s in all. It
 runs every program under `python -m torch.distributed.run --standalone --nproc-per-node=N` at 1
