@@ -202,6 +202,19 @@ def staged_run(event: PlaybookEvent) -> str | None:
     return str(said["staged"]) if "staged" in said else None
 
 
+def probed_image(event: PlaybookEvent) -> dict | None:
+    """The container image a node's probe found (its ``image``: ref, runtime, user, id), if any."""
+    out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
+    if not isinstance(out, str) or '"image"' not in out:
+        return None
+    try:
+        said = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    image = said.get("image") if isinstance(said, dict) else None
+    return image if isinstance(image, dict) else None
+
+
 class Starter:
     """Starts an attempt's launchers, in a thread, as soon as every node of the run is staged, so
     they start while ansible-playbook is ending: when each node that stages reported the run
@@ -220,6 +233,7 @@ class Starter:
         self.created: dict[str, list[str]] = {}  # host -> the run's folders its probe's stage step made
         self.thread: threading.Thread | None = None
         self.failed: dict[str, str] = {}
+        self.images: dict[str, str] = {}  # host -> the id of the run's image its probe found
 
     @property
     def started(self) -> bool:
@@ -232,6 +246,8 @@ class Starter:
             return
         if isinstance(facts, Mapping) and PREFLIGHT_FACT in facts:
             self.judging = False
+        if self.plan.container and (image := probed_image(event)) and image.get("id"):
+            self.images[str(event.host)] = str(image["id"])
         said = _answer(event)
         if said.get("stage_created"):
             self.created[str(event.host)] = [str(d) for d in said["stage_created"]]
@@ -242,6 +258,11 @@ class Starter:
                 self.stage_errors[event.host] = str(said["stage_error"])
         if self.waiting is not None and not self.waiting and not self.judging:
             self.start()
+
+    def made(self, *own: str) -> dict[str, list[str]]:
+        """Host -> the folders its probe said it made, of ``own`` (the run dir and checkpoint dir
+        of this plan) only: nothing else is ever removed, whatever a node answered."""
+        return {h: [d for d in dirs if d and d in own] for h, dirs in self.created.items()}
 
     def unstaged(self) -> dict[str, str]:
         """Host -> why, for the nodes that stage and did not say they unpacked this run."""

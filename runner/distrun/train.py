@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import sshmesh, terminating
+from . import containers, sshmesh, terminating
 from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
@@ -184,11 +184,13 @@ class _Run:
                 # answer (not waited on: the refusal comes first).
                 upload.join(5)
                 discard(cluster, [h for h in staged_on if not (h in result.hosts and result.hosts[h].unreachable)], run.id,
-                        created=staged_folders(starter.created, extravars) if early else {})
+                        created=starter.made(extravars["distrun_run_dir"], extravars["distrun_checkpoint_dir"] or "") if early else {})
             sshmesh.remember(request.inventory, result.fact(sshmesh.FACT))
             if project:
                 record_pulls(run, result)
             self.launched = starter.started or (result.ok and not unstaged)
+            if plan.container:  # which image every node had, as its probe found it
+                run.write(containers.RECORD, containers.image_record(plan, starter.images))
             if interrupted:
                 self.unstaged = not starter.started
                 raise KeyboardInterrupt
@@ -350,13 +352,6 @@ def stage_early(request: JobRequest, restart: int, mode: str, steps: bool) -> bo
     written to it, and the steps (partition, pulls, compiling) must not start on a node that did
     not unpack the run: these are staged in the stage step, after the judge and the gate."""
     return bool(request.preflight) and restart == 0 and mode != "external" and not steps
-
-
-def staged_folders(created: dict[str, list[str]], extravars: dict) -> dict[str, list[str]]:
-    """Host -> the run's folders its probe said it made: only the run dir and checkpoint dir of
-    this plan are ever removed, whatever a node answered."""
-    own = {extravars.get("distrun_run_dir"), extravars.get("distrun_checkpoint_dir")} - {None, ""}
-    return {h: [d for d in dirs if d in own] for h, dirs in created.items()}
 
 
 def failed_step(result: PlaybookResult) -> str:

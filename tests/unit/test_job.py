@@ -215,7 +215,7 @@ def _starter(monkeypatch, **kw) -> tuple[follow.Starter, list[list[str]]]:
         return {}
 
     monkeypatch.setattr(follow, "launch", start)
-    plan = type("P", (), {"launcher": "torchrun", "hosts": (), "run_id": "R1"})()
+    plan = type("P", (), {"launcher": "torchrun", "hosts": (), "run_id": "R1", "container": None})()
     monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
         "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
     return follow.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
@@ -307,11 +307,13 @@ def test_only_a_first_attempt_without_steps_is_staged_by_the_probes(preflight, r
 
 
 def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
-    from distrun import train
+    from distrun.follow import Starter
 
-    extravars = {"distrun_run_dir": "/srv/distrun/runs/R1", "distrun_checkpoint_dir": "/srv/distrun/checkpoints/R1"}
-    created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
-    assert train.staged_folders(created, extravars) == {"node1": created["node1"], "node2": []}
+    starter = Starter(None, type("P", (), {"container": None})())  # type: ignore[arg-type]
+    starter.created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
+    own = starter.made("/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1")
+    assert own == {"node1": starter.created["node1"], "node2": []}
+    assert starter.made("/srv/distrun/runs/R1", "") == {"node1": ["/srv/distrun/runs/R1"], "node2": []}
 
 
 def test_run_yml_ends_with_the_staged_fact_after_the_stage_steps_and_launches_nothing_itself():
