@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from . import nodeprog
 from .ansible_bridge import PlaybookEvent
 from .attempt_shell import LOG_PREFIX, launch_command, stop_command, tail_command, wait_command
-from .check import PREFLIGHT_FACT
+from .handshake import PREFLIGHT_FACT, STAGED_FACT, Attempt, State
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .plan import JobPlan
@@ -178,9 +178,6 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                 proc.kill()
 
 
-# Published by run.yml's last task once every node of the run is staged, when the stage step has
-# more to do than unpacking (partition, pull, compile: stage_steps.yml).
-STAGED_FACT = "distrun_staged"
 
 
 def _answer(event: PlaybookEvent) -> dict:
@@ -225,8 +222,9 @@ class Starter:
     or drops out of the play before that never reports: nothing is started then."""
 
     def __init__(self, cluster: Cluster, plan: JobPlan, stage_hosts: Iterable[str] = (), after_steps: bool = True,
-                 judged: bool = False) -> None:
+                 judged: bool = False, attempt: Attempt | None = None) -> None:
         self.cluster, self.plan = cluster, plan
+        self.attempt = attempt or Attempt(0)  # the states it reaches: judged, staged, launched
         self.waiting = None if after_steps else set(stage_hosts)
         self.judging = judged  # waiting for the judge's verdict
         self.stage_errors: dict[str, str] = {}  # host -> why its probe did not stage the run
@@ -246,6 +244,8 @@ class Starter:
             return
         if isinstance(facts, Mapping) and PREFLIGHT_FACT in facts:
             self.judging = False
+        if PREFLIGHT_FACT in (event.data.get("ansible_facts") or {}):  # passed, or failing the nodes it blames
+            self.attempt.reach(State.JUDGED)
         if self.plan.container and (image := probed_image(event)) and image.get("id"):
             self.images[str(event.host)] = str(image["id"])
         said = _answer(event)
@@ -270,10 +270,17 @@ class Starter:
 
     def start(self) -> None:
         if self.thread is None:
+            self.attempt.reach(State.STAGED)
             hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
-            self.thread = threading.Thread(target=lambda: self.failed.update(launch(self.cluster, self.plan, hosts)),
-                                           daemon=True)
+            self.thread = threading.Thread(target=self._launch, args=(hosts,), daemon=True)
             self.thread.start()
+
+    def _launch(self, hosts: list[str]) -> None:
+        self.failed.update(launch(self.cluster, self.plan, hosts))
+        if self.failed:
+            self.attempt.reach(State.LAUNCH_FAILED, "; ".join(f"{h}: {why}" for h, why in sorted(self.failed.items())))
+        else:
+            self.attempt.reach(State.LAUNCHED)
 
     def wait(self) -> dict[str, str]:
         """Host -> why, for the launchers that did not start (started now if run.yml succeeded
