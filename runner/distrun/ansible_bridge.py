@@ -26,8 +26,8 @@ from typing import Any
 
 from . import paths, terminating
 from .ansible_start import ARGS_FROM, unix_address
+from .handshake import STEP_FACT
 
-STEP_FACT = "distrun_step"
 
 @dataclass
 class HostProgress:

@@ -20,6 +20,7 @@ from . import paths, rundir
 from .envnames import check_env_key
 from .launchers import LAUNCHERS, launcher_named
 from .launchers.base import fill
+from .needs import preflight_needs
 from .network import NetworkChoice
 from .plan import WORKLOADS, JobPlan, render_hostfile
 from .runs import Run
@@ -281,20 +282,6 @@ def needs_stage_steps(extravars: Mapping[str, Any], shared_fs_mode: str) -> bool
             or (shared_fs_mode == "sync" and pulls))
 
 
-# Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
-WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
-    "gcn": ("jittor", "pymetis"), "gcn-tp": ("jittor",), "ddp": ("torch",), "gcn-torch": ("torch", "pymetis"),
-}
-
-
-def preflight_needs(plan: JobPlan) -> dict[str, Any]:
-    """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
-    programs, head_programs = launcher_named(plan.launcher).needs(plan)
-    # With an image the workload's modules are the image's, not the node env's.
-    modules = [] if plan.container else list(WORKLOAD_MODULES.get(plan.workload or "", ()))
-    image = {"ref": plan.container.image, "runtime": plan.container.runtime} if plan.container else {}
-    return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs,
-            "preflight_image": image}
 
 
 def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[str, str],

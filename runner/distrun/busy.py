@@ -191,6 +191,7 @@ class Pending:
         self._error: UserError | None = None
         self._allow = allow
         self.masters = threading.Event()  # set once the ssh masters are open (or given up on)
+        self.answered_at: float | None = None  # time.monotonic() of the answer
         self._thread = threading.Thread(target=self._take, args=(cluster, hosts, run_id), daemon=True)
         self._thread.start()
 
@@ -209,6 +210,7 @@ class Pending:
         with self._lock:  # the gate file is written before anyone is told the answer
             if self._gate is not None:
                 self._write(self._gate)
+            self.answered_at = time.monotonic()
             self._done.set()
 
     @property

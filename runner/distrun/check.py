@@ -17,12 +17,11 @@ from typing import Any
 
 from . import containers, paths, sshmesh
 from .ansible_bridge import PlaybookResult, run_playbook
+from .handshake import PREFLIGHT_FACT
 from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
-from .judge import Item, Report, blamed, build_report, from_dicts, report_json
+from .judge import Item, Report, blamed, build_report, from_dicts, refusal, report_json
 from .plan import gpu_slot_mismatches
 from .runs import new_run
-
-PREFLIGHT_FACT = "preflight_verdict"
 
 
 def gpu_items(nodes: Sequence[Node], inventory: str) -> dict[str, Item]:
@@ -109,3 +108,16 @@ def run_check(inventory: Path, label: str,
     run.finish(0 if out["ok"] else 1, "ok" if out["ok"] else "failed: " + ", ".join(
         c for c, items in out["checks"].items() if any(not v["ok"] for v in items.values())))
     return out, cluster
+
+
+def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
+    """The one line that refuses a run: what 'distrun check' says about the same fault (the role's
+    verdict, and the nodes that did not answer), every failing node named."""
+    report = report_of(result, list(result.hosts))
+    line = refusal(report)
+    bad = blamed(report)
+    if not line:
+        bad = [h.name for h in result.failures()]
+        line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
+    return (f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
+            f"(see 'distrun check --inventory {inventory}')")

@@ -9,6 +9,7 @@ only (``--env NAME``): values stay in the environment, never in argv. Pure funct
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 RUNTIMES = ("podman", "docker")
 DEFAULT_RUNTIME = "podman"
 SCRIPT = "container-run.sh"  # in the run directory, beside the rank wrapper
+RECORD = "image.json"  # in the run's record: the image every node's probe found
 LABEL = "distrun.run"
 
 # An OCI image reference: [registry[:port]/]path[:tag][@digest] (the distribution spec's grammar,
@@ -188,3 +190,12 @@ def stop_argv(plan: JobPlan) -> list[str]:
         return ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"]
     # docker rm has no --filter: the ids come from docker ps.
     return ["sh", "-c", f'ids={ids}; [ -z "$ids" ] || docker rm -f $ids']
+
+
+def image_record(plan: JobPlan, ids: Mapping[str, str]) -> str:
+    """The run record's image.json: the image asked for and the id each node's probe found (none
+    where the preflight was skipped: nothing was looked at)."""
+    assert plan.container is not None
+    nodes = {h.name: ids.get(h.name) for h in plan.hosts}
+    return json.dumps({"ref": plan.container.image, "runtime": plan.container.runtime, "nodes": nodes,
+                       "same": len(set(nodes.values()) - {None}) == 1 and None not in nodes.values()}, indent=2) + "\n"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from . import nodeprog
 from .ansible_bridge import PlaybookEvent
 from .attempt_shell import LOG_PREFIX, launch_command, stop_command, tail_command, wait_command
-from .check import PREFLIGHT_FACT
+from .handshake import PREFLIGHT_FACT, STAGED_FACT, Attempt, State
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .plan import JobPlan
@@ -178,9 +178,6 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                 proc.kill()
 
 
-# Published by run.yml's last task once every node of the run is staged, when the stage step has
-# more to do than unpacking (partition, pull, compile: stage_steps.yml).
-STAGED_FACT = "distrun_staged"
 
 
 def _answer(event: PlaybookEvent) -> dict:
@@ -202,6 +199,19 @@ def staged_run(event: PlaybookEvent) -> str | None:
     return str(said["staged"]) if "staged" in said else None
 
 
+def probed_image(event: PlaybookEvent) -> dict | None:
+    """The container image a node's probe found (its ``image``: ref, runtime, user, id), if any."""
+    out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
+    if not isinstance(out, str) or '"image"' not in out:
+        return None
+    try:
+        said = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    image = said.get("image") if isinstance(said, dict) else None
+    return image if isinstance(image, dict) else None
+
+
 class Starter:
     """Starts an attempt's launchers, in a thread, as soon as every node of the run is staged, so
     they start while ansible-playbook is ending: when each node that stages reported the run
@@ -212,14 +222,16 @@ class Starter:
     or drops out of the play before that never reports: nothing is started then."""
 
     def __init__(self, cluster: Cluster, plan: JobPlan, stage_hosts: Iterable[str] = (), after_steps: bool = True,
-                 judged: bool = False) -> None:
+                 judged: bool = False, attempt: Attempt | None = None) -> None:
         self.cluster, self.plan = cluster, plan
+        self.attempt = attempt or Attempt(0)  # the states it reaches: judged, staged, launched
         self.waiting = None if after_steps else set(stage_hosts)
         self.judging = judged  # waiting for the judge's verdict
         self.stage_errors: dict[str, str] = {}  # host -> why its probe did not stage the run
         self.created: dict[str, list[str]] = {}  # host -> the run's folders its probe's stage step made
         self.thread: threading.Thread | None = None
         self.failed: dict[str, str] = {}
+        self.images: dict[str, str] = {}  # host -> the id of the run's image its probe found
 
     @property
     def started(self) -> bool:
@@ -232,6 +244,10 @@ class Starter:
             return
         if isinstance(facts, Mapping) and PREFLIGHT_FACT in facts:
             self.judging = False
+        if PREFLIGHT_FACT in (event.data.get("ansible_facts") or {}):  # passed, or failing the nodes it blames
+            self.attempt.reach(State.JUDGED)
+        if self.plan.container and (image := probed_image(event)) and image.get("id"):
+            self.images[str(event.host)] = str(image["id"])
         said = _answer(event)
         if said.get("stage_created"):
             self.created[str(event.host)] = [str(d) for d in said["stage_created"]]
@@ -243,16 +259,28 @@ class Starter:
         if self.waiting is not None and not self.waiting and not self.judging:
             self.start()
 
+    def made(self, *own: str) -> dict[str, list[str]]:
+        """Host -> the folders its probe said it made, of ``own`` (the run dir and checkpoint dir
+        of this plan) only: nothing else is ever removed, whatever a node answered."""
+        return {h: [d for d in dirs if d and d in own] for h, dirs in self.created.items()}
+
     def unstaged(self) -> dict[str, str]:
         """Host -> why, for the nodes that stage and did not say they unpacked this run."""
         return {h: self.stage_errors.get(h, "it did not say it unpacked the run") for h in sorted(self.waiting or ())}
 
     def start(self) -> None:
         if self.thread is None:
+            self.attempt.reach(State.STAGED)
             hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
-            self.thread = threading.Thread(target=lambda: self.failed.update(launch(self.cluster, self.plan, hosts)),
-                                           daemon=True)
+            self.thread = threading.Thread(target=self._launch, args=(hosts,), daemon=True)
             self.thread.start()
+
+    def _launch(self, hosts: list[str]) -> None:
+        self.failed.update(launch(self.cluster, self.plan, hosts))
+        if self.failed:
+            self.attempt.reach(State.LAUNCH_FAILED, "; ".join(f"{h}: {why}" for h, why in sorted(self.failed.items())))
+        else:
+            self.attempt.reach(State.LAUNCHED)
 
     def wait(self) -> dict[str, str]:
         """Host -> why, for the launchers that did not start (started now if run.yml succeeded

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import containers
 from .collect import LEFT_FILE
 from .diagnosis import rank_logs
 from .runs import Run
@@ -77,6 +78,8 @@ def detail(run: Run) -> dict[str, Any]:
         "partition": commands.get("partition"),
         "launch": commands.get("launch") or {},
     }
+    image = _json_file(run.dir / containers.RECORD)
+    out["image"] = image if isinstance(image, dict) else None  # a run with --image: the id each node had
     launcher_log = run.dir / "launcher.log"
     nodes = run.dir / "nodes"
     ansible = run.dir / "ansible"

@@ -17,6 +17,7 @@ import json
 import os
 import shlex
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -54,12 +55,13 @@ class Upload:
         """``after``: wait (up to 10 s) for it first: the ssh masters the upload rides on."""
         payload = json.dumps({"bundle": bundle.read_text().strip(),
                               "env": Path(env_file).read_text() if env_file else ""})
+        self.answer: str | None = None  # UPLOADED, or which host failed and why
+        self.ended_at: float | None = None  # time.monotonic() of the answer
         self.thread = threading.Thread(target=self._send, args=(cluster, list(hosts), run_id, payload, gate, after),
                                        daemon=True)
         self.thread.start()
 
-    @staticmethod
-    def _send(cluster: Cluster, hosts: list[str], run_id: str, payload: str, gate: Path,
+    def _send(self, cluster: Cluster, hosts: list[str], run_id: str, payload: str, gate: Path,
               after: threading.Event | None) -> None:
         if after is not None:
             after.wait(10)
@@ -72,6 +74,7 @@ class Upload:
         except Exception as exc:  # noqa: BLE001 - the gate must get an answer, whatever happened
             answer = f"{type(exc).__name__}: {exc}"
         write_gate(gate, answer)
+        self.answer, self.ended_at = answer, time.monotonic()
 
     def join(self, timeout: float | None = None) -> None:
         self.thread.join(timeout)

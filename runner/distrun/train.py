@@ -11,18 +11,19 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import sshmesh, terminating
+from . import containers, sshmesh, terminating
+from . import handshake as hs
 from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
-from .check import PREFLIGHT_FACT, preflight_vars, report_of
+from .check import preflight_refusal, preflight_vars
 from .collect import collect_hosts
 from .diagnosis import failed_host
 from .ending import RunEnd, collect_limits
 from .errors import ExitCode, UserError
 from .follow import Outcome, Starter
 from .inventory import Cluster
-from .judge import blamed, from_dicts, network_changed, refusal
+from .judge import from_dicts, network_changed
 from .launchers import launcher_named
 from .listener import EventHandler, Listener
 from .liveness import out_of_contact, probe, wait_started
@@ -31,19 +32,9 @@ from .planning import JobRequest, environment, facts_unusable, load, make_plan, 
 from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .restarts import decide
 from .runs import Phases, new_run, new_run_id
-from .staging import Upload, discard
+from .staging import UPLOADED, Upload, discard
 
 __all__ = ["EventHandler", "Listener", "collect_limits", "run_job", "run_partition_only"]
-# The steps of run.yml, in order; each publishes its name as the fact distrun_step before it starts.
-STEPS = ("preflight", "stage")
-# What run.yml never needs, skipped by tag (it costs nothing, not even a skipped task per node):
-# the preflight's full set (the shared folder's probe file) is 'distrun check''s; role distrun's
-# argument check (Ansible tags it 'always'; run.yml has no other such task) is the runner's, done
-# with the same spec and validator when it read the inventory (contract.problems); the per-node
-# step that fails each blamed node is the judge's own task in run.yml (preflight_judge_fails).
-RUN_SKIPS = ("preflight_shared", "always", "preflight_blame")
-# The file in the run record the claim's answer goes to; run.yml waits for it before staging.
-CLAIM_GATE = "claim"
 # How long --detach waits for every rank to start before it lets the run go anyway.
 DETACH_WAIT_S = 600
 
@@ -73,6 +64,7 @@ class _Run:
         self.stopped = False  # the current attempt was stopped already
         self.left_running = False  # detached, or out of contact: nothing to stop or collect here
         self.starter: Starter | None = None  # the current attempt's
+        self.attempt = hs.Attempt(0)  # the current attempt's states
 
     def playbook(self, title: str, playbook: str, hosts: list[str], extravars: dict,
                  limit: str | None = None, cached_facts: bool = False,
@@ -83,7 +75,7 @@ class _Run:
 
             def both(event: PlaybookEvent) -> None:
                 # run.yml's judge failing the play is told by the refusal line, with the verdict.
-                judged = event.kind == "failed" and PREFLIGHT_FACT in (event.data.get("ansible_facts") or {})
+                judged = event.kind == "failed" and hs.PREFLIGHT_FACT in (event.data.get("ansible_facts") or {})
                 if on_event is not None and not judged:
                     on_event(event)
                 if also is not None:
@@ -101,7 +93,7 @@ class _Run:
         # A failed preflight is told in one line by the same judge as 'distrun check' (refuse_preflight);
         # an interrupted playbook by the run's end.
         if not result.ok and result.status != "canceled" and not (
-                result.fact(PREFLIGHT_FACT) is not None and failed_step(result) == "preflight"):
+                result.fact(hs.PREFLIGHT_FACT) is not None and hs.failed_step(result) == "preflight"):
             self.listener.playbook_failed(result, time.monotonic() - started)
         return result
 
@@ -128,7 +120,23 @@ class _Run:
 
     def launch(self) -> int | None:
         """Plan this attempt, run run.yml (preflight, stage) and start the launchers: None once every
-        launcher started, 4 when staging failed, 5 when the launch did."""
+        launcher started, 4 when staging failed, 5 when the launch did. The states it reached go to
+        the record (attempts/<n>/states.json)."""
+        try:
+            rc = self._launch()
+            if rc is not None:
+                self.attempt.reach(hs.State.STAGING_FAILED if rc == 4 else hs.State.LAUNCH_FAILED, self.run.meta.summary)
+            return rc
+        except UserError as refused:
+            self.attempt.reach(hs.State.REFUSED, str(refused))
+            raise
+        except KeyboardInterrupt:
+            self.attempt.reach(hs.State.INTERRUPTED)
+            raise
+        finally:
+            self.run.write(f"attempts/{self.restart}/states.json", self.attempt.to_json())
+
+    def _launch(self) -> int | None:
         request, run, phases = self.request, self.run, self.phases
         login = False  # the head logs in to every node even where a login was proved before
         for attempt in (1, 2):
@@ -138,7 +146,7 @@ class _Run:
             files, scripts = plan_files(plan), launch_scripts(plan)
             project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
             record_plan(run, plan, files, scripts, commands(cluster, plan, project) if project else None)
-            self.plan, self.stopped = plan, False
+            self.plan, self.stopped, self.attempt = plan, False, hs.Attempt(self.restart)
             self.limit = list(dict.fromkeys([cluster.head.name, *plan.reached_hosts]))
             self.used = list(dict.fromkeys([*self.used, *self.limit]))
             env = environment(request, cluster)
@@ -147,18 +155,18 @@ class _Run:
                                     workdir_pull=pull_command(cluster, plan, project) if project else None),
                          **self.preflight_vars(),
                          "preflight_ssh_baseline": {} if login else sshmesh.baseline(request.inventory, cluster.head.name),
-                         "distrun_claim_gate": str(run.dir / CLAIM_GATE) if self.claim is not None else ""}
+                         hs.CLAIM_GATE_VAR: str(run.dir / hs.CLAIM_GATE) if self.claim is not None else ""}
             mode = cluster.shared_fs_mode
             steps = needs_stage_steps(extravars, mode)
             # A first attempt without stage steps is staged by the preflight's probes, in their
             # round trip: the stage step's gate and unpacking are skipped.
-            early = extravars["distrun_stage_early"] = stage_early(request, self.restart, mode, steps)
-            skips = (*RUN_SKIPS, *(() if steps else ("job_stage_steps",)), *(("run_gate", "job_unpack") if early else ()))
+            early = extravars[hs.STAGE_EARLY_VAR] = hs.stage_early(request.preflight, self.restart, mode, steps)
+            skips = (*hs.RUN_SKIPS, *(() if steps else (hs.STAGE_STEPS_TAG,)), *((hs.GATE_TAG, hs.UNPACK_TAG) if early else ()))
             # The run's files go to the nodes that hold them (collect's hosts: every node in sync
             # mode, else the head) while ansible-playbook starts.
             staged_on = extravars["distrun_stage_hosts"] = collect_hosts(cluster, self.limit)
-            gate = run.dir / f"upload-{self.restart}-{attempt}"
-            extravars["distrun_upload_gate"] = str(gate)
+            gate = run.dir / hs.upload_gate(self.restart, attempt)
+            extravars[hs.UPLOAD_GATE_VAR] = str(gate)
             upload = Upload(cluster, staged_on, run.id, Path(extravars["distrun_run_bundle"]), extravars["distrun_env_file"],
                             gate, after=self.claim.masters if self.claim is not None else None)
             phases.mark("plan and bundle")
@@ -170,10 +178,11 @@ class _Run:
             # No fact gathering: the plan was made from the cached facts, and the probe checks the
             # addresses it relies on.
             starter = self.starter = Starter(self.cluster, plan, staged_on, after_steps=steps,
-                                             judged=early)
+                                             judged=early, attempt=self.attempt)
             result = self.playbook(title, RUN_PLAYBOOK, self.limit, extravars, limit=",".join(self.limit),
                                    cached_facts=True, also=starter.on_event, skip_tags=",".join(skips))
             phases.mark("run.yml (preflight, stage)")
+            self.answered(upload)
             # SIGINT or SIGTERM while it ran: the run is interrupted (130) once what the
             # playbook left is cleaned up; ranks it already started are stopped and collected.
             interrupted = result.status == "canceled"
@@ -184,11 +193,13 @@ class _Run:
                 # answer (not waited on: the refusal comes first).
                 upload.join(5)
                 discard(cluster, [h for h in staged_on if not (h in result.hosts and result.hosts[h].unreachable)], run.id,
-                        created=staged_folders(starter.created, extravars) if early else {})
+                        created=starter.made(extravars["distrun_run_dir"], extravars["distrun_checkpoint_dir"] or "") if early else {})
             sshmesh.remember(request.inventory, result.fact(sshmesh.FACT))
             if project:
                 record_pulls(run, result)
             self.launched = starter.started or (result.ok and not unstaged)
+            if plan.container:  # which image every node had, as its probe found it
+                run.write(containers.RECORD, containers.image_record(plan, starter.images))
             if interrupted:
                 self.unstaged = not starter.started
                 raise KeyboardInterrupt
@@ -207,9 +218,9 @@ class _Run:
                 for host, why in failed.items():
                     self.listener.node_failed(why if why.startswith(f"{host}: ") else f"{host}: {why}")
                 break
-            step = failed_step(result)
+            step = hs.failed_step(result)
             if step == "preflight":
-                if attempt == 1 and network_changed(from_dicts(result.fact(PREFLIGHT_FACT))):
+                if attempt == 1 and network_changed(from_dicts(result.fact(hs.PREFLIGHT_FACT))):
                     self.listener.replanning()
                     self.preflight(cluster)  # gathers the facts of the run's nodes again
                     self.cluster = load(request)
@@ -223,6 +234,13 @@ class _Run:
                 return 4
             break
         return 5
+
+    def answered(self, upload: Upload) -> None:
+        """The claim's and the upload's answers, as states of the attempt, when they came."""
+        if self.claim is not None and self.claim.answered_at is not None and not self.claim.refused:
+            self.attempt.reach(hs.State.CLAIMED, at=self.claim.answered_at)
+        if upload.ended_at is not None and upload.answer == UPLOADED:
+            self.attempt.reach(hs.State.UPLOADED, at=upload.ended_at)
 
     def cancel_early(self) -> None:
         """The early ansible-playbook, where no playbook took it: stopped, having run nothing."""
@@ -343,42 +361,6 @@ class _Run:
         return code
 
 
-def stage_early(request: JobRequest, restart: int, mode: str, steps: bool) -> bool:
-    """Whether the preflight's probes stage this attempt in their round trip: a first attempt
-    with a preflight and no stage steps. A restart's run dir holds the earlier attempts' logs and
-    checkpoints, an external shared filesystem is judged across the nodes before anything is
-    written to it, and the steps (partition, pulls, compiling) must not start on a node that did
-    not unpack the run: these are staged in the stage step, after the judge and the gate."""
-    return bool(request.preflight) and restart == 0 and mode != "external" and not steps
-
-
-def staged_folders(created: dict[str, list[str]], extravars: dict) -> dict[str, list[str]]:
-    """Host -> the run's folders its probe said it made: only the run dir and checkpoint dir of
-    this plan are ever removed, whatever a node answered."""
-    own = {extravars.get("distrun_run_dir"), extravars.get("distrun_checkpoint_dir")} - {None, ""}
-    return {h: [d for d in dirs if d in own] for h, dirs in created.items()}
-
-
-def failed_step(result: PlaybookResult) -> str:
-    """The earliest step of run.yml a host failed in, as the hosts' distrun_step said: 'preflight'
-    or 'stage' (a host that failed before any step said so: 'preflight')."""
-    steps = {h.failed_step or STEPS[0] for h in result.failures()}
-    return next((step for step in STEPS if step in steps), STEPS[-1])
-
-
-def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
-    """The one line that refuses a run: what 'distrun check' says about the same fault (the role's
-    verdict, and the nodes that did not answer), every failing node named."""
-    report = report_of(result, list(result.hosts))
-    line = refusal(report)
-    bad = blamed(report)
-    if not line:
-        bad = [h.name for h in result.failures()]
-        line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
-    return (f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
-            f"(see 'distrun check --inventory {inventory}')")
-
-
 def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyPlaybook | None = None,
             t0: float | None = None) -> int:
     """Run a training job to its end (or, with request.detach, until every rank started);
@@ -401,7 +383,7 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
     steps: _Run | None = None
     try:
         phases = Phases(new_run("train", request.inventory, run_id, made=early is not None), t0)
-        claim.gate(phases.run.dir / CLAIM_GATE)
+        claim.gate(phases.run.dir / hs.CLAIM_GATE)
         phases.run.meta.max_restarts = request.max_restarts
         phases.run.meta.collected = False
         phases.run.save()
@@ -442,7 +424,7 @@ def run_partition_only(request: JobRequest, listener: Listener | None = None) ->
     try:
         steps = _Run(request, listener or Listener(), Phases(run), cluster)
         extravars = {**stage_vars(plan, run, {}, {}, None, jittor_warm=False), "distrun_stage_hosts": [cluster.head.name],
-                     "distrun_upload_gate": str(run.dir / "upload")}
+                     hs.UPLOAD_GATE_VAR: str(run.dir / "upload")}
         upload = Upload(cluster, [cluster.head.name], run.id, Path(extravars["distrun_run_bundle"]), "", run.dir / "upload")
         result = steps.playbook("partition", "playbooks/stage.yml", [cluster.head.name], extravars, limit=cluster.head.name)
         upload.join()

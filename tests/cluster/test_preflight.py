@@ -23,7 +23,7 @@ def refusal(result) -> str:
     return " ".join(result.stderr.split())
 
 
-def test_torchrun_missing_on_one_node_is_refused_and_leaves_nothing_staged(provisioned, tmp_path):
+def test_torchrun_missing_on_one_node_is_refused_and_leaves_nothing_staged(provisioned, tmp_path, distrun_home):
     script = tmp_path / "noop.py"
     script.write_text("print('should not run')\n")
     before = run_dirs(provisioned)
@@ -37,6 +37,12 @@ def test_torchrun_missing_on_one_node_is_refused_and_leaves_nothing_staged(provi
         assert "preflight failed on node2:" in err and "nothing was started" in err
         assert "Traceback" not in train.stdout + train.stderr
         assert run_dirs(provisioned) == before  # nothing of the run left on any node
+        # The record says where the attempt stopped, and why: refused after the judge, never staged.
+        record = max((distrun_home / "runs").iterdir(), key=lambda d: d.stat().st_mtime)
+        states = json.loads((record / "attempts" / "0" / "states.json").read_text())
+        reached = [s["state"] for s in states["states"]]
+        assert states["end"] == "refused" and "judged" in reached and "staged" not in reached, states
+        assert "needs: torchrun is not in /opt/distrun/venv/bin on node2" in states["why"], states
     finally:
         provisioned.exec(2, f"mv {TORCHRUN}.off {TORCHRUN}")
 

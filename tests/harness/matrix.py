@@ -248,6 +248,11 @@ def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: s
         plan = json.loads((run / "plan.json").read_text())
         assert [h["name"] for h in plan["hosts"]] == list(hosts), plan["hosts"]
         assert plan["shared_dir"] and plan["world_size"] == world
+        # The attempt's record: every state on the way to running ranks, in time order, ending launched.
+        states = json.loads((run / "attempts" / "0" / "states.json").read_text())
+        reached = [s["state"] for s in states["states"]]
+        assert states["end"] == "launched" and reached[0] == "planned" and reached[-1] == "launched", states
+        assert {"uploaded", "staged"} <= set(reached), states
         logs = distrun("logs", run.name, "--rank", str(last), timeout=120)
         assert logs.rc == 0, f"distrun logs exited {logs.rc}: {logs.stderr[-2000:]}"
         lines = {int(m[1]): m for m in CELL_LINE.finditer(logs.stdout)}

@@ -154,3 +154,30 @@ def test_setup_limit_takes_any_group_of_the_inventory_and_refuses_a_name_it_lack
     code, _, err = cli(["setup", "-i", str(inv), "--limit", "gpu,w9"])
     assert code == 2
     assert "--limit w9: no such host or group" in err and "--limit gpu" not in err
+
+
+def test_show_json_names_the_image_every_node_had(private_state):
+    """A run with --image keeps, per node, the image id its preflight probe found: what the starter
+    read from the probes' answers is what 'distrun show --json' prints."""
+    from distrun import containers, follow
+    from distrun.containers import Container
+    from distrun.plan import build_plan
+
+    from .test_preflight_needs import cluster
+
+    plan = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container("localhost/train:1"))
+    starter = follow.Starter(cluster(), plan)
+    digest = "sha256:" + "c" * 64
+    for host in ("node1", "node2"):
+        answer = {"host": host, "image": {"ref": "localhost/train:1", "runtime": "podman", "user": "distrun", "id": digest}}
+        starter.on_event(follow.PlaybookEvent("ok", host, "probe", data={"stdout": json.dumps(answer)}))
+    starter.on_event(follow.PlaybookEvent("ok", "node3", "probe", data={"stdout": '{"host": "node3", "image": {"id": ""}}'}))
+    run = new_run("train", Path(TWO))
+    run.write(containers.RECORD, containers.image_record(plan, starter.images))
+    code, out, _ = cli(["show", run.id, "--json"])
+    d = json.loads(out)
+    check(d, "detail")
+    assert code == 0 and d["image"] == {"ref": "localhost/train:1", "runtime": "podman", "same": False,
+                                        "nodes": {"node1": digest, "node2": digest, "node3": None}}
+    plain = new_run("train", Path(TWO))
+    assert json.loads(cli(["show", plain.id, "--json"])[1])["image"] is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import tarfile
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun import bundle, collect, follow, logs, planning, train
+from distrun import bundle, collect, follow, handshake, logs, planning
 from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
 from distrun.check import preflight_vars
 from distrun.inventory import cluster_from_json
@@ -63,15 +64,15 @@ def _result(*failures: tuple[str, str]) -> PlaybookResult:
 
 @pytest.mark.parametrize("step", ["preflight", "stage"])
 def test_the_failed_step_is_the_one_the_host_published(step):
-    assert train.failed_step(_result(("node2", step))) == step
+    assert handshake.failed_step(_result(("node2", step))) == step
 
 
 def test_the_earliest_failed_step_wins():
-    assert train.failed_step(_result(("node1", "stage"), ("node3", "preflight"))) == "preflight"
+    assert handshake.failed_step(_result(("node1", "stage"), ("node3", "preflight"))) == "preflight"
 
 
 def test_a_host_that_failed_before_any_step_failed_the_preflight():
-    assert train.failed_step(_result(("node1", ""))) == "preflight"
+    assert handshake.failed_step(_result(("node1", ""))) == "preflight"
 
 
 def test_run_yml_publishes_each_step_before_the_role_that_does_it():
@@ -88,7 +89,7 @@ def test_run_yml_publishes_each_step_before_the_role_that_does_it():
     # The play starts in the first step (preflight, role preflight); each later step's name is
     # published before its role starts (stage -> job's stage), so a failure in it is blamed on
     # that step, and one before it on the step before. The runner starts the launchers.
-    assert tuple(name for kind, name in seen if kind == "step") == train.STEPS[1:]
+    assert tuple(name for kind, name in seen if kind == "step") == handshake.STEPS[1:]
     assert seen == [("role", "preflight"), ("step", "stage"), ("role", "stage")]
 
 
@@ -111,7 +112,7 @@ def test_the_bridge_keeps_published_facts_and_the_step_a_host_failed_in():
     result = PlaybookResult("playbooks/run.yml", 2, "failed", reader.hosts, Path("."))
     assert reader.hosts["n3"].failed_step == "stage" and reader.hosts["n2"].failed_step == "preflight"
     assert result.fact("preflight_verdict") == {"env": {}} and result.fact("_preflight_own") is None
-    assert train.failed_step(result) == "preflight"
+    assert handshake.failed_step(result) == "preflight"
 
 
 PLAN = {
@@ -215,7 +216,7 @@ def _starter(monkeypatch, **kw) -> tuple[follow.Starter, list[list[str]]]:
         return {}
 
     monkeypatch.setattr(follow, "launch", start)
-    plan = type("P", (), {"launcher": "torchrun", "hosts": (), "run_id": "R1"})()
+    plan = type("P", (), {"launcher": "torchrun", "hosts": (), "run_id": "R1", "container": None})()
     monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
         "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
     return follow.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
@@ -298,20 +299,17 @@ def test_a_first_attempt_launches_once_the_probes_staged_it_and_the_judge_passed
     (False, 0, "sync", False, False),  # --skip-preflight: no probe to stage with
 ])
 def test_only_a_first_attempt_without_steps_is_staged_by_the_probes(preflight, restart, mode, steps, early):
-    from distrun import train
-    from distrun.planning import JobRequest
-
-    request = JobRequest(inventory=Path("/inv/hosts.yml"), launcher="mpirun", script=Path("/x.py"), np=2,
-                         preflight=preflight)
-    assert train.stage_early(request, restart, mode, steps) is early
+    assert handshake.stage_early(preflight, restart, mode, steps) is early
 
 
 def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
-    from distrun import train
+    from distrun.follow import Starter
 
-    extravars = {"distrun_run_dir": "/srv/distrun/runs/R1", "distrun_checkpoint_dir": "/srv/distrun/checkpoints/R1"}
-    created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
-    assert train.staged_folders(created, extravars) == {"node1": created["node1"], "node2": []}
+    starter = Starter(None, type("P", (), {"container": None})())  # type: ignore[arg-type]
+    starter.created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
+    own = starter.made("/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1")
+    assert own == {"node1": starter.created["node1"], "node2": []}
+    assert starter.made("/srv/distrun/runs/R1", "") == {"node1": ["/srv/distrun/runs/R1"], "node2": []}
 
 
 def test_run_yml_ends_with_the_staged_fact_after_the_stage_steps_and_launches_nothing_itself():
@@ -446,3 +444,20 @@ def test_each_stage_step_applies_only_where_the_runner_says_some_step_is_needed(
         text = " ".join(when if isinstance(when, list) else [when])
         names = set(re.findall(r"\b_?job_[a-z_]+", text))
         assert names <= weighed, f"{step['name']}: its condition reads {sorted(names - weighed)}, which needs_stage_steps does not weigh"
+
+
+@pytest.mark.parametrize("answer,end", [({}, "launched"), ({"node2": "no pid file after 60 s"}, "launch failed")])
+def test_the_starter_notes_the_attempts_states_from_the_plays_events(monkeypatch, answer, end):
+    """judged on the verdict fact (a failing judge task carries it too), staged when the launchers
+    start, launched or launch failed when they answered."""
+    from distrun.handshake import Attempt
+
+    attempt = Attempt(0)
+    starter, _ = _starter(monkeypatch, stage_hosts=["node1"], after_steps=True, attempt=attempt)
+    monkeypatch.setattr(follow, "launch", lambda cluster, plan, hosts: dict(answer))
+    starter.on_event(follow.PlaybookEvent("failed", "node3", "judge", data={"ansible_facts": {follow.PREFLIGHT_FACT: {}}}))
+    assert attempt.reached(follow.State.JUDGED) and not attempt.reached(follow.State.STAGED)
+    starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
+    starter.wait()
+    assert attempt.ended is not None and attempt.ended.value == end
+    assert [s["state"] for s in json.loads(attempt.to_json())["states"]] == ["planned", "judged", "staged", end]

@@ -4,7 +4,7 @@ and by 'distrun train''s preflight.
 Both paths start where the role ends: the verdict that role preflight computes through role
 distrun's filter plugin and publishes as the fact preflight_verdict, and the nodes its judge
 step fails. 'distrun check' turns that into its report (check.report_of); 'distrun train' into
-its one-line refusal (train.preflight_refusal). The last test runs the role's judge step for real.
+its one-line refusal (check.preflight_refusal). The last test runs the role's judge step for real.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import ansible_bridge, check, train
+from distrun import ansible_bridge, check, handshake
 from distrun.ansible_bridge import HostProgress, PlaybookResult
 
 from .conftest import REPO
@@ -103,7 +103,7 @@ def test_check_and_train_blame_the_same_node_in_the_same_words(fault):
     blamed = {(c, h) for c, items in report.items() for h, it in items.items() if not it.ok}
     assert (kind, node) in blamed and {h for _, h in blamed} == {node}, blamed
 
-    refusal = train.preflight_refusal(result, "test")
+    refusal = check.preflight_refusal(result, "test")
     assert refusal.startswith(f"preflight failed on {node}: ")
     assert f"{kind}: {item.detail} on {node}: {item.fix}" in refusal
     assert "nothing was started (see 'distrun check --inventory test')" in refusal
@@ -116,7 +116,7 @@ def test_a_node_that_did_not_answer_is_named_by_both(tmp_path):
                                          last_error="Gather facts: ssh: connect to host node3: No route to host")
     report = check.report_of(result, NODES)
     assert not report["reach"]["node3"].ok and "No route to host" in report["reach"]["node3"].detail
-    refusal = train.preflight_refusal(result, "test")
+    refusal = check.preflight_refusal(result, "test")
     assert refusal.startswith("preflight failed on node3: reach: ") and "No route to host" in refusal
 
 
@@ -160,5 +160,5 @@ def test_the_roles_judge_step_publishes_the_verdict_and_fails_the_node_it_blames
     detail = published[kind][node]["detail"]
     assert detail.startswith("versions differ: mpi4py 4.1.2 on node2,node3 but 0.0.1 on node1")
     assert detail in result.hosts[node].last_error  # the role's own message says the same
-    assert train.failed_step(result) == "preflight"
-    assert f"versions: {detail} on node1" in train.preflight_refusal(result, "test")
+    assert handshake.failed_step(result) == "preflight"
+    assert f"versions: {detail} on node1" in check.preflight_refusal(result, "test")

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun.bundle import WORKLOAD_MODULES, record_plan, render_rank_wrapper
+from distrun.bundle import record_plan, render_rank_wrapper
 from distrun.errors import InventoryError, PlanError, UserError
 from distrun.inventory import cluster_from_json, load_cluster
 from distrun.jobenv import env_file_warning, inventory_env, read_env_file, run_env
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.launchers.slurm import multi_job_script
+from distrun.needs import WORKLOAD_MODULES
 from distrun.plan import build_plan, render_hostfile
 from distrun.prepare import prepare_argv, run_prepare
 from distrun.runs import new_run

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from distrun.bundle import preflight_needs
 from distrun.containers import Container
+from distrun.needs import preflight_needs
 from distrun.plan import build_plan
 
 from .test_check import NODES
@@ -60,18 +60,20 @@ def test_a_run_with_an_image_asks_the_nodes_for_it_and_not_for_the_envs_modules(
     boxed = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container(REF, "docker"))
     assert preflight_needs(plain)["preflight_image"] == {}
     needs = preflight_needs(boxed)
-    assert needs["preflight_image"] == {"ref": REF, "runtime": "docker"}
+    # torchrun runs in the image: torch there (the DDP workload needs nothing more).
+    assert needs["preflight_image"] == {"ref": REF, "runtime": "docker", "modules": ["torch"], "mpi": False}
     assert needs["preflight_modules"] == [] and needs["preflight_programs"] == {"docker": ["docker"]}
 
 
-def run_probe_with_image(tmp_path: Path, ref: str) -> dict:
+def run_probe_with_image(tmp_path: Path, ref: str, inside: dict | None = None) -> dict:
     prefix = tmp_path / "env"
     (prefix / "bin").mkdir(parents=True)
     (prefix / "bin" / "python").symlink_to(sys.executable)
     cfg = {"host": "here", "user": getpass.getuser(), "env_prefix": str(prefix), "mpi_prefix": "/usr",
-           "shared_dir": str(tmp_path), "image": {"ref": ref, "runtime": "podman"}}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
-                         timeout=120)
+           "shared_dir": str(tmp_path), "image": {"ref": ref, "runtime": "podman", **(inside or {})}}
+    shipped = (PROBE.parent / "imageprobe.py").read_text() + "\n" + PROBE.read_text()  # as probe.yml ships it
+    out = subprocess.run([sys.executable, "-c", shipped, json.dumps(cfg)], capture_output=True, text=True,
+                         timeout=180)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])["image"]
 
@@ -95,3 +97,52 @@ def test_the_probe_reads_the_image_id_from_the_users_podman(tmp_path):
     assert found["id"] == f"sha256:{want.removeprefix('sha256:')}" and found["ref"] == ref
     missing = run_probe_with_image(tmp_path / "2", "localhost/distrun-no-such-image:0")
     assert missing["id"] == "" and missing["error"]
+
+
+def test_the_probe_looks_inside_the_image_for_python3_and_the_modules(tmp_path):
+    """A real container of a local image (the test nodes' image has python3): a module it lacks is
+    named, one it has is not, and mpi4py's absence is said when the MPI is asked for."""
+    ref = local_image()
+    found = run_probe_with_image(tmp_path, ref, {"modules": ["json", "distrun_no_such_module"], "mpi": True})
+    contents = found["contents"]
+    if contents.get("error"):
+        pytest.skip(f"this machine's podman cannot run {ref} here: {contents['error']}")
+    assert contents["python"].count(".") == 2 and contents["missing"] == ["distrun_no_such_module"]
+    assert "mpi4py" in contents["mpi_error"] and "mpi" not in contents
+
+
+def contents(**c) -> dict:
+    return image(contents={"python": "3.11.2", "missing": [], **c})
+
+
+def test_an_image_without_a_module_the_launcher_needs_is_named_with_the_install():
+    probes = {h: probe(h, image=contents()) for h in NODES}
+    probes["node2"]["image"] = contents(missing=["torch"])
+    line = judge(probes, failed("node2"))
+    assert line == ("image: image localhost/train:1: its python3 3.11.2 cannot import torch on node2: "
+                    "install torch in the image (e.g. 'RUN python3 -m pip install torch' in its Containerfile) and "
+                    "load it on every node again")
+
+
+def test_an_image_whose_python3_does_not_run_is_refused():
+    probes = {h: probe(h, image=image(contents={"error": "executable file `python3` not found in $PATH"})) for h in NODES}
+    line = judge(probes, failed(*NODES))
+    assert line.startswith("image: image localhost/train:1: its python3 did not run (executable file "
+                           "`python3` not found in $PATH) on node1, node2, node3: build the image with python3")
+
+
+def test_the_images_open_mpi_must_have_the_nodes_major_version():
+    probes = {h: probe(h, image=contents(mpi="Open MPI v4.1.6, package: Open MPI builder")) for h in NODES}
+    assert judge(probes, failed()) == ""  # the test nodes' Open MPI is 4.x
+    probes["node3"]["image"] = contents(mpi="Open MPI v5.0.3, package: Open MPI builder")
+    line = judge(probes, failed("node3"))
+    assert "image localhost/train:1: its MPI is Open MPI v5.0.3" in line
+    assert line.endswith("build the image with Open MPI 4.x, or use --launcher torchrun")
+    probes["node3"]["image"] = contents(mpi_error="ModuleNotFoundError: No module named 'mpi4py'")
+    assert "mpi4py finds no MPI library (ModuleNotFoundError" in judge(probes, failed("node3"))
+
+
+def test_an_mpirun_run_asks_the_image_for_mpi4py_and_its_mpi():
+    boxed = build_plan(cluster(), run_id="r", launcher="mpirun", workload="gcn-torch", container=Container(REF))
+    assert preflight_needs(boxed)["preflight_image"] == {"ref": REF, "runtime": "podman", "modules": ["mpi4py", "torch"],
+                                                         "mpi": True}

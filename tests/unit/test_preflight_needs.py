@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distrun.bundle import preflight_needs
 from distrun.inventory import cluster_from_json
 from distrun.judge import build_report, refusal, verdict
+from distrun.needs import preflight_needs
 from distrun.plan import build_plan
 
 from .test_check import NODES, SETUP

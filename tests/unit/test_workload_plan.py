@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distrun.bundle import preflight_needs
 from distrun.errors import PlanError
+from distrun.needs import preflight_needs
 from distrun.plan import build_plan
 
 from .test_launchers import MIXED, cluster

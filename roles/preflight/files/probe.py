@@ -1,7 +1,7 @@
 """distrun preflight probe: everything one node can tell about itself, as one JSON line.
 
-Runs as root with the node's system Python (``python3 -c <netprobe.py + this file> '<config
-json>'``) and drops to the training user for every check the job would do as that user, so one
+Runs as root with the node's system Python (``python3 -c <netprobe.py + imageprobe.py + this file>
+'<config json>'``) and drops to the training user for every check the job would do as that user, so one
 round trip per host gathers the env, versions, the shared folder, ssh to the other nodes, name
 resolution, (on the head, as root, to name the owning process) the launch ports, and TCP
 connections between the nodes (netprobe.py). It changes nothing except the shared-folder probe
@@ -529,21 +529,6 @@ def probe_programs(programs):
     return out
 
 
-def probe_image(image):
-    """The run's container image as the training user's runtime sees it (rootless podman keeps
-    images per user): its id, or why there is none."""
-    ref, runtime = str(image.get("ref", "")), str(image.get("runtime", ""))
-    out = {"ref": ref, "runtime": runtime, "user": USER, "id": ""}
-    proc = as_user([runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
-    first = (proc.stdout or "").strip().splitlines()[:1]
-    if proc.returncode == 0 and first:
-        image_id = first[0].strip()
-        out["id"] = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
-    else:
-        out["error"] = _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
-    return out
-
-
 SLURM_PROGRAMS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 
 
@@ -728,7 +713,7 @@ def body(report):
     report["needs"].update(probe_programs(CFG.get("programs", {})))
     if CFG.get("image"):
         STEP = "container image"
-        report["image"] = probe_image(CFG["image"])
+        report["image"] = probe_image(CFG["image"])  # noqa: F821 - imageprobe.py, shipped in front
     if CFG.get("mount_fstypes"):
         STEP = "shared folder mount"
         report["shared_mount"] = probe_mount(CFG["shared_dir"], CFG["mount_fstypes"])

@@ -55,6 +55,14 @@ class Launcher(ABC):
     mpi_world: bool = False
     # Regular expressions whose first group is the rank that failed first, most telling first.
     failed_rank_patterns: tuple[str, ...] = ()
+    # With --image: the node's own launcher starts each rank in a container, so the image's MPI
+    # must be the node's (Open MPI's major version: the hybrid model), checked by the preflight.
+    image_uses_node_mpi: bool = False
+
+    def image_modules(self, plan: JobPlan) -> tuple[str, ...]:
+        """With --image: what the image's python3 must import for this launcher to start ranks
+        in it (an MPI world's ranks run under mpi4py)."""
+        return ("mpi4py",) if self.mpi_world else ()
 
     # --- before planning: the cluster and the CLI's choices ---------------------------------
 

@@ -53,6 +53,7 @@ class Mpirun(Launcher):
     owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
                   "--prefix", "--map-by", "--output-filename")
     mpi_world = True
+    image_uses_node_mpi = True
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:

@@ -95,6 +95,9 @@ class Torchrun(Launcher):
         # The plan's env holds DISTRUN_RUN_ID, which tags the agent for 'distrun stop'.
         return sorted(torchrun_env(plan, host).items())
 
+    def image_modules(self, plan: JobPlan) -> tuple[str, ...]:
+        return ("torch",)  # the image's own torchrun (torch's) starts the workers in it
+
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         if plan.container:
             return {plan.container.runtime: [plan.container.runtime]}, {}

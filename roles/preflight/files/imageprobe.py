@@ -1,0 +1,73 @@
+# ruff: noqa: F821 - as_user, USER and _last_line are probe.py's, which is shipped after this file
+"""The run's container image on one node, as the training user's runtime sees it (rootless podman
+keeps images per user). Shipped in front of probe.py (``python3 -c <netprobe.py + imageprobe.py +
+probe.py>``) and called by it; standard library only.
+
+The image's id (its configuration's digest: the same content on every node, whichever registry
+or archive it came from) and, once it is there, what a rank will find inside it: a ``python3`` on
+its PATH, the modules the run imports, and, where the node's own mpirun starts each rank in a
+container of it, the Open MPI that mpi4py loads there (its major version must be the node's).
+The look inside starts one short-lived container with the run's own namespaces (host network,
+IPC and process ids: no new /proc is mounted, which rootless podman inside a container cannot do)
+as the training user; its answer is one JSON line. Nothing is written: the container is removed.
+"""
+
+import json
+
+# Run by the image's python3, isolated (-I): which modules it can find (found, not imported:
+# importing torch takes seconds) and, asked for, the MPI library mpi4py loads, without MPI_Init.
+IMAGE_PYTHON_CHECK = r"""
+import importlib.util, json, platform, sys
+out = {"python": platform.python_version(), "missing": []}
+for name in json.loads(sys.argv[1]):
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        out["missing"].append(name)
+if sys.argv[2] == "1":
+    try:
+        import mpi4py
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        out["mpi"] = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception as exc:
+        out["mpi_error"] = f"{type(exc).__name__}: {exc}"[:200]
+print(json.dumps(out))
+"""
+
+
+def image_contents(runtime, ref, modules, mpi):
+    """What a rank finds in the image: its python3's version, the modules it lacks, its MPI."""
+    argv = [runtime, "run", "--rm", "--network=host", "--ipc=host", "--pid=host", "--entrypoint", "python3"]
+    if runtime == "podman" and USER != "root":
+        argv.append("--userns=keep-id")  # rootless: the user's own uid inside, as the ranks run
+    argv += [ref, "-I", "-c", IMAGE_PYTHON_CHECK, json.dumps(sorted(modules)), "1" if mpi else "0"]
+    proc = as_user(argv, timeout=120)
+    lines = (proc.stdout or "").strip().splitlines()
+    if proc.returncode == 0 and lines:
+        try:
+            said = json.loads(lines[-1])
+        except ValueError:
+            said = None
+        if isinstance(said, dict):
+            return said
+    return {"error": _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"}
+
+
+def probe_image(image):
+    """The image's id as the training user's runtime has it, or why there is none; with the id,
+    what is inside it (``contents``) when the run says what it needs there."""
+    ref, runtime = str(image.get("ref", "")), str(image.get("runtime", ""))
+    out = {"ref": ref, "runtime": runtime, "user": USER, "id": ""}
+    proc = as_user([runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
+    first = (proc.stdout or "").strip().splitlines()[:1]
+    if proc.returncode != 0 or not first:
+        out["error"] = _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
+        return out
+    image_id = first[0].strip()
+    out["id"] = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+    if "modules" in image:
+        out["contents"] = image_contents(runtime, ref, image.get("modules") or [], bool(image.get("mpi")))
+    return out
