@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from . import __version__, paths
+from . import cli_launcher as L
 from . import cli_params as P
 from .cli_parse import Command, Group, ProgramCommand, exit_now
 from .errors import ExitCode, UserError
@@ -99,7 +100,7 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 
 @main.command(cls=ProgramCommand)
 @inventory_option
-@P.launcher_option
+@L.launcher_option
 @click.option("--np", "np", type=P.RANKS, default=None, help="Number of ranks (default: the sum of the workers' slots).")
 @click.option("--workload", type=P.OneOf(["gcn", "gcn-torch", "gcn-tp", "ddp"]), default="gcn", show_default=True,
               help="A reference workload (not with --script).")
@@ -116,9 +117,7 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 @click.option("--port", type=P.PORT, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the exact commands; touch no node.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run the preflight checks before launching.")
-@click.option("--slurm-mode", type=P.OneOf(["single", "multi-job"]), default=None,
-              help="With --launcher slurm: one multi-node job, or one job per node (default: the inventory's "
-                   "slurm_mode, else single).")
+@L.launcher_opt_options
 @click.option("--allow-gpu-mismatch", is_flag=True,
               help="Launch even where a node's slots differ from its detected GPU count.")
 @click.option("--detach", is_flag=True,
@@ -149,8 +148,8 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 @json_option
 def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
           data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
-          env: dict[str, str], port: int, dry_run: bool,
-          skip_preflight: bool, slurm_mode: str | None, allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
+          env: dict[str, str], port: int, dry_run: bool, skip_preflight: bool, slurm_mode: str | None,
+          launcher_opt: tuple[str, ...], allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
           exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
           prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
           image: str | None, container_runtime: str | None, as_json: bool, program_args: tuple[str, ...] = ()) -> None:
@@ -170,6 +169,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     """
     t0 = time.monotonic()
     P.check_train(click.get_current_context())
+    launcher_options = L.launcher_options(click.get_current_context())
     if exclude_failed and not max_restarts:
         raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
                                "--exclude-failed")
@@ -193,11 +193,11 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         from .variables import split_words
 
         check_flags(workdir, script, prepare_text, program_args)
-        P.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
+        L.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
         request = JobRequest(
             inventory=inventory.path, launcher=launcher, np=np, workload=workload,
             script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
-            env=env, port=port, preflight=not skip_preflight, slurm_mode=slurm_mode,
+            env=env, port=port, preflight=not skip_preflight, launcher_options=launcher_options,
             allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
             detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
             workdir=workdir, prepare=split_words(prepare_text, "--prepare"),

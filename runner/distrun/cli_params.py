@@ -193,29 +193,6 @@ def check_gdc(ctx: click.Context) -> None:
             raise click.UsageError(f"{_flag(name)} only matters with --use-gdc: add --use-gdc or drop {_flag(name)}", ctx)
 
 
-def launcher_option(fn: Any) -> Any:
-    """--launcher: its choices and help from the launchers' registry."""
-    from .launchers import LAUNCHERS
-    said = "; ".join(f"{name}: {launcher.summary}" for name, launcher in LAUNCHERS.items())
-    return click.option("--launcher", type=OneOf(list(LAUNCHERS)), default="mpirun", show_default=True,
-                        help=f"How the ranks start: {said}.")(fn)
-
-
-def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
-    """--launcher-args must add to what distrun gives the launcher (its owned_args), not give it again."""
-    from .launchers import LAUNCHERS
-    owned = LAUNCHERS[launcher].owned_args if launcher in LAUNCHERS else ()
-    if words and launcher in LAUNCHERS and not LAUNCHERS[launcher].takes_args:
-        raise UserError(f"--launcher-args: --launcher {launcher} has no command line of its own to extend; drop "
-                        "--launcher-args and pass your program's options after '--'")
-    for word in words:
-        name = word.split("=", 1)[0]
-        if name in owned:
-            raise UserError(f"--launcher-args {word!r}: distrun already gives {launcher} {name} (from the inventory "
-                            "and the other options); drop it, and set that through distrun's own option "
-                            "(--np, --hosts, --port) or the inventory")
-
-
 def check_train(ctx: click.Context) -> None:
     """What train's options mean together: refused now rather than ignored later."""
     params = ctx.params
@@ -228,9 +205,6 @@ def check_train(ctx: click.Context) -> None:
                     f"{_flag(name)} is an option of the reference workloads, not of {flag}; pass your program's own "
                     f"options after '--' (e.g. -- {_flag(name)} ...)", ctx)
     check_gdc(ctx)
-    if params.get("slurm_mode") is not None and params.get("launcher") != "slurm":
-        raise click.UsageError(f"--slurm-mode goes with --launcher slurm (this run uses {params.get('launcher')}); "
-                               "add --launcher slurm or drop --slurm-mode", ctx)
     if params.get("image") is not None:
         from .containers import check_image
         try:

@@ -54,16 +54,27 @@ def check_address(path: Path, host: str, address: str) -> None:
         )
 
 
+def value_problem(key: str, text: str) -> str | None:
+    """What the value of inventory key ``key`` must be, when ``text`` is not that; None when it
+    is (or the key has no rule). A launcher option that an inventory key also sets is checked
+    by the same rule (launchers/options.py)."""
+    rule, what = _HEAD_VALUES.get(key, (None, ""))
+    if rule is None or (rule.fullmatch(text) and not text.startswith("-")):
+        return None
+    return what
+
+
 def check_values(path: Path, host: str, hv: Mapping[str, Any]) -> None:
     """Inventory values that land in generated scripts: one rule each (see _HEAD_VALUES)."""
-    for key, (rule, what) in _HEAD_VALUES.items():
+    for key, (rule, _) in _HEAD_VALUES.items():
         value = hv.get(key)
         if value is None or value == "":
             continue
         text = str(value)
         if rule is _WORD and "\n" not in text and text.startswith("{{"):
             continue  # a template only Ansible renders (distrun_hostfile's default); quoted wherever it lands
-        if not rule.fullmatch(text) or text.startswith("-"):
+        what = value_problem(key, text)
+        if what:
             raise InventoryError(f"inventory {path}: host {host} has {key}={_shown(text)}; set it to {what}")
     for key in ("distrun_iface", "ansible_user", "ansible_ssh_user"):
         value = hv.get(key)

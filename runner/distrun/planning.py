@@ -12,6 +12,7 @@ from .bundle import launch_scripts, plan_files
 from .inventory import Cluster, load_cluster, load_facts
 from .jobenv import run_env
 from .launchers import launcher_named
+from .launchers.options import Resolved, resolve
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .plan import JobPlan, build_plan
 from .project import Project, commands, load_project
@@ -33,7 +34,9 @@ class JobRequest:
     env: dict[str, str] = field(default_factory=dict)
     port: int = 29500
     preflight: bool = True
-    slurm_mode: str | None = None  # --slurm-mode; None: the inventory's slurm_mode
+    # --launcher-opt KEY=VALUE (and --slurm-mode): the launcher's options given on the command line;
+    # the others come from the inventory or their defaults (launchers/options.py).
+    launcher_options: dict[str, str] = field(default_factory=dict)
     allow_gpu_mismatch: bool = False
     gdc: tuple[float, int] | None = None  # --use-gdc: (alpha, top-k) for the reference workloads
     detach: bool = False  # return once every rank started (train --detach)
@@ -114,7 +117,7 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         extra_env=environment(request, cluster),
         network=network,
         master_port=request.port,
-        slurm=launcher_named(request.launcher).settings(cluster, request.slurm_mode),
+        slurm=launcher_named(request.launcher).settings(cluster, request.launcher_options),
         allow_gpu_mismatch=request.allow_gpu_mismatch,
         gdc=request.gdc,
         restart=restart,
@@ -138,11 +141,14 @@ class DryRun:
     note: str | None  # why a real run would be refused, if it would
     project: Project | None = None  # --workdir: the folder and what a sync would send
     before: dict[str, str] = field(default_factory=dict)  # title -> command run before the launch
+    options: dict[str, Resolved] = field(default_factory=dict)  # the launcher's options and their origins
 
 
 def dry_run(request: JobRequest) -> DryRun:
     cluster = load(request)
     plan = make_plan(request, cluster, "DRYRUN", network(cluster))
     project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
-    return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher_named(plan.launcher).unready(cluster),
-                  project, commands(cluster, plan, project) if project else {})
+    launcher = launcher_named(plan.launcher)
+    return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher.unready(cluster),
+                  project, commands(cluster, plan, project) if project else {},
+                  resolve(launcher, request.launcher_options, cluster.group_vars, cluster.source))

@@ -14,6 +14,8 @@ from rich.markup import escape
 
 from .ansible_bridge import PlaybookResult
 from .diagnosis import RunSummary, epoch
+from .launchers import launcher_named
+from .launchers.options import option_lines
 from .listener import EventHandler, Listener
 from .liveness import ClusterState
 from .planning import DryRun
@@ -156,8 +158,10 @@ def print_stop_report(report: StopReport) -> None:
 def dry_run_json(dry: DryRun) -> dict[str, Any]:
     """--dry-run --json: the plan, every file the run renders and every launch script."""
     plan = json.loads(json.dumps(asdict(dry.plan), default=str))
+    options = {name: {"value": r.value, "from": r.origin} for name, r in dry.options.items()}
     return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
-            "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.user_env_keys), "note": dry.note}
+            "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.user_env_keys), "note": dry.note,
+            "launcher_options": options}
 
 
 def dry_run_text(dry: DryRun) -> str:
@@ -167,6 +171,9 @@ def dry_run_text(dry: DryRun) -> str:
     shown = os.path.relpath(source) if source.startswith(os.getcwd()) else source
     out: list[str] = [f"# distrun train --dry-run  (inventory: {shown})"]
     out.append(f"launcher:    {plan.launcher}")
+    if dry.options:
+        out.append("launcher options:")
+        out += option_lines(dry.options, launcher_named(plan.launcher).options)
     out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
     out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")
     out.append(f"run dir:     {plan.run_dir}")

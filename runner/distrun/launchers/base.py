@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from .options import LauncherOption, resolve
 
 if TYPE_CHECKING:
     from ..inventory import Cluster
@@ -59,6 +60,10 @@ class Launcher(ABC):
     # must be the node's (Open MPI's major version: the hybrid model), checked by the preflight.
     image_uses_node_mpi: bool = False
 
+    # Its own settings (options.py): what 'distrun train --launcher-opt KEY=VALUE' may set, and
+    # the inventory key each also reads; the CLI's checks and help come from them.
+    options: tuple[LauncherOption, ...] = ()
+
     def image_modules(self, plan: JobPlan) -> tuple[str, ...]:
         """With --image: what the image's python3 must import for this launcher to start ranks
         in it (an MPI world's ranks run under mpi4py)."""
@@ -66,9 +71,11 @@ class Launcher(ABC):
 
     # --- before planning: the cluster and the CLI's choices ---------------------------------
 
-    def settings(self, cluster: Cluster, mode: str | None = None) -> dict[str, str]:
-        """What this launcher takes from the inventory and the CLI (``plan.slurm``)."""
-        return {}
+    def settings(self, cluster: Cluster, given: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What this launcher takes from the inventory and the CLI (``plan.slurm``): its options'
+        values (``given`` holds those of --launcher-opt), the unset ones left out."""
+        resolved = resolve(self, given or {}, cluster.group_vars, cluster.source)
+        return {name: r.value for name, r in resolved.items() if r.value is not None}
 
     def unready(self, cluster: Cluster) -> str | None:
         """Why the cluster cannot run this launcher (said by --dry-run), or None. On a Slurm

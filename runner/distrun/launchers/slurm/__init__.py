@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ... import slurm_site
 from ...errors import UserError
 from ..base import MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE, Launcher
+from ..options import LauncherOption
 from .driver import STATE_EXIT, driver_files, driver_script, exit_code, rank_failure_lines
 from .sbatch import DEFAULT_MPI, MODES, job_name, mode, multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
 
@@ -29,24 +30,7 @@ __all__ = [
 
 def settings(cluster: Cluster, mode_override: str | None = None) -> dict[str, str]:
     """What the sbatch scripts take from the inventory (head's hostvars) and the CLI."""
-    gv = cluster.group_vars
-    chosen = mode_override or str(gv.get("slurm_mode") or "single")
-    if chosen not in MODES:
-        where = "--slurm-mode" if mode_override else f"inventory {cluster.source}: slurm_mode"
-        raise UserError(f"{where} {chosen!r}: choose one of {', '.join(MODES)}")
-    out = {"mode": chosen, "mpi": str(gv.get("slurm_srun_mpi") or DEFAULT_MPI)}
-    if cluster.slurm_existing:
-        # The site's own Slurm (the plan's login node says so): Slurm picks the nodes unless
-        # the inventory names them.
-        names = [n.name for n in cluster.workers]
-        if slurm_site.named(names):
-            out["nodelist"] = ",".join(names)
-        out.update(slurm_site.job_options(cluster.source, gv))
-    if gv.get("slurm_partition"):
-        out["partition"] = str(gv["slurm_partition"])
-    if gv.get("slurm_time_limit"):
-        out["time"] = str(gv["slurm_time_limit"])
-    return out
+    return Slurm().settings(cluster, {"mode": mode_override} if mode_override else None)
 
 
 def enabled(cluster: Cluster) -> bool:
@@ -56,15 +40,33 @@ def enabled(cluster: Cluster) -> bool:
 
 class Slurm(Launcher):
     name = "slurm"
-    summary = "sbatch on the head, srun starts the ranks (--slurm-mode single or multi)"
+    summary = "sbatch on the head, srun starts the ranks (--launcher-opt mode=single or multi-job)"
+    options = (
+        LauncherOption("mode", "one multi-node job, or one single-node job per node",
+                       choices=MODES, inventory_key="slurm_mode", default="single"),
+        LauncherOption("mpi", "srun's --mpi plugin, which starts the ranks of a single job",
+                       inventory_key="slurm_srun_mpi", default=DEFAULT_MPI, metavar="TYPE"),
+        LauncherOption("partition", "the partition the jobs are submitted to", inventory_key="slurm_partition",
+                       unset="Slurm's default partition", metavar="NAME"),
+        LauncherOption("time", "the jobs' time limit (sbatch --time)", inventory_key="slurm_time_limit",
+                       unset="the partition's limit", metavar="TIME"),
+    )
     owned_args = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
                   "--output", "-o", "--mpi")
     mpi_world = True
     # Single mode runs MPI ranks under srun; multi-job mode runs one torchrun agent per job.
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE)
 
-    def settings(self, cluster: Cluster, mode: str | None = None) -> dict[str, str]:
-        return settings(cluster, mode)
+    def settings(self, cluster: Cluster, given: Mapping[str, str] | None = None) -> dict[str, str]:
+        out = super().settings(cluster, given)
+        if cluster.slurm_existing:
+            # The site's own Slurm (the plan's login node says so): Slurm picks the nodes unless
+            # the inventory names them.
+            names = [n.name for n in cluster.workers]
+            if slurm_site.named(names):
+                out["nodelist"] = ",".join(names)
+            out.update(slurm_site.job_options(cluster.source, cluster.group_vars))
+        return out
 
     def unready(self, cluster: Cluster) -> str | None:
         if enabled(cluster) or cluster.slurm_existing:
