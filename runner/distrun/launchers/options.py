@@ -120,7 +120,7 @@ def resolve(launcher: Launcher, given: Mapping[str, str], inventory: Mapping[str
             out[option.name] = Resolved(value, COMMAND_LINE)
             continue
         found = inventory.get(option.inventory_key) if option.inventory_key else None
-        if found is not None and str(found) != "":
+        if found:  # an empty or false value in the inventory leaves the option unset
             text = str(found)
             fix = option.problem(text)
             if fix:
