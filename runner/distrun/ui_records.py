@@ -49,6 +49,11 @@ def show_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"run dir:    {plan['run_dir']} (on the nodes)")
         if plan.get("program"):
             lines.append(f"program:    {shlex.join(str(a) for a in plan['program'])}")
+    image = d.get("image")
+    if image:
+        ids = sorted({str(i) for i in image["nodes"].values()})
+        seen = ids[0] if image["same"] else ", ".join(f"{h} {i or 'not probed'}" for h, i in image["nodes"].items())
+        lines.append(f"image:      {image['ref']} ({image['runtime']}): {seen}")
     if d.get("result"):
         lines.append(f"result:     {json.dumps(d['result'], sort_keys=True)}")
     timings = d.get("timings")

@@ -181,3 +181,21 @@ def test_show_json_names_the_image_every_node_had(private_state):
                                         "nodes": {"node1": digest, "node2": digest, "node3": None}}
     plain = new_run("train", Path(TWO))
     assert json.loads(cli(["show", plain.id, "--json"])[1])["image"] is None
+
+
+def test_show_names_the_image_in_one_line(private_state):
+    from distrun import containers
+    from distrun.containers import Container
+    from distrun.plan import build_plan
+
+    from .test_preflight_needs import cluster
+
+    plan = build_plan(cluster(), run_id="r", launcher="mpirun", workload="ddp", container=Container("localhost/train:1"))
+    digest = "sha256:" + "d" * 64
+    same = new_run("train", Path(TWO))
+    same.write(containers.RECORD, containers.image_record(plan, dict.fromkeys(("node1", "node2", "node3"), digest)))
+    assert f"image:      localhost/train:1 (podman): {digest}\n" in cli(["show", same.id])[1]
+    mixed = new_run("train", Path(TWO))
+    mixed.write(containers.RECORD, containers.image_record(plan, {"node1": digest}))
+    assert (f"image:      localhost/train:1 (podman): node1 {digest}, node2 not probed, node3 not probed\n"
+            in cli(["show", mixed.id])[1])
