@@ -79,3 +79,17 @@ def test_an_attempt_keeps_each_state_once_in_the_order_reached_and_its_first_end
 def test_an_attempt_without_an_end_says_so():
     d = json.loads(Attempt(0).to_json())
     assert d == {"attempt": 0, "states": [{"state": "planned", "s": 0.0}], "end": None, "why": ""}
+
+
+def test_every_raw_command_is_one_line_of_shell():
+    """A raw task's folded command runs in the node's shell as written: a line break kept by YAML
+    (a more-indented continuation line) would split it into two commands, the second of them the
+    probe's JSON configuration."""
+    raws = []
+    for path in sorted([*REPO.glob("roles/*/tasks/*.yml"), *REPO.glob("playbooks/*.yml")]):
+        for task in tasks(str(path.relative_to(REPO))):
+            for block in [task, *task.get("block", [])]:
+                if "ansible.builtin.raw" in block:
+                    raws.append((path.name, block["ansible.builtin.raw"]))
+    assert {name for name, _ in raws} >= {"probe.yml", "stage.yml", "stop.yml"}
+    assert [(name, cmd.count("\n")) for name, cmd in raws if "\n" in cmd] == []
