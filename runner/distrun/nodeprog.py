@@ -1,5 +1,7 @@
-"""Role job's node program (``roles/job/files/node.py``) as the runner calls it: the shell text
-that runs one of its verbs on a node, and its answer, one JSON object on one line."""
+"""Role job's node programs (``roles/job/files/node.py``, ``launch.py``, ``attempt.py``) as the
+runner calls them: the source sent (the programs' shared head, ``nodecommon.py``, in front of the
+program), the shell text that runs one of its verbs on a node, and its answer, one JSON object on
+one line."""
 
 from __future__ import annotations
 
@@ -13,14 +15,19 @@ from . import paths
 # The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
 # launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
 PROGRAMS = ("node", "launch", "attempt")
+# Sent in front of every node program: the names, config checks and answer they share.
+HEAD = "nodecommon"
 
 
 @cache
 def text(program: str = "node") -> str:
-    """A program's source, sent on the command line (it needs no file on the node)."""
+    """A program's source, sent on the command line (it needs no file on the node): the shared
+    head, then the program, one namespace (role job's stop.yml composes the same two files)."""
     if program not in PROGRAMS:
         raise ValueError(f"no node program {program!r}")
-    return (paths.project_dir() / "roles" / "job" / "files" / f"{program}.py").read_text()
+    files = paths.project_dir() / "roles" / "job" / "files"
+    head = (files / f"{HEAD}.py").read_text()
+    return head + ("" if head.endswith("\n") else "\n") + (files / f"{program}.py").read_text()
 
 
 def command(verb: str, config: dict[str, Any], program: str = "node") -> str:
