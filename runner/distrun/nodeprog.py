@@ -12,6 +12,13 @@ from typing import Any
 
 from . import paths
 
+# The protocol's names, as the node programs' shared head (nodecommon.py) writes them; a unit
+# test holds the two equal. A follower's log lines arrive as "| <line>", data whatever they say;
+# anything else on its stream is the node program's.
+LOG_PREFIX = "| "
+LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of one launcher
+RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py's evidence)
+
 # The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
 # launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
 PROGRAMS = ("node", "launch", "attempt")
