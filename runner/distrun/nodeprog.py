@@ -22,6 +22,9 @@ RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py'
 # The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
 # launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
 PROGRAMS = ("node", "launch", "attempt")
+# Every program sent behind the head: stage.py too (the run's files unpacked), which role job's
+# stage step and role preflight's probe send themselves (the runner has no verb of it).
+SOURCES = (*PROGRAMS, "stage")
 # Sent in front of every node program: the names, config checks and answer they share.
 HEAD = "nodecommon"
 
@@ -29,8 +32,9 @@ HEAD = "nodecommon"
 @cache
 def text(program: str = "node") -> str:
     """A program's source, sent on the command line (it needs no file on the node): the shared
-    head, then the program, one namespace (role job's stop.yml composes the same two files)."""
-    if program not in PROGRAMS:
+    head, then the program, one namespace (role job's stop and stage steps and run.yml's stage
+files for the preflight's probe compose the same two files)."""
+    if program not in SOURCES:
         raise ValueError(f"no node program {program!r}")
     files = paths.project_dir() / "roles" / "job" / "files"
     head = (files / f"{HEAD}.py").read_text()

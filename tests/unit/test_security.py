@@ -655,7 +655,8 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
         config = {"run_id": run_id, "run_dir": str(shared / "runs" / run_id), "checkpoint_dir": "", "shared_dir": str(shared),
                   "workloads_digest": "d1", "upload": gate.read_text().strip()}
         assert SECRET not in json.dumps(config)
-        script = (REPO / "roles" / "job" / "files" / "stage.py").read_text()
+        from distrun import nodeprog
+        script = nodeprog.text("stage")  # behind the node programs' shared head, as the stage step sends it
         done = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"changed": True, "staged": run_id, "created": [config["run_dir"]]}
