@@ -114,8 +114,12 @@ def _render(task: dict, files: Path, **values) -> list[str]:
         text = (files / name).read_text()
         return text.rstrip() if rstrip else text
 
-    def query(kind: str, *paths: str) -> list[str]:
-        return [Path(p).read_text().rstrip() for p in paths]
+    def query(kind: str, *paths: str, rstrip: bool = True) -> list[str]:
+        return [Path(p).read_text().rstrip() if rstrip else Path(p).read_text() for p in paths]
+
+    # Ansible keeps a backslash in a string literal of a folded template as written ('\n' is two
+    # characters there, unlike in Jinja alone): the sources are joined without one.
+    assert "\\" not in task["ansible.builtin.raw"]
 
     raw = _jinja().from_string(task["ansible.builtin.raw"]).render(lookup=lookup, query=query, ansible_facts=FACTS, **values)
     return shlex.split(raw)
@@ -133,7 +137,7 @@ def test_the_stage_step_and_the_probes_stage_files_send_the_runners_source():
     listed = ast.literal_eval(_jinja().from_string(files).render(playbook_dir=str(repo / "playbooks"), distrun_stage_early=True))
     probe = yaml.safe_load((repo / "roles" / "preflight" / "tasks" / "probe.yml").read_text())[0]
     argv = _render(probe, repo / "roles" / "preflight" / "files", _preflight_config={}, preflight_stage_files=listed)
-    assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage").rstrip()
+    assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage")
 
 
 def test_the_stop_task_sends_the_same_source_as_the_runner():

@@ -318,7 +318,7 @@ def test_stop_step_stops_only_its_run(tmp_path):
     command = jinja.from_string(task["ansible.builtin.raw"]).render(
         ansible_facts={"python": {"executable": sys.executable}}, job_run_id=run_id, job_run_dir=str(run_dir),
         job_stop_grace=3, job_user=getpass.getuser(),
-        lookup=lambda kind, name: (STOP_TASK.parents[1] / "files" / name).read_text())
+        lookup=lambda kind, name, rstrip=True: (STOP_TASK.parents[1] / "files" / name).read_text())
     mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
     (run_dir / "launcher-n1.pgid").write_text(f"{other.pid}\n")
