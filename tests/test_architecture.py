@@ -12,8 +12,7 @@ LIMIT = 300  # lines per module (DEVELOPING: one idea per module)
 # Modules over the limit, each at most as long as it is now: they may shrink, never grow, and
 # one that is back under the limit leaves this list.
 CEILINGS = {
-    "roles/job/files/attempt.py": 321,
-    "roles/job/files/node.py": 418,
+    "roles/job/files/node.py": 400,
     "roles/preflight/files/probe.py": 741,
     "runner/distrun/ansible_bridge.py": 528,
     "runner/distrun/bundle.py": 316,

@@ -17,8 +17,6 @@ from .containers import stop_shell
 from .plan import JobPlan
 from .remote import as_root_or_user, as_user
 
-# A follower's log lines arrive as "| <line>"; anything else on its stream is the node program's.
-LOG_PREFIX = "| "
 # Seconds a follower waits for a launcher that left neither a record nor a pid file.
 START_WAIT_S = 60
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import nodeprog
 from .ansible_bridge import PlaybookEvent
-from .attempt_shell import LOG_PREFIX, launch_command, stop_command, tail_command, wait_command
+from .attempt_shell import launch_command, stop_command, tail_command, wait_command
 from .handshake import PREFLIGHT_FACT, STAGED_FACT, Attempt, State
 from .inventory import Cluster, Node
 from .launchers import launcher_named
@@ -101,8 +101,8 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
         kept = output.setdefault(host, deque(maxlen=20))
         for raw in proc.stdout:
             text = raw.rstrip("\n")
-            if text.startswith(LOG_PREFIX):  # the launcher's log: data, whatever it says
-                line = text[len(LOG_PREFIX):]
+            if text.startswith(nodeprog.LOG_PREFIX):  # the launcher's log: data, whatever it says
+                line = text[len(nodeprog.LOG_PREFIX):]
                 if line.strip():
                     kept.append(line)
                 if host == head:

@@ -113,7 +113,7 @@ def parse_probe(host: str, output: str) -> HostState:
         return HostState(host, reached=False, error=last[:200])
     state = HostState(host, run_dir=said.get("dir") is True)
     launcher = said.get("launcher")
-    state.launcher = launcher if launcher in ("running", "exited", "gone", "none") else "none"
+    state.launcher = launcher if launcher in nodeprog.LAUNCHER_STATES else "none"
     rc = said.get("rc")
     state.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) and -9999 <= rc <= 9999 else None
     if state.launcher == "exited" and state.rc is None:

@@ -1,5 +1,7 @@
-"""Role job's node program (``roles/job/files/node.py``) as the runner calls it: the shell text
-that runs one of its verbs on a node, and its answer, one JSON object on one line."""
+"""Role job's node programs (``roles/job/files/node.py``, ``launch.py``, ``attempt.py``) as the
+runner calls them: the source sent (the programs' shared head, ``nodecommon.py``, in front of the
+program), the shell text that runs one of its verbs on a node, and its answer, one JSON object on
+one line."""
 
 from __future__ import annotations
 
@@ -10,17 +12,33 @@ from typing import Any
 
 from . import paths
 
+# The protocol's names, as the node programs' shared head (nodecommon.py) writes them; a unit
+# test holds the two equal. A follower's log lines arrive as "| <line>", data whatever they say;
+# anything else on its stream is the node program's.
+LOG_PREFIX = "| "
+LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of one launcher
+RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py's evidence)
+
 # The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
 # launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
 PROGRAMS = ("node", "launch", "attempt")
+# Every program sent behind the head: stage.py too (the run's files unpacked), which role job's
+# stage step and role preflight's probe send themselves (the runner has no verb of it).
+SOURCES = (*PROGRAMS, "stage")
+# Sent in front of every node program: the names, config checks and answer they share.
+HEAD = "nodecommon"
 
 
 @cache
 def text(program: str = "node") -> str:
-    """A program's source, sent on the command line (it needs no file on the node)."""
-    if program not in PROGRAMS:
+    """A program's source, sent on the command line (it needs no file on the node): the shared
+    head, then the program, one namespace (role job's stop and stage steps and run.yml's stage
+files for the preflight's probe compose the same two files)."""
+    if program not in SOURCES:
         raise ValueError(f"no node program {program!r}")
-    return (paths.project_dir() / "roles" / "job" / "files" / f"{program}.py").read_text()
+    files = paths.project_dir() / "roles" / "job" / "files"
+    head = (files / f"{HEAD}.py").read_text()
+    return head + ("" if head.endswith("\n") else "\n") + (files / f"{program}.py").read_text()
 
 
 def command(verb: str, config: dict[str, Any], program: str = "node") -> str:

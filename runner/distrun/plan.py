@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from . import contract, rules
+from . import contract, nodeprog, rules
 from .containers import Container
 from .envnames import check_env_key
 from .errors import PlanError
@@ -294,7 +294,7 @@ def build_plan(
         # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
         # at exit and Open MPI waits for every other rank before it reports the failure.
         program = (program[0], "-m", "mpi4py", *program[1:])
-    env = {"DISTRUN_RUN_ID": run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
+    env = {nodeprog.RUN_TAG: run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
            "DISTRUN_RESTART": str(restart),
            "DISTRUN_CHECKPOINT_DIR": f"{cluster.shared_dir.rstrip('/')}/checkpoints/{run_id}"}
     if workdir:

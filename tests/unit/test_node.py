@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from distrun import nodeprog
+
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "roles" / "job" / "files" / "node.py"
 
@@ -20,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("alone_with_run_tags")
 
 
 def node(verb: str, config: object) -> subprocess.CompletedProcess[str]:
-    """The program as the roles run it: its text on an isolated Python's command line."""
-    return subprocess.run([sys.executable, "-I", "-c", NODE.read_text(), verb, json.dumps(config)],
+    """The program as the roles run it: its text behind its shared head on an isolated Python's command line."""
+    return subprocess.run([sys.executable, "-I", "-c", nodeprog.text("node"), verb, json.dumps(config)],
                           capture_output=True, text=True, timeout=60)
 
 

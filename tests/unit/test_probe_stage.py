@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from distrun import staging
+from distrun import nodeprog, staging
 
 from .test_security import SECRET, local_upload
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "roles" / "preflight" / "files" / "probe.py"
-STAGE = REPO / "roles" / "job" / "files" / "stage.py"
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 
@@ -37,7 +36,7 @@ def probe(shared: Path, run_id: str, upload: str, **cfg) -> dict:
              "shared_dir": str(shared), "workloads_digest": "d1", "upload": upload}
     config = {"host": "here", "user": ME, "env_prefix": "/nonexistent", "mpi_prefix": "", "shared_dir": str(shared),
               "ssh_timeout": 2, "stage": stage, **cfg}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(config), STAGE.read_text()],
+    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(config), nodeprog.text("stage")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert SECRET not in out.stdout + out.stderr

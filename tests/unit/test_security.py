@@ -318,7 +318,7 @@ def test_stop_step_stops_only_its_run(tmp_path):
     command = jinja.from_string(task["ansible.builtin.raw"]).render(
         ansible_facts={"python": {"executable": sys.executable}}, job_run_id=run_id, job_run_dir=str(run_dir),
         job_stop_grace=3, job_user=getpass.getuser(),
-        lookup=lambda kind, name: (STOP_TASK.parents[1] / "files" / name).read_text())
+        lookup=lambda kind, name, rstrip=True: (STOP_TASK.parents[1] / "files" / name).read_text())
     mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
     (run_dir / "launcher-n1.pgid").write_text(f"{other.pid}\n")
@@ -655,7 +655,8 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
         config = {"run_id": run_id, "run_dir": str(shared / "runs" / run_id), "checkpoint_dir": "", "shared_dir": str(shared),
                   "workloads_digest": "d1", "upload": gate.read_text().strip()}
         assert SECRET not in json.dumps(config)
-        script = (REPO / "roles" / "job" / "files" / "stage.py").read_text()
+        from distrun import nodeprog
+        script = nodeprog.text("stage")  # behind the node programs' shared head, as the stage step sends it
         done = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"changed": True, "staged": run_id, "created": [config["run_dir"]]}

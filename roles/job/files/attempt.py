@@ -1,9 +1,10 @@
 """distrun's node program for one attempt's launcher on one node, once started (role job's
 files/launch.py starts it): follow it to its end, say its state.
 
-``python3 -I -c <this file> VERB '<config JSON>'``, as the training user. Standard library only;
-Python 3.9 or newer. Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``;
-a bad call prints one line on stderr and exits 2. The config names the attempt: ``run``,
+``python3 -I -c <nodecommon.py + this file> VERB '<config JSON>'``, as the training user.
+Standard library only; Python 3.9 or newer. Every verb prints one JSON object as its last line,
+``{"verb": VERB, ...}``; a bad call prints one line on stderr and exits 2 (nodecommon.py: the
+protocol, the names and the config's checks). The config names the attempt: ``run``,
 ``host``, ``attempt`` (its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log``
 and ``exit_file`` (names in that folder), ``user`` (the training user).
 
@@ -16,9 +17,6 @@ A launcher that launch.py started in a systemd unit ended as root's record for t
 directory says; without a unit, it ended with the exit code the script wrote into its attempt's
 folder, which the job can write too (the limits in docs/guide/security.md).
 """
-from __future__ import annotations
-
-import json
 import os
 import pwd
 import re
@@ -27,25 +25,15 @@ import stat
 import sys
 import time
 
-NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
-RECORDS = "/run/distrun"
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
+    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
+    with open(_HEAD, encoding="utf-8") as _head:
+        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
+
 START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this did not start
 LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer one is cut
 PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's end
 CLOSE_MAX = 256 << 20  # bytes of the log read at most once the launcher ended
-
-
-class AttemptError(Exception):
-    """A bad call, in one line."""
-
-
-def unit_name(cfg: dict) -> str:
-    """The attempt's unit on this node (launch.py's; the name node.py's scan reads a run from)."""
-    return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
-
-
-def _record(unit: str, kind: str) -> str:
-    return os.path.join(RECORDS, f"{unit}.{kind}")
 
 
 def _root_file(path: str) -> bytes | None:
@@ -126,7 +114,7 @@ class Log:
     def _write(lines: list[bytes]) -> None:
         if lines:
             sys.stdout.flush()
-            sys.stdout.buffer.write(b"".join(b"| " + ln.decode(errors="replace").encode() + b"\n" for ln in lines))
+            sys.stdout.buffer.write(b"".join(LOG_PREFIX.encode() + ln.decode(errors="replace").encode() + b"\n" for ln in lines))
             sys.stdout.buffer.flush()
 
     def close(self) -> None:
@@ -172,13 +160,13 @@ def follow(cfg: dict) -> dict:
     where = cfg["dir"]
     log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
     exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
-    contained = _root_file(_record(unit, "launched")) is not None
+    contained = _root_file(record_path(unit, "launched")) is not None
     started, pid = time.monotonic(), None
 
     def ended() -> dict | None:
         nonlocal pid
         if contained:
-            said = _root_file(_record(unit, "exit"))
+            said = _root_file(record_path(unit, "exit"))
             if said is None:
                 # systemd writes it after the unit's last process ended: until then the unit runs.
                 # (Where cgroups lie differs between machines and containers: not read here.)
@@ -230,7 +218,7 @@ def follow(cfg: dict) -> dict:
 
 def _tagged(run: str) -> int:
     """How many live processes of the caller's uid carry the run's tag in their environment."""
-    tag, uid, n = f"DISTRUN_RUN_ID={run}".encode(), os.getuid(), 0
+    tag, uid, n = f"{TAG}={run}".encode(), os.getuid(), 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -245,14 +233,14 @@ def _tagged(run: str) -> int:
 
 
 def state(cfg: dict) -> dict:
-    """What this node says of the attempt now: {"dir", "launcher": running|exited|gone|none, "rc",
+    """What this node says of the attempt now: {"dir", "launcher": one of LAUNCHER_STATES, "rc",
     "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only."""
     said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": _tagged(cfg["run"]),
                   "started": []}
     unit = unit_name(cfg)
-    contained = _root_file(_record(unit, "launched")) is not None
+    contained = _root_file(record_path(unit, "launched")) is not None
     if contained:  # whatever became of the run directory, which the job may move or lock
-        record = _root_file(_record(unit, "exit"))
+        record = _root_file(record_path(unit, "exit"))
         if record is not None:
             code = _status(record.decode(errors="replace"))
             said.update(launcher="exited" if code is not None else "gone", rc=code)
@@ -291,30 +279,7 @@ VERBS = {"follow": follow, "state": state}
 
 
 def main(argv: list[str]) -> int:
-    try:
-        if len(argv) != 2 or argv[0] not in VERBS:
-            raise AttemptError(f"usage: attempt.py {{{','.join(VERBS)}}} '<config JSON>'")
-        try:
-            cfg = json.loads(argv[1])
-        except ValueError:
-            raise AttemptError(f"the {argv[0]} config is not JSON") from None
-        if not isinstance(cfg, dict):
-            raise AttemptError(f"the {argv[0]} config is not a JSON object")
-        for key in ("run", "host", "user", "script"):
-            if not (isinstance(cfg.get(key), str) and NAME.fullmatch(cfg[key]) and set(cfg[key]) != {"."}):
-                raise AttemptError(f"{argv[0]}: {key} {cfg.get(key)!r} is empty or not a plain name")
-        if not re.fullmatch(r"[0-9]{1,9}", str(cfg.get("attempt", ""))):  # as node.py's stop reads a unit
-            raise AttemptError(f"{argv[0]}: attempt {cfg.get('attempt')!r} is not a number")
-        if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
-            raise AttemptError(f"{argv[0]}: dir {cfg.get('dir')!r} is not an absolute path")
-        answer = VERBS[argv[0]](cfg)
-    except (AttemptError, KeyError) as exc:
-        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-        print(f"attempt.py: {what}", file=sys.stderr, flush=True)
-        return 2
-    sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
-    sys.stdout.flush()
-    return 0
+    return serve("attempt.py", VERBS, argv, check_attempt)
 
 
 if __name__ == "__main__":

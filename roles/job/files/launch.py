@@ -1,10 +1,11 @@
 """distrun's node program that starts one attempt's launcher on one node: ``bash <script>`` in
 the attempt's folder, as the training user, detached; role job's files/attempt.py follows it.
 
-``python3 -I -c <this file> launch '<config JSON>'``. Standard library only; Python 3.9 or
-newer. It prints one JSON object as its last line: {"verb": "launch", "launched": true, "unit":
-U} ("" without a unit) or {"verb": "launch", "error": why}; a bad call prints one line on stderr
-and exits 2. The config is attempt.py's (``run``, ``host``, ``attempt``, ``dir``, ``script``,
+``python3 -I -c <nodecommon.py + this file> launch '<config JSON>'``. Standard library only;
+Python 3.9 or newer. It prints one JSON object as its last line: {"verb": "launch", "launched":
+true, "unit": U} ("" without a unit) or {"verb": "launch", "error": why}; a bad call prints one
+line on stderr and exits 2 (nodecommon.py: the protocol, the names and the config's checks).
+The config is attempt.py's (``run``, ``host``, ``attempt``, ``dir``, ``script``,
 ``user``; ``run_dir``).
 
 The control plane. Run as root on a node whose init is systemd, it starts the script as a
@@ -20,32 +21,18 @@ docs/guide/security.md). Root does nothing here with a path the job controls: th
 training user, opens the script.
 """
 
-from __future__ import annotations
-
-import json
 import os
 import pwd
-import re
 import subprocess
 import sys
 
-NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
-RECORDS = "/run/distrun"
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
+    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
+    with open(_HEAD, encoding="utf-8") as _head:
+        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
+
 STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class LaunchError(Exception):
-    """A bad call, in one line."""
-
-
-def unit_name(cfg: dict) -> str:
-    """The attempt's unit on this node (attempt.py's unit_name: the same)."""
-    return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
-
-
-def _record(unit: str, kind: str) -> str:
-    return os.path.join(RECORDS, f"{unit}.{kind}")
 
 
 def _systemd() -> bool:
@@ -63,7 +50,7 @@ def launch(cfg: dict) -> dict:
         # hardened nodes), or they would take the exit code file the job writes instead.
         os.makedirs(RECORDS, mode=0o755, exist_ok=True)
         os.chmod(RECORDS, 0o755)
-        tmp, done = _record(unit, "exit.tmp"), _record(unit, "exit")
+        tmp, done = record_path(unit, "exit.tmp"), record_path(unit, "exit")
         # systemd gives ExecStopPost how the main process ended; $$ is a literal $ in an Exec line.
         post = (f'+/bin/sh -c "umask 022; echo $$SERVICE_RESULT $$EXIT_CODE $$EXIT_STATUS > {tmp} '
                 f'&& mv -f {tmp} {done}"')
@@ -77,14 +64,14 @@ def launch(cfg: dict) -> dict:
         # A unit's records from an earlier try of the same attempt would answer for this one.
         for kind in ("exit", "exit.tmp", "launched"):
             try:
-                os.unlink(_record(unit, kind))
+                os.unlink(record_path(unit, kind))
             except FileNotFoundError:
                 pass
         ran = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
         if ran.returncode != 0:
             why = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
             return {"verb": "launch", "error": f"systemd-run could not start {unit}: {why[:300]}"}
-        fd = os.open(_record(unit, "launched"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(record_path(unit, "launched"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         try:
             os.fchmod(fd, 0o644)
             os.write(fd, f"{unit}\n".encode())
@@ -92,7 +79,7 @@ def launch(cfg: dict) -> dict:
             os.close(fd)
         return {"verb": "launch", "launched": True, "unit": unit}
     if os.geteuid() not in (0, user.pw_uid):
-        raise LaunchError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
+        raise CallError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
     if os.geteuid() == user.pw_uid:  # root cannot look into a FUSE mount of the training user's
         run_dir = str(cfg.get("run_dir") or cfg["dir"])
         if not os.access(run_dir, os.R_OK | os.X_OK):
@@ -119,30 +106,7 @@ def launch(cfg: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        if len(argv) != 2 or argv[0] != "launch":
-            raise LaunchError("usage: launch.py launch '<config JSON>'")
-        try:
-            cfg = json.loads(argv[1])
-        except ValueError:
-            raise LaunchError("the launch config is not JSON") from None
-        if not isinstance(cfg, dict):
-            raise LaunchError("the launch config is not a JSON object")
-        for key in ("run", "host", "user", "script"):
-            if not (isinstance(cfg.get(key), str) and NAME.fullmatch(cfg[key]) and set(cfg[key]) != {"."}):
-                raise LaunchError(f"launch: {key} {cfg.get(key)!r} is empty or not a plain name")
-        if not re.fullmatch(r"[0-9]{1,9}", str(cfg.get("attempt", ""))):  # as node.py's stop reads a unit
-            raise LaunchError(f"launch: attempt {cfg.get('attempt')!r} is not a number")
-        if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
-            raise LaunchError(f"launch: dir {cfg.get('dir')!r} is not an absolute path")
-        answer = launch(cfg)
-    except (LaunchError, KeyError) as exc:
-        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-        print(f"launch.py: {what}", file=sys.stderr, flush=True)
-        return 2
-    sys.stdout.write(json.dumps(answer, sort_keys=True) + "\n")
-    sys.stdout.flush()
-    return 0
+    return serve("launch.py", {"launch": launch}, argv, check_attempt)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """distrun's node program: what one node knows of a run's processes, as one JSON line.
 
-``python3 -I -c <this file> VERB '<config JSON>'`` (or ``python3 node.py VERB ...``), as the
-training user or as root (below). Standard library only; Python 3.9 or newer. Every verb prints exactly one JSON
-object on stdout, ``{"verb": VERB, ...}``; a bad call prints one line on stderr and exits 2.
+``python3 -I -c <nodecommon.py + this file> VERB '<config JSON>'`` (or ``python3 node.py VERB
+...``), as the training user or as root (below). Standard library only; Python 3.9 or newer.
+Every verb prints exactly one JSON object on stdout, ``{"verb": VERB, ...}``; a bad call prints
+one line on stderr and exits 2 (nodecommon.py: the protocol, the names and the unit's).
 
   scan   {"run": R, "run_dir": D}  the processes of run R here; without "run", of every run:
          {"runs": {run: [{"pid", "ppid", "pgid", "sid", "comm", "why"}, ...]}}
@@ -42,10 +43,7 @@ outlives its parents (re-parented to init) carries no evidence left, and one tha
 tag of another run after the same escape is counted as that run's.
 """
 
-from __future__ import annotations
-
 import errno
-import json
 import os
 import pwd
 import re
@@ -55,15 +53,13 @@ import subprocess
 import sys
 import time
 
-TAG = b"DISTRUN_RUN_ID="
-UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")  # launch.py's units
-RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,80}")
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
+    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
+    with open(_HEAD, encoding="utf-8") as _head:
+        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
+
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
 ATTEMPTS = "attempts"  # the run directory's folder of attempt folders (runner/distrun/rundir.py)
-
-
-class NodeError(Exception):
-    """A bad call, in one line."""
 
 
 def _read(path: str, limit: int = 4 << 20) -> bytes | None:
@@ -100,10 +96,11 @@ class Proc:
         self.uid = next((int(ln.split()[1]) for ln in (_read(f"{root}/{pid}/status") or b"").splitlines()
                          if ln.startswith(b"Uid:")), -1)
         self.tag: str | None = None
+        tag = f"{TAG}=".encode()
         for kv in (_read(f"{root}/{pid}/environ") or b"").split(b"\0"):
-            if kv.startswith(TAG):
-                value = kv[len(TAG):].decode(errors="replace")
-                self.tag = value if RUN_ID.fullmatch(value) else ""
+            if kv.startswith(tag):
+                value = kv[len(tag):].decode(errors="replace")
+                self.tag = value if NAME.fullmatch(value) else ""
                 break
         # The unit a process runs in (launch.py starts each launcher as one): a cgroup no process
         # of the training user can leave, of the system manager's (the user's own names any).
@@ -243,7 +240,7 @@ def _uid(cfg: dict) -> int:
     try:
         uid = pwd.getpwnam(str(cfg.get("user", ""))).pw_uid
     except KeyError:
-        raise NodeError(f"called by root: user {cfg.get('user')!r} is not an account here") from None
+        raise CallError(f"called by root: user {cfg.get('user')!r} is not an account here") from None
     return uid
 
 
@@ -349,8 +346,8 @@ def claim(cfg: dict) -> dict:
     import fcntl
 
     host, run, hold = cfg["host"], cfg["run"], float(cfg.get("hold_s", 20))
-    if not RUN_ID.fullmatch(str(host)):
-        raise NodeError(f"host {host!r} is not a plain name")
+    if not NAME.fullmatch(str(host)):
+        raise CallError(f"host {host!r} is not a plain name")
     home = pwd.getpwuid(os.getuid()).pw_dir
     folder = os.path.join(home, ".cache", "distrun")
     try:
@@ -363,7 +360,7 @@ def claim(cfg: dict) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = (_read(named, 80) or b"").decode(errors="replace").strip()
-        return {"verb": "claim", "claimed": False, "held": True, "runs": [holder if RUN_ID.fullmatch(holder) else ""]}
+        return {"verb": "claim", "claimed": False, "held": True, "runs": [holder if NAME.fullmatch(holder) else ""]}
     others = sorted(r for r in scan({"proc": cfg.get("proc")})["runs"] if r != run)
     if others:
         return {"verb": "claim", "claimed": False, "held": False, "runs": others}
@@ -373,45 +370,30 @@ def claim(cfg: dict) -> dict:
         os.close(fd)
     except OSError as exc:
         return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
-    _answer({"verb": "claim", "claimed": True, "runs": []})
+    answer({"verb": "claim", "claimed": True, "runs": []})
     while select.select([sys.stdin], [], [], hold)[0] and sys.stdin.readline():
         pass  # held while heartbeats come; a closed stdin (the controller gone) or silence ends it
     sys.exit(0)
 
 
-def _answer(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
-    sys.stdout.flush()
-
-
 VERBS = {"scan": scan, "stop": stop, "claim": claim}
 
 
+def _check(verb: str, cfg: dict) -> None:
+    """A run id (scan may go without one: every run), seconds in range, an absolute run_dir."""
+    run = cfg.get("run")
+    if (verb != "scan" or run) and not plain_name(run):
+        raise CallError(f"{verb}: run {run!r} is empty or not a run id")
+    for key in ("grace_s", "hold_s"):
+        value = cfg.get(key, 10)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+            raise CallError(f"{verb}: {key} {value!r} is not a number of seconds from 0 to 3600")
+    if cfg.get("run_dir") is not None and not os.path.isabs(str(cfg["run_dir"])):
+        raise CallError(f"{verb}: run_dir {cfg['run_dir']!r} is not an absolute path")
+
+
 def main(argv: list[str]) -> int:
-    try:
-        if len(argv) != 2 or argv[0] not in VERBS:
-            raise NodeError(f"usage: node.py {{{','.join(VERBS)}}} '<config JSON>' (got {' '.join(argv[:1]) or 'nothing'})")
-        try:
-            cfg = json.loads(argv[1])
-        except ValueError:
-            raise NodeError(f"the {argv[0]} config is not JSON") from None
-        if not isinstance(cfg, dict):
-            raise NodeError(f"the {argv[0]} config is not a JSON object")
-        run = cfg.get("run")
-        if (argv[0] != "scan" or run) and not (isinstance(run, str) and RUN_ID.fullmatch(run) and set(run) != {"."}):
-            raise NodeError(f"{argv[0]}: run {run!r} is empty or not a run id")
-        for key in ("grace_s", "hold_s"):
-            value = cfg.get(key, 10)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
-                raise NodeError(f"{argv[0]}: {key} {value!r} is not a number of seconds from 0 to 3600")
-        if cfg.get("run_dir") is not None and not os.path.isabs(str(cfg["run_dir"])):
-            raise NodeError(f"{argv[0]}: run_dir {cfg['run_dir']!r} is not an absolute path")
-        _answer(VERBS[argv[0]](cfg))
-    except (NodeError, KeyError, TypeError) as exc:
-        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
-        print(f"node.py: {what}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return serve("node.py", VERBS, argv, _check, errors=(KeyError, TypeError))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Put a run's files in place on one node, as the training user, in one round trip.
 
 Run by role job's stage step as a raw command (a script needs no Ansible module around it):
-``python3 -c <this file> <config JSON>``; on a run's first attempt, by role preflight's probe
+``python3 -c <nodecommon.py + this file> <config JSON>`` (nodecommon.py, the node programs' shared
+head: the run id's rule); on a run's first attempt, by role preflight's probe
 instead, as the training user, after its checks (the same round trip). The runner sent the run's files ahead of the play over
 the run's ssh connection, into the training user's ``~/.cache/distrun/incoming/<run id>.json``
 (a 0600 file: the bundle, base64 of a tar.gz holding run/ and workloads/, and the run's
@@ -13,16 +14,18 @@ variables to ``<run_dir>/env.sh`` (0600), removes the upload, and prints
 Standard library only.
 """
 
-from __future__ import annotations
-
 import base64
 import io
 import json
 import os
 import pwd
-import re
 import sys
 import tarfile
+
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
+    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
+    with open(_HEAD, encoding="utf-8") as _head:
+        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
 
 
 class StageError(Exception):
@@ -30,8 +33,9 @@ class StageError(Exception):
 
 
 def safe_run_id(run_id: str) -> bool:
-    """A run id names a folder under the shared folder's runs/: one plain path component."""
-    return bool(re.fullmatch(r"[A-Za-z0-9._-]+", run_id)) and set(run_id) != {"."}
+    """A run id names a folder under the shared folder's runs/: one plain path component, as
+    every node program takes a run id (nodecommon.py's plain_name)."""
+    return plain_name(run_id)
 
 
 def incoming_path(run_id: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..nodeprog import RUN_TAG
 from .options import LauncherOption, resolve
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Launcher(ABC):
 
     def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
         """Variables of the launcher process. DISTRUN_RUN_ID tags it (and every child) for 'distrun stop'."""
-        return [("DISTRUN_RUN_ID", plan.run_id)]
+        return [(RUN_TAG, plan.run_id)]
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """Programs the run needs, label -> candidate paths or names: (on every node, on the head only)."""

@@ -1,0 +1,95 @@
+"""The head of distrun's node programs (node.py, launch.py, attempt.py beside it): the names and
+the call protocol they share, written once.
+
+It is sent in front of each program as one source, ``python3 -I -c <nodecommon.py + program>
+VERB '<config JSON>'`` (runner/distrun/nodeprog.py composes it; so does role job's stop.yml), so a
+program uses these definitions without an import, and a node needs no file of distrun's. Run as
+a file on the controller (the unit tests), a program reads this file from beside it into its
+own namespace: the same one namespace as on a node. Standard library only; Python 3.9 or newer.
+
+The protocol: every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``
+(``answer``; runner/distrun/nodeprog.py's ``answer`` reads it back); a bad call prints one line,
+``<program>: <why>``, on stderr and exits 2 (``serve``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+NODECOMMON = True  # this head was sent in front of the program (the programs look for this name)
+
+# A run id, a host, the training user, a script's name: one plain path component, as a unit's
+# name and a path under the shared folder take it.
+NAME = re.compile(r"[A-Za-z0-9._-]{1,80}")
+ATTEMPT = re.compile(r"[0-9]{1,9}")  # an attempt's number
+# launch.py's unit of one attempt on one node, distrun:<run>:<attempt>:<host>.service (unit_name);
+# node.py reads the run from it.
+UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")
+# Root's records of each unit, <unit>.launched and <unit>.exit, in a folder only root writes.
+RECORDS = "/run/distrun"
+TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes with its id
+LOG_PREFIX = "| "  # a line of the launcher's log as attempt.py's follow prints it: data, never an answer
+LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of a launcher
+
+
+class CallError(Exception):
+    """A bad call, in one line."""
+
+
+def plain_name(value: object) -> bool:
+    """Whether value is a plain name (NAME), and not "." or ".."."""
+    return isinstance(value, str) and NAME.fullmatch(value) is not None and set(value) != {"."}
+
+
+def unit_name(cfg: dict) -> str:
+    """The attempt's unit on this node (launch.py starts it; UNIT reads it)."""
+    return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
+
+
+def record_path(unit: str, kind: str) -> str:
+    """Root's record of a unit: kind "launched" (launch.py started it), "exit" (how it ended)."""
+    return os.path.join(RECORDS, f"{unit}.{kind}")
+
+
+def check_attempt(verb: str, cfg: dict) -> None:
+    """The config that names one attempt on one node (attempt.py's and launch.py's): run, host,
+    user and script plain names, attempt a number, dir an absolute path."""
+    for key in ("run", "host", "user", "script"):
+        if not plain_name(cfg.get(key)):
+            raise CallError(f"{verb}: {key} {cfg.get(key)!r} is empty or not a plain name")
+    if not ATTEMPT.fullmatch(str(cfg.get("attempt", ""))):  # as node.py's stop reads a unit
+        raise CallError(f"{verb}: attempt {cfg.get('attempt')!r} is not a number")
+    if not (isinstance(cfg.get("dir"), str) and os.path.isabs(cfg["dir"])):
+        raise CallError(f"{verb}: dir {cfg.get('dir')!r} is not an absolute path")
+
+
+def answer(obj: dict) -> None:
+    """A verb's answer: one JSON object on one line of stdout."""
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def serve(program: str, verbs: dict, argv: list, check, errors: tuple = (KeyError,)) -> int:
+    """Run argv (VERB '<config JSON>') with verbs, its config checked by check(verb, cfg) first,
+    and print its answer; a bad call (CallError or one of errors, a missing key) is one line
+    "<program>: why" on stderr and exit 2."""
+    try:
+        if len(argv) != 2 or argv[0] not in verbs:
+            names = ",".join(verbs) if len(verbs) == 1 else "{" + ",".join(verbs) + "}"
+            raise CallError(f"usage: {program} {names} '<config JSON>' (got {' '.join(argv[:1]) or 'nothing'})")
+        try:
+            cfg = json.loads(argv[1])
+        except ValueError:
+            raise CallError(f"the {argv[0]} config is not JSON") from None
+        if not isinstance(cfg, dict):
+            raise CallError(f"the {argv[0]} config is not a JSON object")
+        check(argv[0], cfg)
+        said = verbs[argv[0]](cfg)
+    except (CallError, *errors) as exc:
+        what = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        print(f"{program}: {what}", file=sys.stderr, flush=True)
+        return 2
+    answer(said)
+    return 0

@@ -1,0 +1,149 @@
+"""Role job's node programs as they travel: their shared head (files/nodecommon.py) in front of
+each program, one source, and the protocol's names written once for the programs and once for the
+runner that reads their answers, held equal here."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distrun import nodeprog
+
+FILES = Path(__file__).resolve().parents[2] / "roles" / "job" / "files"
+
+
+def head() -> dict:
+    """nodecommon.py's names, as a program sees them."""
+    ns: dict = {"__name__": "nodecommon"}
+    exec(compile((FILES / "nodecommon.py").read_text(), "nodecommon.py", "exec"), ns)  # noqa: S102 - the shipped code
+    return ns
+
+
+def test_the_runner_reads_the_answers_by_the_names_the_programs_write(capsys):
+    ns = head()
+    assert (ns["LOG_PREFIX"], ns["LAUNCHER_STATES"], ns["TAG"]) == \
+        (nodeprog.LOG_PREFIX, nodeprog.LAUNCHER_STATES, nodeprog.RUN_TAG)
+    ns["answer"]({"verb": "state", "launcher": ns["LAUNCHER_STATES"][0], "rc": None})
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1
+    said = nodeprog.answer(f"{ns['LOG_PREFIX']}{line}noise\n{line}", "state")
+    assert said == {"verb": "state", "launcher": "running", "rc": None}
+    # The unit launch.py names is the one node.py reads a run from, and its records are root's folder's.
+    unit = ns["unit_name"]({"run": "20260101-000000-train-ab12", "attempt": "3", "host": "n-1.x"})
+    match = ns["UNIT"].fullmatch(unit)
+    assert match is not None and match.group(1) == "20260101-000000-train-ab12"
+    assert ns["record_path"](unit, "exit") == f"/run/distrun/{unit}.exit"
+
+
+def test_each_name_of_the_head_has_no_second_home_in_a_program():
+    """A program that defined a head's name again would silently replace it for itself."""
+    shared = {n for n in head() if not n.startswith("__")} - {"annotations", "json", "os", "re", "sys"}
+    for program in nodeprog.SOURCES:
+        tree = ast.parse((FILES / f"{program}.py").read_text())
+        defined = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+        defined |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)}
+        assert not defined & shared, f"{program}.py defines {sorted(defined & shared)} again"
+
+
+@pytest.mark.parametrize("program", nodeprog.SOURCES)
+def test_each_composed_program_parses_as_python_3_9(program):
+    text = nodeprog.text(program)
+    assert text.startswith((FILES / "nodecommon.py").read_text())
+    ast.parse(text, feature_version=(3, 9))  # the oldest Python a node may have
+
+
+@pytest.mark.parametrize("program", nodeprog.PROGRAMS)
+def test_a_bad_call_of_each_composed_program_is_its_usage(program):
+    text = nodeprog.text(program)
+    out = subprocess.run([sys.executable, "-I", "-c", text], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr.startswith(f"{program}.py: usage: {program}.py ") and out.stderr.endswith(" (got nothing)\n")
+
+
+def test_the_composed_programs_answer_a_trivial_verb(tmp_path):
+    scan = subprocess.run([sys.executable, "-I", "-c", nodeprog.text("node"), "scan", json.dumps({"run": "none-such"})],
+                          capture_output=True, text=True, timeout=60)
+    assert scan.returncode == 0, scan.stderr
+    assert json.loads(scan.stdout) == {"verb": "scan", "runs": {}}
+    cfg = {"run": "none-such", "host": "h1", "attempt": "0", "user": "nobody", "script": "launch-h1.sh",
+           "dir": str(tmp_path / "missing"), "exit_file": "exitcode-h1", "pid_file": "launcher-h1.pid"}
+    state = subprocess.run([sys.executable, "-I", "-c", nodeprog.text("attempt"), "state", json.dumps(cfg)],
+                           capture_output=True, text=True, timeout=60)
+    assert state.returncode == 0, state.stderr
+    assert nodeprog.answer(state.stdout, "state") == {"verb": "state", "dir": False, "launcher": "none", "rc": None,
+                                                      "procs": 0, "started": []}
+    bad = subprocess.run([sys.executable, "-I", "-c", nodeprog.text("launch"), "launch", json.dumps({**cfg, "attempt": "x"})],
+                         capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stdout, bad.stderr) == (2, "", "launch.py: launch: attempt 'x' is not a number\n")
+
+
+def test_a_composed_stage_program_refuses_a_run_id_by_the_heads_rule(tmp_path):
+    """stage.py's run id is a plain name as every node program's (one rule): exit 1 and the task's line."""
+    cfg = {"run_id": "..", "run_dir": str(tmp_path / "r"), "checkpoint_dir": "", "shared_dir": str(tmp_path),
+           "workloads_digest": "d1", "upload": "ok"}
+    out = subprocess.run([sys.executable, "-I", "-c", nodeprog.text("stage"), json.dumps(cfg)], capture_output=True,
+                         text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == "distrun_run_id=.. is empty or unsafe; runs are staged by 'distrun train'\n"
+    assert not (tmp_path / "r").exists()
+
+
+FACTS = {"python": {"executable": "/usr/bin/python3"}}
+
+
+def _jinja():
+    from jinja2 import Environment
+
+    jinja = Environment()
+    jinja.filters.update(quote=shlex.quote, to_json=json.dumps, bool=bool)
+    return jinja
+
+
+def _render(task: dict, files: Path, **values) -> list[str]:
+    """A task's raw command rendered as Ansible renders it (its file lookups strip a file's last
+    newline unless told not to), split as the node's shell splits it."""
+
+    def lookup(kind: str, name: str, rstrip: bool = True) -> str:
+        text = (files / name).read_text()
+        return text.rstrip() if rstrip else text
+
+    def query(kind: str, *paths: str, rstrip: bool = True) -> list[str]:
+        return [Path(p).read_text().rstrip() if rstrip else Path(p).read_text() for p in paths]
+
+    # Ansible keeps a backslash in a string literal of a folded template as written ('\n' is two
+    # characters there, unlike in Jinja alone): the sources are joined without one.
+    assert "\\" not in task["ansible.builtin.raw"]
+
+    raw = _jinja().from_string(task["ansible.builtin.raw"]).render(lookup=lookup, query=query, ansible_facts=FACTS, **values)
+    return shlex.split(raw)
+
+
+def test_the_stage_step_and_the_probes_stage_files_send_the_runners_source():
+    """Role job's stage step, and the files run.yml hands the preflight's probe for its stage step."""
+    stage = yaml.safe_load((FILES.parent / "tasks" / "stage.yml").read_text())[0]
+    argv = _render(stage, FILES, _job_stage_config={"run_id": "r1"})
+    assert argv[:2] == ["/usr/bin/python3", "-c"] and argv[2] == nodeprog.text("stage").rstrip()
+    repo = FILES.parents[2]
+    play = yaml.safe_load((repo / "playbooks" / "run.yml").read_text())
+    files = next(t["vars"]["preflight_stage_files"] for p in play for t in p.get("tasks", [])
+                 if isinstance(t.get("vars"), dict) and "preflight_stage_files" in t["vars"])
+    listed = ast.literal_eval(_jinja().from_string(files).render(playbook_dir=str(repo / "playbooks"), distrun_stage_early=True))
+    probe = yaml.safe_load((repo / "roles" / "preflight" / "tasks" / "probe.yml").read_text())[0]
+    argv = _render(probe, repo / "roles" / "preflight" / "files", _preflight_config={}, preflight_stage_files=listed)
+    assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage")
+
+
+def test_the_stop_task_sends_the_same_source_as_the_runner():
+    """Role job's stop step composes the program itself (a raw command): rendered as Ansible
+    renders it (its file lookup strips a file's last newline), it runs the runner's source."""
+    task = yaml.safe_load((FILES.parent / "tasks" / "stop.yml").read_text())[1]
+    argv = _render(task, FILES, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train")
+    assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[4] == "stop"
+    assert argv[3] == nodeprog.text("node").rstrip()
