@@ -96,12 +96,15 @@ class Attempt:
         self._why = ""
 
     def reach(self, state: State, why: str = "", at: float | None = None) -> None:
-        """Note ``state`` (at the monotonic time ``at``, default now); repeated ones and anything
-        after an end are ignored."""
+        """Note ``state`` at the monotonic time ``at`` (default now). A state already noted, a
+        second end, and a state reached after the end are ignored; one told late that happened
+        before the end (the upload's answer, read once run.yml returned) is kept."""
+        t = round(max(0.0, (at if at is not None else time.monotonic()) - self._t0), 3)
         with self._lock:
-            if state in self._reached or self.ended is not None:
+            end = self.ended
+            if state in self._reached or (end is not None and (state in ENDS or t > self._reached[end])):
                 return
-            self._reached[state] = round(max(0.0, (at if at is not None else time.monotonic()) - self._t0), 3)
+            self._reached[state] = t
             if state in ENDS:
                 self._why = why
 

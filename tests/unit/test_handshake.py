@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,18 @@ def test_an_attempt_keeps_each_state_once_in_the_order_reached_and_its_first_end
     assert times == sorted(times) and times[:2] == [0.0, 0.0]
     assert d["attempt"] == 2 and d["end"] == "launch failed" and d["why"] == "node3: no pid file after 60 s"
     assert a.ended is State.LAUNCH_FAILED and not a.reached(State.LAUNCHED)
+
+
+def test_a_state_told_after_the_end_counts_when_it_happened_before_it():
+    """The claim's and the upload's answers are read once run.yml returned, after the launchers
+    may have started: their own times place them before the end."""
+    a = Attempt(0)
+    before = time.monotonic()
+    a.reach(State.LAUNCHED)
+    a.reach(State.UPLOADED, at=before)
+    a.reach(State.CLAIMED, at=time.monotonic() + 5)  # after the end: not part of this attempt
+    reached = [s["state"] for s in json.loads(a.to_json())["states"]]
+    assert reached == ["planned", "uploaded", "launched"] and a.ended is State.LAUNCHED
 
 
 def test_an_attempt_without_an_end_says_so():
