@@ -115,7 +115,8 @@ def _render(task: dict, files: Path, **values) -> list[str]:
         return text.rstrip() if rstrip else text
 
     def query(kind: str, *paths: str, rstrip: bool = True) -> list[str]:
-        return [Path(p).read_text().rstrip() if rstrip else Path(p).read_text() for p in paths]
+        # A relative name is the role's file, as with lookup; an absolute path is itself.
+        return [lookup(kind, p, rstrip) for p in paths]
 
     # Ansible keeps a backslash in a string literal of a folded template as written ('\n' is two
     # characters there, unlike in Jinja alone): the sources are joined without one.
@@ -138,6 +139,8 @@ def test_the_stage_step_and_the_probes_stage_files_send_the_runners_source():
     probe = yaml.safe_load((repo / "roles" / "preflight" / "tasks" / "probe.yml").read_text())[0]
     argv = _render(probe, repo / "roles" / "preflight" / "files", _preflight_config={}, preflight_stage_files=listed)
     assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage")
+    shipped = "".join((repo / "roles" / "preflight" / "files" / f).read_text() for f in ("netprobe.py", "imageprobe.py", "probe.py"))
+    assert argv[4] == shipped  # the probe itself: its three files, whole, as one word
 
 
 def test_the_stop_task_sends_the_same_source_as_the_runner():
