@@ -180,10 +180,11 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
 
 
 
-def _answer(event: PlaybookEvent) -> dict:
-    """What a node's stage script or probe printed last (its stdout's last line, a JSON object)."""
+def _answer(event: PlaybookEvent, marker: str = '"stage') -> dict:
+    """What a node's stage script or probe printed last (its stdout's last line, a JSON object),
+    where that output holds ``marker`` (read only then: most tasks print nothing of ours)."""
     out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
-    if not isinstance(out, str) or '"stage' not in out:
+    if not isinstance(out, str) or marker not in out:
         return {}
     try:
         said = json.loads(out.strip().splitlines()[-1])
@@ -201,14 +202,7 @@ def staged_run(event: PlaybookEvent) -> str | None:
 
 def probed_image(event: PlaybookEvent) -> dict | None:
     """The container image a node's probe found (its ``image``: ref, runtime, user, id), if any."""
-    out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
-    if not isinstance(out, str) or '"image"' not in out:
-        return None
-    try:
-        said = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-    image = said.get("image") if isinstance(said, dict) else None
+    image = _answer(event, '"image"').get("image")
     return image if isinstance(image, dict) else None
 
 
