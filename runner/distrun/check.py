@@ -20,7 +20,7 @@ from .ansible_bridge import PlaybookResult, run_playbook
 from .handshake import PREFLIGHT_FACT
 from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
 from .judge import Item, Report, blamed, build_report, from_dicts, refusal, report_json
-from .plan import gpu_slot_mismatches
+from .placement import gpu_slot_mismatches
 from .runs import new_run
 
 

@@ -10,7 +10,8 @@ import pytest
 from distrun.errors import PlanError
 from distrun.inventory import Node, load_cluster
 from distrun.judge import Item, build_report, compare_names, compare_versions, network_changed, report_json, verdict
-from distrun.plan import build_plan, check_gpu_slots, gpu_slot_mismatches
+from distrun.placement import check_gpu_slots, gpu_slot_mismatches
+from distrun.plan import build_plan
 
 SETUP = "distrun setup --inventory test"
 NODES = ["node1", "node2", "node3"]

@@ -12,7 +12,8 @@ from distrun.errors import PlanError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.network import Iface, NetworkChoice
-from distrun.plan import allocate, build_plan, render_hostfile
+from distrun.placement import allocate
+from distrun.plan import build_plan, render_hostfile
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:
