@@ -18,7 +18,8 @@ PACKAGE = REPO / "runner" / "distrun"
 DISTRUN = str(Path(sys.executable).parent / "distrun")
 
 # Where a code is given in the source: an exit, a refusal's code, a code a run is finished with,
-# a named constant for one, and the train loop's returns (run_job's value is the exit code).
+# a named constant for one, and the train loop's returns (run_job's value is the exit code; an
+# attempt's launch returns the code the run ends with).
 PATTERNS = (
     re.compile(r"exit_code=(\d+)"),
     re.compile(r"sys\.exit\((\d+)\)"),
@@ -27,7 +28,7 @@ PATTERNS = (
     re.compile(r"\.finish\((\d+)"),
     re.compile(r"^[A-Z_]*(?:EXIT|LOST)[A-Z_]* = (\d+)", re.M),
 )
-RETURNING = ("train.py", "attach.py", "logs.py", "ending.py")
+RETURNING = ("train.py", "launching.py", "attach.py", "logs.py", "ending.py")
 
 
 def codes_in_source() -> dict[int, list[str]]:

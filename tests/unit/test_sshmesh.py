@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import follow, sshmesh, train
+from distrun import follow, launching, sshmesh, train
 from distrun.ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
@@ -167,7 +167,7 @@ def launch(tmp_path: Path, monkeypatch, role: FakeRole) -> int | None:
     hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(NODES, 1)}
     cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
                                       "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
-    monkeypatch.setattr(train, "run_playbook", role)
+    monkeypatch.setattr(launching, "run_playbook", role)
     monkeypatch.setattr(follow, "launch", lambda cluster, plan, hosts: {})
     request = JobRequest(inventory=inv, launcher="torchrun", workload="ddp", np=3)
     return train._Run(request, Listener(), Phases(new_run("train", inv)), cluster).launch()
