@@ -13,12 +13,13 @@ from pathlib import Path
 
 from . import containers, sshmesh, terminating
 from . import handshake as hs
-from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
+from .ansible_bridge import run_playbook
 from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
 from .busy import Pending, claim_hosts
 from .check import preflight_refusal, preflight_vars
 from .collect import collect_hosts
 from .diagnosis import failed_host
+from .early_playbook import RUN_PLAYBOOK, EarlyPlaybook
 from .ending import RunEnd, collect_limits
 from .errors import ExitCode, UserError
 from .follow import Outcome, Starter
@@ -29,6 +30,7 @@ from .listener import EventHandler, Listener
 from .liveness import out_of_contact, probe, wait_started
 from .plan import JobPlan
 from .planning import JobRequest, environment, facts_unusable, load, make_plan, network, without
+from .playbook_events import PlaybookEvent, PlaybookResult
 from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .restarts import decide
 from .runs import Phases, new_run, new_run_id

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from distrun import bundle, collect, follow, handshake, logs, planning
-from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
 from distrun.check import preflight_vars
 from distrun.inventory import cluster_from_json
 from distrun.plan import build_plan
+from distrun.playbook_events import EventReader, HostProgress, PlaybookResult
 from distrun.runs import new_run
 
 REPO = Path(__file__).resolve().parents[2]

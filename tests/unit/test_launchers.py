@@ -151,7 +151,7 @@ def test_sbatch_script_uniform_and_uneven_slots():
 
 
 def test_failure_messages_name_the_cause_not_ansibles_summary():
-    from distrun.ansible_bridge import _message
+    from distrun.playbook_events import _message
 
     assert _message({"msg": "non-zero return code", "stderr": "Traceback...\nModuleNotFoundError: No module named 'mpi4py'"}) \
         == "ModuleNotFoundError: No module named 'mpi4py'"

@@ -22,13 +22,13 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from distrun import ansible_bridge, bundle, cli, collect, runs, stop, train, ui
-from distrun.ansible_bridge import HostProgress, PlaybookResult
 from distrun.bundle import render_env_file, render_rank_wrapper
 from distrun.envnames import check_env_key
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.plan import build_plan
+from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 
 from .conftest import REPO, distrun_bin
 
@@ -265,7 +265,7 @@ def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch,
 
     def fake_playbook(playbook, inventory, run_dir, *, extravars, on_event):
         assert extravars == {"distrun_run_id": r.id}
-        on_event(ansible_bridge.PlaybookEvent("changed", "n1", "stop", data={"stdout": STOP_ANSWER % 5}))
+        on_event(PlaybookEvent("changed", "n1", "stop", data={"stdout": STOP_ANSWER % 5}))
         return _stop_result(n1=HostProgress("n1", ok=1, changed=1),
                             n2=HostProgress("n2", unreachable=True, last_error="ssh: connect timed out"))
 
@@ -561,7 +561,7 @@ def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, mon
     old = time.time() - 3 * 86400  # older than Ansible's fact cache timeout (a day)
     os.utime(cache / "s1_n1", (old, old))
     run_cache = tmp_path / "run" / "ansible" / "artifacts" / "x" / "fact_cache"
-    ansible_bridge._seed_facts(run_cache, inventory)
+    ansible_bridge.seed_facts(run_cache, inventory)
     assert sorted(p.name for p in run_cache.iterdir()) == ["s1_n1"]
     seeded = run_cache / "s1_n1"
     assert seeded.read_text() == '{"__payload__": "{}"}'
