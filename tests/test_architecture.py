@@ -17,7 +17,6 @@ CEILINGS = {
     "runner/distrun/bundle.py": 303,
     "runner/distrun/cli.py": 372,
     "runner/distrun/cli_params.py": 315,
-    "runner/distrun/collect.py": 352,
     "runner/distrun/inventory.py": 323,
     "runner/distrun/judge.py": 329,
     "runner/distrun/plan.py": 336,

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from distrun import ansible_bridge, bundle, cli, collect, runs, stop, train, ui
+from distrun import ansible_bridge, bundle, cli, collect, collect_rules, runs, stop, train, ui
 from distrun.bundle import render_env_file, render_rank_wrapper
 from distrun.envnames import check_env_key
 from distrun.errors import PlanError, UserError
@@ -373,7 +373,7 @@ def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
     (runs_dir / "r1").symlink_to("/")
     dest = tmp_path / "dest"
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(runs_dir / "r1"), ["n1"], dest,
-                              collect.run_end_selection()).errors
+                              collect_rules.run_end_selection()).errors
     assert failed["n1"].startswith(collect.REFUSED) and "is a link" in failed["n1"]
     assert not list(dest.rglob("*")) or all(p.is_dir() for p in dest.rglob("*"))
     # The runs folder replaced by a link moves every run dir elsewhere: refused too.
@@ -383,7 +383,7 @@ def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
     (tmp_path / "shared2").mkdir()
     (tmp_path / "shared2" / "runs").symlink_to(tmp_path / "elsewhere")
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(tmp_path / "shared2" / "runs" / "r2"), ["n1"], dest,
-                              collect.run_end_selection()).errors
+                              collect_rules.run_end_selection()).errors
     assert failed["n1"].startswith(collect.REFUSED)
     assert not (dest / "n1" / "f").exists()
 
@@ -396,21 +396,21 @@ def test_collect_stops_at_the_byte_cap_with_a_clear_line(tmp_path):
     (run_dir / "a.log").write_bytes(b"a" * 1000)
     (run_dir / "ranks" / "big").write_bytes(os.urandom(300_000))
     dest = tmp_path / "dest"
-    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], dest, collect.run_end_selection(),
+    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], dest, collect_rules.run_end_selection(),
                               max_bytes=200_000).errors
     assert failed["n1"].startswith(collect.CAPPED)
     assert "stopped at the cap of 0.2 MiB" in failed["n1"] and str(run_dir) in failed["n1"]
     assert not (dest / "n1" / "ranks" / "big").exists()
     # Under the cap: everything arrives.
     assert collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], tmp_path / "d2",
-                            collect.run_end_selection()).errors == {}
+                            collect_rules.run_end_selection()).errors == {}
     assert (tmp_path / "d2" / "n1" / "ranks" / "big").stat().st_size == 300_000
 
 
 def test_collect_runs_the_tar_as_the_training_user():
-    command = collect.tar_command("/srv/d/runs/r1", "trainer", True, collect.run_end_selection())
+    command = collect.tar_command("/srv/d/runs/r1", "trainer", True, collect_rules.run_end_selection())
     assert command.startswith("sudo -n -u trainer -- bash -c ")
-    assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", False, collect.run_end_selection())
+    assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", False, collect_rules.run_end_selection())
 
 
 def test_collect_limits_from_the_environment_are_checked(monkeypatch):
