@@ -14,13 +14,12 @@ LIMIT = 300  # lines per module (DEVELOPING: one idea per module)
 CEILINGS = {
     "roles/job/files/node.py": 400,
     "roles/preflight/files/probe.py": 741,
-    "runner/distrun/bundle.py": 303,
     "runner/distrun/cli.py": 372,
     "runner/distrun/cli_params.py": 315,
     "runner/distrun/inventory.py": 323,
     "runner/distrun/judge.py": 329,
     "runner/distrun/plan.py": 336,
-    "runner/distrun/train.py": 439,
+    "runner/distrun/train.py": 440,
 }
 
 

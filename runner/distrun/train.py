@@ -14,7 +14,7 @@ from pathlib import Path
 from . import containers, sshmesh, terminating
 from . import handshake as hs
 from .ansible_bridge import run_playbook
-from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars, stage_vars
+from .bundle import needs_stage_steps, record_plan, run_vars, stage_vars
 from .busy import Pending, claim_hosts
 from .check import preflight_refusal, preflight_vars
 from .collect import collect_hosts
@@ -33,6 +33,7 @@ from .planning import JobRequest, environment, facts_unusable, load, make_plan, 
 from .playbook_events import PlaybookEvent, PlaybookResult
 from .project import commands, load_project, make_ready, pull_command, record_pulls
 from .restarts import decide
+from .run_files import launch_scripts, plan_files, render_env_file
 from .runs import Phases, new_run, new_run_id
 from .staging import UPLOADED, Upload, discard
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from distrun.bundle import render_rank_wrapper
 from distrun.errors import PlanError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.network import Iface, NetworkChoice
 from distrun.plan import allocate, build_plan, render_hostfile
+from distrun.run_files import render_rank_wrapper
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:

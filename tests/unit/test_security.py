@@ -21,14 +21,14 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from distrun import ansible_bridge, bundle, cli, collect, collect_rules, runs, stop, train, ui
-from distrun.bundle import render_env_file, render_rank_wrapper
+from distrun import ansible_bridge, bundle, cli, collect, collect_rules, run_files, runs, stop, train, ui
 from distrun.envnames import check_env_key
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.plan import build_plan
 from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
+from distrun.run_files import render_env_file, render_rank_wrapper
 
 from .conftest import REPO, distrun_bin
 
@@ -186,7 +186,7 @@ def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
                       slurm={"partition": "p", "time_limit": "10", "mode": "single"} if launcher == "slurm" else None)
     assert plan.user_env_keys == ("TOKEN",)
     assert SECRET not in json.dumps(asdict(plan), default=str)
-    texts = [*bundle.launch_scripts(plan).values(), *bundle.plan_files(plan).values(), render_rank_wrapper(plan)]
+    texts = [*run_files.launch_scripts(plan).values(), *run_files.plan_files(plan).values(), render_rank_wrapper(plan)]
     texts += [" ".join(mpirun_argv(plan))] if launcher == "mpirun" else []
     texts += [" ".join(torchrun_argv(plan, h)) for h in plan.hosts] if launcher == "torchrun" else []
     texts += [sbatch_script(plan)] if launcher == "slurm" else []
@@ -198,7 +198,7 @@ def test_env_file_is_0600_and_sources_to_the_exact_values(tmp_path, monkeypatch)
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     run = runs.new_run("train", tmp_path / "hosts.yml")
     plan = build_plan(cluster(), run_id=run.id, extra_env={"TOKEN": SECRET, "EMPTY": ""})
-    vars_ = bundle.stage_vars(plan, run, bundle.plan_files(plan), bundle.launch_scripts(plan), None, False,
+    vars_ = bundle.stage_vars(plan, run, run_files.plan_files(plan), run_files.launch_scripts(plan), None, False,
                             {"TOKEN": SECRET, "EMPTY": ""})
     env_file = Path(vars_["distrun_env_file"])
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
