@@ -4,7 +4,7 @@ entry point, ``ansible.cli.playbook:main``), run as it is, through Ansible's pub
 With ``--distrun-args-from SOCKET`` as its first two arguments it imports Ansible first and only
 then takes the rest of its command line from the runner over that Unix socket, so a run's
 ansible-playbook can import Ansible (about a third of a second) while the runner still plans the
-run (distrun.ansible_bridge.EarlyPlaybook). Nothing of Ansible is replaced or patched.
+run (distrun.early_playbook.EarlyPlaybook). Nothing of Ansible is replaced or patched.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 # ``--distrun-args-from SOCKET`` (the first two arguments): the program starts, imports Ansible, and
 # only then takes the rest of its arguments from the runner, over that Unix socket (in the run's
-# private folder), so the runner can start it while it still plans the run (distrun.ansible_bridge
+# private folder), so the runner can start it while it still plans the run (distrun.early_playbook
 # .EarlyPlaybook). A socket that closes without a well-formed answer runs nothing.
 ARGS_FROM = "--distrun-args-from"
 # Its exit status when the runner gave no arguments (it stopped, or ran another playbook first).

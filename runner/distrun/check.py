@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from . import containers, paths, sshmesh
-from .ansible_bridge import PlaybookResult, run_playbook
+from .ansible_bridge import run_playbook
 from .handshake import PREFLIGHT_FACT
 from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
 from .judge import Item, Report, blamed, build_report, from_dicts, refusal, report_json
 from .placement import gpu_slot_mismatches
+from .playbook_events import PlaybookResult
 from .runs import new_run
 
 

@@ -178,7 +178,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
                                "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
     # run.yml's ansible-playbook starts before the rest of the runner is even imported (it takes
     # a third of a second to import Ansible); train.run_job gives it its arguments or stops it.
-    from .ansible_bridge import EarlyPlaybook
+    from .early_playbook import EarlyPlaybook
 
     early = None if dry_run else EarlyPlaybook.for_training_run(inventory.path, bool(workdir))
     try:

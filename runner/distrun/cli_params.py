@@ -102,7 +102,7 @@ def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
 
 def script_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """--script: a readable file whose name does not collide with a file distrun writes next to it."""
-    from .bundle import clashes_with_run_dir
+    from .run_files import clashes_with_run_dir
 
     if value is None:
         return None

@@ -12,19 +12,8 @@ from pathlib import Path
 from . import containers
 from .ansible_bridge import run_playbook
 from .bundle import common_vars
-from .collect import (
-    CAPPED,
-    FINAL,
-    LEFT_FILE,
-    REFUSED,
-    SMALL_BYTES,
-    UNREACHABLE,
-    Left,
-    collect_hosts,
-    left_record,
-    pull_run,
-    run_end_selection,
-)
+from .collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
+from .collect_rules import LEFT_FILE, SMALL_BYTES, Left, left_record, run_end_selection
 from .diagnosis import RunSummary, summarise
 from .errors import UserError
 from .follow import Outcome, follow

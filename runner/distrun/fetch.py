@@ -15,7 +15,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
 from . import paths
-from .collect import LEFT_FILE, collect_hosts, path_selection, pull_run
+from .collect import collect_hosts, pull_run
+from .collect_rules import LEFT_FILE, path_selection
 from .ending import collect_limits
 from .errors import UserError
 from .inventory import load_cluster

@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from . import nodeprog
-from .ansible_bridge import PlaybookEvent
 from .attempt_shell import launch_command, stop_command, tail_command, wait_command
 from .handshake import PREFLIGHT_FACT, STAGED_FACT, Attempt, State
 from .inventory import Cluster, Node
 from .launchers import launcher_named
 from .plan import JobPlan
+from .playbook_events import PlaybookEvent
 from .printable import printable
 from .remote import KEEPALIVE_S, run_each, shell_argv
 

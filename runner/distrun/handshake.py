@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .ansible_bridge import PlaybookResult
+    from .playbook_events import PlaybookResult
 
 # Files in the run record that run.yml's stage step waits for (the lookup plugin distrun_gate),
 # and the extra-vars that name them.

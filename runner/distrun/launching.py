@@ -12,11 +12,12 @@ from pathlib import Path
 
 from . import containers, sshmesh
 from . import handshake as hs
-from .ansible_bridge import RUN_PLAYBOOK, EarlyPlaybook, PlaybookEvent, PlaybookResult, run_playbook
-from .bundle import launch_scripts, needs_stage_steps, plan_files, record_plan, render_env_file, run_vars
+from .ansible_bridge import run_playbook
+from .bundle import needs_stage_steps, record_plan, run_vars
 from .busy import Pending
 from .check import preflight_refusal, preflight_vars
 from .collect import collect_hosts
+from .early_playbook import RUN_PLAYBOOK, EarlyPlaybook
 from .errors import UserError
 from .follow import Starter
 from .inventory import Cluster
@@ -24,7 +25,9 @@ from .judge import from_dicts, network_changed
 from .listener import EventHandler, Listener
 from .plan import JobPlan
 from .planning import JobRequest, environment, load, make_plan, network, without
+from .playbook_events import PlaybookEvent, PlaybookResult
 from .project import Project, commands, load_project, make_ready, pull_command, record_pulls
+from .run_files import launch_scripts, plan_files, render_env_file
 from .runs import Phases
 from .staging import UPLOADED, Upload, discard
 

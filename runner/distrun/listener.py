@@ -9,9 +9,9 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .ansible_bridge import PlaybookEvent, PlaybookResult
     from .diagnosis import RunSummary
     from .liveness import ClusterState
+    from .playbook_events import PlaybookEvent, PlaybookResult
     from .runs import Run
     from .workdir import Scan, SyncStats
 

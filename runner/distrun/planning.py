@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import containers, paths, rules
-from .bundle import launch_scripts, plan_files
 from .inventory import Cluster, load_cluster, load_facts
 from .jobenv import run_env
 from .launchers import launcher_named
@@ -16,6 +15,7 @@ from .launchers.options import Resolved, resolve
 from .network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from .plan import JobPlan, build_plan
 from .project import Project, commands, load_project
+from .run_files import launch_scripts, plan_files
 from .selection import select
 from .workdir import node_path
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .ansible_bridge import PlaybookResult
 from .errors import UserError
 from .inventory import Cluster
 from .plan import JobPlan
+from .playbook_events import PlaybookResult
 from .prepare import prepare_argv, run_prepare
 from .runs import Run
 from .workdir import Scan, SyncStats, node_path, parse_stats, pull_argv, push, push_argv, read_rules, rsync_filters

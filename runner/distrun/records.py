@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import containers
-from .collect import LEFT_FILE
+from .collect_rules import LEFT_FILE
 from .diagnosis import rank_logs
 from .runs import Run
 

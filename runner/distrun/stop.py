@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import containers, nodeprog
-from .ansible_bridge import PlaybookEvent, PlaybookResult, run_playbook
+from .ansible_bridge import run_playbook
 from .errors import UserError
+from .playbook_events import PlaybookEvent, PlaybookResult
 from .printable import printable
 from .runs import RecordError, Run, load_run
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from . import handshake as hs
 from . import terminating
-from .ansible_bridge import EarlyPlaybook
 from .bundle import stage_vars
 from .busy import Pending, claim_hosts
 from .diagnosis import failed_host
+from .early_playbook import EarlyPlaybook
 from .ending import RunEnd, collect_limits
 from .errors import ExitCode, UserError
 from .follow import Outcome

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
+from .playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 from .printable import printable
 
 

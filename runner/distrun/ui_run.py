@@ -12,13 +12,13 @@ from typing import Any
 
 from rich.markup import escape
 
-from .ansible_bridge import PlaybookResult
 from .diagnosis import RunSummary, epoch
 from .launchers import launcher_named
 from .launchers.options import option_lines
 from .listener import EventHandler, Listener
 from .liveness import ClusterState
 from .planning import DryRun
+from .playbook_events import PlaybookResult
 from .project import size_text
 from .reconcile import RunView
 from .runs import Run

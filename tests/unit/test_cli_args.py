@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import bundle, paths
+from distrun import paths, run_files
 from distrun.cli import main
 from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.runs import new_run
@@ -311,12 +311,12 @@ def test_run_dir_names_cover_every_file_a_launcher_renders():
         modes = ("single", "multi-job") if name == "slurm" else ("",)
         for mode in modes:
             plan = build_plan(cluster(MIXED), run_id="r1", launcher=name, slurm={"mode": mode} if mode else None)
-            names = set(bundle.plan_files(plan)) | {f"launch-{h}.sh" for h in bundle.launch_scripts(plan)}
-            names |= {f"launcher-{h}.{x}" for h in bundle.launch_scripts(plan) for x in ("pid", "log", "pgid")}
-            names |= {f"exitcode-{h}" for h in bundle.launch_scripts(plan)} | {"env.sh", "result.json"}
+            names = set(run_files.plan_files(plan)) | {f"launch-{h}.sh" for h in run_files.launch_scripts(plan)}
+            names |= {f"launcher-{h}.{x}" for h in run_files.launch_scripts(plan) for x in ("pid", "log", "pgid")}
+            names |= {f"exitcode-{h}" for h in run_files.launch_scripts(plan)} | {"env.sh", "result.json"}
             names |= {launcher_named(name).rank_log(0, "h", 0).split("/")[0]}
-            assert all(bundle.clashes_with_run_dir(n) for n in names), sorted(n for n in names if not bundle.clashes_with_run_dir(n))
-    assert not bundle.clashes_with_run_dir("train.py") and not bundle.clashes_with_run_dir("launch.py")
+            assert all(run_files.clashes_with_run_dir(n) for n in names), sorted(n for n in names if not run_files.clashes_with_run_dir(n))
+    assert not run_files.clashes_with_run_dir("train.py") and not run_files.clashes_with_run_dir("launch.py")
 
 
 def test_no_verb_reads_the_environment_behind_the_users_back(monkeypatch):

@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from distrun import inventory as inventory_module
 from distrun import ui
-from distrun.ansible_bridge import HostProgress, PlaybookResult
 from distrun.cli import main
 from distrun.diagnosis import RunSummary
+from distrun.playbook_events import HostProgress, PlaybookResult
 from distrun.runs import Run, RunMeta
 from distrun.ui_run import TrainView
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import collect
+from distrun import collect, collect_rules
 from distrun.cli import main
 from distrun.ending import collect_limits
 from distrun.errors import UserError
@@ -72,7 +72,7 @@ def run_dir(tmp_path):
 
 def test_a_run_brings_its_logs_and_small_files_and_lists_what_stays(run_dir, tmp_path):
     dest = tmp_path / "dest"
-    pulled = collect.pull_run(local_cluster(), str(run_dir), ["n1"], dest, collect.run_end_selection())
+    pulled = collect.pull_run(local_cluster(), str(run_dir), ["n1"], dest, collect_rules.run_end_selection())
     assert pulled.errors == {}
     brought = {str(p.relative_to(dest / "n1")) for p in (dest / "n1").rglob("*") if p.is_file()}
     assert brought == {name for name, (_, comes) in RUN_DIR.items() if comes}
@@ -80,7 +80,7 @@ def test_a_run_brings_its_logs_and_small_files_and_lists_what_stays(run_dir, tmp
     assert dict((p, s) for s, p in pulled.left["n1"].files) == staying
     assert pulled.left["n1"].size == 13 * MIB + 1 and not pulled.left["n1"].more
     assert pulled.brought["n1"] == (len(brought), sum(s for s, c in RUN_DIR.values() if c))
-    record = json.loads(collect.left_record(str(run_dir), pulled.left))
+    record = json.loads(collect_rules.left_record(str(run_dir), pulled.left))
     assert record["run_dir"] == str(run_dir)
     assert [f["path"] for f in record["hosts"]["n1"]["files"]] == ["weights.bin", "out/opt/state.pt", "out/model.pt"]
     assert record["hosts"]["n1"]["bytes"] == 13 * MIB + 1
@@ -88,16 +88,16 @@ def test_a_run_brings_its_logs_and_small_files_and_lists_what_stays(run_dir, tmp
 
 def test_the_listing_stops_at_its_limit(run_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(collect, "LIST_MAX", 2)
-    pulled = collect.pull_run(local_cluster(), str(run_dir), ["n1"], tmp_path / "d", collect.run_end_selection())
+    pulled = collect.pull_run(local_cluster(), str(run_dir), ["n1"], tmp_path / "d", collect_rules.run_end_selection())
     assert len(pulled.left["n1"].files) == 2 and pulled.left["n1"].more
 
 
 def test_the_playbooks_fallback_applies_the_same_rule(run_dir):
     """The collect playbook (for a node the stream could not bring) keeps a file when the
     selection's regex matches './<path>' or it is at most SMALL_BYTES: the same files as find."""
-    sel = collect.run_end_selection()
+    sel = collect_rules.run_end_selection()
     regex = re.compile(sel.regex())
-    by_regex = {name for name, (size, _) in RUN_DIR.items() if regex.match("./" + name) or size <= collect.SMALL_BYTES}
+    by_regex = {name for name, (size, _) in RUN_DIR.items() if regex.match("./" + name) or size <= collect_rules.SMALL_BYTES}
     out = subprocess.run(["bash", "-c", f"cd {run_dir} && find . -type f {sel.find_test()} -printf '%P\\n'"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert by_regex == set(out) == {name for name, (_, comes) in RUN_DIR.items() if comes}
@@ -124,7 +124,7 @@ def test_fetch_brings_a_folder_a_file_or_a_glob(run_dir, tmp_path):
         (["out/opt", "weights.bin"], {"out/opt/state.pt", "weights.bin"}),
     ]):
         dest = tmp_path / f"f{i}"
-        pulled = collect.pull_run(local_cluster(), str(run_dir), ["n1"], dest, collect.path_selection(paths))
+        pulled = collect.pull_run(local_cluster(), str(run_dir), ["n1"], dest, collect_rules.path_selection(paths))
         assert pulled.errors == {} and pulled.left == {}
         got = {str(p.relative_to(dest / "n1")) for p in (dest / "n1").rglob("*") if p.is_file()}
         assert got == expect, paths
@@ -139,7 +139,7 @@ def test_fetch_refuses_a_path_outside_the_run_dir(path):
 
 def test_fetch_asks_the_nodes_the_record_lists_the_path_on(private_state):
     run = new_run("train", Path("/inv/hosts.yml"))
-    run.write(collect.LEFT_FILE, json.dumps({"run_dir": "/srv/runs/r", "hosts": {
+    run.write(collect_rules.LEFT_FILE, json.dumps({"run_dir": "/srv/runs/r", "hosts": {
         "n1": {"files": [{"path": "out/model.pt", "size": 9}], "more": False, "bytes": 9},
         "n2": {"files": [{"path": "ckpt/e1/a.pt", "size": 9}], "more": False, "bytes": 9}}}))
     assert holders(run, ["out/model.pt"]) == ["n1"]
@@ -164,7 +164,7 @@ def test_collect_stops_at_a_file_count_and_says_where_the_rest_is(tmp_path, monk
     d = tmp_path / "srv" / "runs" / "r1"
     for i in range(60):
         write(d / "many" / f"f{i:03}.txt", 0)
-    script = collect.tar_command(str(d), getpass.getuser(), False, collect.run_end_selection(), max_files=20)
+    script = collect.tar_command(str(d), getpass.getuser(), False, collect_rules.run_end_selection(), max_files=20)
     packed = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
     tar_start = packed.index(b"\0") + 1  # no listing: every empty file is selected
     members = subprocess.run(["tar", "-tzf", "-"], input=packed[tar_start:], capture_output=True, check=True).stdout
@@ -172,7 +172,7 @@ def test_collect_stops_at_a_file_count_and_says_where_the_rest_is(tmp_path, monk
 
     monkeypatch.setenv("DISTRUN_COLLECT_MAX_FILES", "20")
     dest = tmp_path / "dest"
-    pulled = collect.pull_run(local_cluster(), str(d), ["n1"], dest, collect.run_end_selection(),
+    pulled = collect.pull_run(local_cluster(), str(d), ["n1"], dest, collect_rules.run_end_selection(),
                               **collect_limits())
     assert len(list((dest / "n1" / "many").iterdir())) == 20 and pulled.brought["n1"] == (20, 0)
     error = pulled.errors["n1"]

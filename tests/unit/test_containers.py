@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from distrun import containers, records
-from distrun.bundle import launch_scripts, plan_files
 from distrun.containers import Container
 from distrun.errors import PlanError
 from distrun.launchers import launcher_named, mpirun_argv, sbatch_script
 from distrun.launchers.slurm import multi_job_script
 from distrun.liveness import recorded_plan
 from distrun.plan import build_plan
+from distrun.run_files import launch_scripts, plan_files
 
 from .test_launchers import MIXED, cluster, net
 

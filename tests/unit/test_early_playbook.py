@@ -1,4 +1,4 @@
-"""run.yml's ansible-playbook is started before the run is planned (ansible_bridge.EarlyPlaybook):
+"""run.yml's ansible-playbook is started before the run is planned (early_playbook.EarlyPlaybook):
 given its arguments, it runs exactly what the usual start runs; without them, it runs nothing."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from distrun import ansible_bridge, train
-from distrun.ansible_bridge import EarlyPlaybook, run_playbook
+from distrun.ansible_bridge import run_playbook
 from distrun.ansible_start import ARGS_FROM, NO_ARGUMENTS, unix_address
+from distrun.early_playbook import EarlyPlaybook
 from distrun.errors import UserError
 from distrun.planning import JobRequest
 

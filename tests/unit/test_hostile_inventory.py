@@ -15,13 +15,13 @@ import pytest
 
 from distrun import rundir
 from distrun.attempt_shell import tail_command, wait_command
-from distrun.bundle import launch_scripts, render_rank_wrapper
 from distrun.errors import InventoryError, PlanError
 from distrun.inventory import Node, cluster_from_json
 from distrun.launchers.slurm import sbatch_files
 from distrun.logs import remote_log_command
 from distrun.plan import build_plan
 from distrun.remote import shell_argv
+from distrun.run_files import launch_scripts, render_rank_wrapper
 
 from .test_cli import run
 

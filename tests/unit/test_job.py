@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun import bundle, collect, follow, handshake, logs, planning
-from distrun.ansible_bridge import EventReader, HostProgress, PlaybookResult
+from distrun import bundle, collect, follow, handshake, logs, planning, run_files
 from distrun.check import preflight_vars
 from distrun.inventory import cluster_from_json
 from distrun.plan import build_plan
+from distrun.playbook_events import EventReader, HostProgress, PlaybookResult
 from distrun.runs import new_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -353,7 +353,7 @@ def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workl
            "head": {"hosts": ["n1"]}, "workers": {"hosts": list(hosts)}}
     cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
     plan = build_plan(cluster, run_id=run.id, launcher=launcher, workload=workload, np=3)
-    extravars = {**bundle.run_vars(plan, run, bundle.plan_files(plan), bundle.launch_scripts(plan), script=None, env={"K": "v"},
+    extravars = {**bundle.run_vars(plan, run, run_files.plan_files(plan), run_files.launch_scripts(plan), script=None, env={"K": "v"},
                                    network=None, preflight=True),
                  **preflight_vars("inv", run.dir), "preflight_ports": [29500], "preflight_ssh_baseline": {"n1": "sha256:aa"}}
     extravars["preflight_planned_network"] = extravars["distrun_planned_network"]  # run.yml's own mapping

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from distrun import busy, controller, liveness, reconcile, restarts, rundir, runs
-from distrun.bundle import launch_scripts
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers.mpirun import Mpirun
 from distrun.logs import log_text
 from distrun.plan import build_plan
+from distrun.run_files import launch_scripts
 
 from .conftest import distrun_bin
 

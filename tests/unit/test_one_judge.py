@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from distrun import ansible_bridge, check, handshake
-from distrun.ansible_bridge import HostProgress, PlaybookResult
+from distrun.playbook_events import HostProgress, PlaybookResult
 
 from .conftest import REPO
 from .test_check import NODES, SETUP

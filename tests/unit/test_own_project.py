@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun.bundle import record_plan, render_rank_wrapper
+from distrun.bundle import record_plan
 from distrun.errors import InventoryError, PlanError, UserError
 from distrun.inventory import cluster_from_json, load_cluster
 from distrun.jobenv import env_file_warning, inventory_env, read_env_file, run_env
@@ -24,6 +24,7 @@ from distrun.launchers.slurm import multi_job_script
 from distrun.needs import WORKLOAD_MODULES
 from distrun.plan import build_plan, render_hostfile
 from distrun.prepare import prepare_argv, run_prepare
+from distrun.run_files import render_rank_wrapper
 from distrun.runs import new_run
 from distrun.scaffold import write_inventory
 from distrun.selection import host_names, select
@@ -107,7 +108,7 @@ def test_launcher_args_follow_distruns_own_options_in_every_launcher():
 
 def test_launcher_args_are_quoted_where_a_shell_reads_them():
     plan = project_plan(launcher_args=("-x", "A=$(touch /tmp/p); b"))
-    from distrun.bundle import launch_scripts
+    from distrun.run_files import launch_scripts
     script = launch_scripts(plan)["n1"]
     assert "'A=$(touch /tmp/p); b'" in script
 
@@ -170,7 +171,7 @@ def test_values_never_reach_the_plan_the_scripts_or_the_commands(tmp_path, priva
                       extra_env={"TOKEN": "s3cr3t"})
     assert plan.user_env_keys == ("TOKEN",)
     run = new_run("train", Path("/inv/prod"))
-    from distrun.bundle import launch_scripts, plan_files
+    from distrun.run_files import launch_scripts, plan_files
     record_plan(run, plan, plan_files(plan), launch_scripts(plan), {"prepare": shlex.join(prepare_argv(c.head, plan))})
     for f in run.dir.iterdir():
         assert "s3cr3t" not in f.read_text(), f

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import attempt_shell, bundle, follow, liveness, nodeprog, rundir
+from distrun import attempt_shell, follow, liveness, nodeprog, run_files, rundir
 from distrun.containers import Container
 from distrun.diagnosis import rank_logs
 from distrun.launchers import launcher_named
@@ -33,19 +33,19 @@ SHARED = {"hostfile", "rank-env.sh", "container-run.sh", "env.sh", "result.json"
 def test_every_path_an_attempt_writes_lies_in_its_own_folder(launcher, mode, image):
     plan = build_plan(cluster(MIXED), run_id="r1", launcher=launcher, restart=2, script="train.py",
                       slurm={"mode": mode} if mode else None, container=Container(image) if image else None)
-    scripts = bundle.launch_scripts(plan)
-    assert set(bundle.launch_files(plan, scripts)) == {f"attempts/2/launch-{h}.sh" for h in scripts}
+    scripts = run_files.launch_scripts(plan)
+    assert set(run_files.launch_files(plan, scripts)) == {f"attempts/2/launch-{h}.sh" for h in scripts}
     for text in scripts.values():
         assert f"cd {plan.run_dir}/attempts/2 || exit 3\n" in text
-    texts = [*scripts.values(), *bundle.plan_files(plan).values(),
+    texts = [*scripts.values(), *run_files.plan_files(plan).values(),
              *(" ".join(launcher_named(launcher).command(plan, h)) for h in plan.hosts)]
     # Every path into the run dir names a shared file or this attempt's folder, never another.
     for text in texts:
         for rest in re.findall(re.escape(plan.run_dir) + r"/([^\s'\"]*)", text):
             assert rest == "attempts/2" or rest.startswith("attempts/2/") or rest in SHARED, (rest, text[:200])
-    wrapper = bundle.render_rank_wrapper(plan)
+    wrapper = run_files.render_rank_wrapper(plan)
     assert 'mkdir -p attempts/2/started && echo "$(hostname -s) $$" > attempts/2/started/"rank-$RANK"' in wrapper
-    assert not bundle.clashes_with_run_dir("train.py") and bundle.clashes_with_run_dir("attempts")
+    assert not run_files.clashes_with_run_dir("train.py") and run_files.clashes_with_run_dir("attempts")
 
 
 def _launcher_does(monkeypatch, programs: dict[int, str]) -> None:
@@ -54,7 +54,7 @@ def _launcher_does(monkeypatch, programs: dict[int, str]) -> None:
 
 
 def _stage(plan) -> None:
-    for path, text in bundle.launch_files(plan, bundle.launch_scripts(plan)).items():
+    for path, text in run_files.launch_files(plan, run_files.launch_scripts(plan)).items():
         target = Path(plan.run_dir) / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)

@@ -21,14 +21,14 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from distrun import ansible_bridge, bundle, cli, collect, runs, stop, train, ui
-from distrun.ansible_bridge import HostProgress, PlaybookResult
-from distrun.bundle import render_env_file, render_rank_wrapper
+from distrun import ansible_bridge, bundle, cli, collect, collect_rules, run_files, runs, stop, train, ui
 from distrun.envnames import check_env_key
 from distrun.errors import PlanError, UserError
 from distrun.inventory import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.plan import build_plan
+from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
+from distrun.run_files import render_env_file, render_rank_wrapper
 
 from .conftest import REPO, distrun_bin
 
@@ -186,7 +186,7 @@ def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
                       slurm={"partition": "p", "time_limit": "10", "mode": "single"} if launcher == "slurm" else None)
     assert plan.user_env_keys == ("TOKEN",)
     assert SECRET not in json.dumps(asdict(plan), default=str)
-    texts = [*bundle.launch_scripts(plan).values(), *bundle.plan_files(plan).values(), render_rank_wrapper(plan)]
+    texts = [*run_files.launch_scripts(plan).values(), *run_files.plan_files(plan).values(), render_rank_wrapper(plan)]
     texts += [" ".join(mpirun_argv(plan))] if launcher == "mpirun" else []
     texts += [" ".join(torchrun_argv(plan, h)) for h in plan.hosts] if launcher == "torchrun" else []
     texts += [sbatch_script(plan)] if launcher == "slurm" else []
@@ -198,7 +198,7 @@ def test_env_file_is_0600_and_sources_to_the_exact_values(tmp_path, monkeypatch)
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     run = runs.new_run("train", tmp_path / "hosts.yml")
     plan = build_plan(cluster(), run_id=run.id, extra_env={"TOKEN": SECRET, "EMPTY": ""})
-    vars_ = bundle.stage_vars(plan, run, bundle.plan_files(plan), bundle.launch_scripts(plan), None, False,
+    vars_ = bundle.stage_vars(plan, run, run_files.plan_files(plan), run_files.launch_scripts(plan), None, False,
                             {"TOKEN": SECRET, "EMPTY": ""})
     env_file = Path(vars_["distrun_env_file"])
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
@@ -265,7 +265,7 @@ def test_stop_run_exits_non_zero_naming_the_node_it_could_not_reach(monkeypatch,
 
     def fake_playbook(playbook, inventory, run_dir, *, extravars, on_event):
         assert extravars == {"distrun_run_id": r.id}
-        on_event(ansible_bridge.PlaybookEvent("changed", "n1", "stop", data={"stdout": STOP_ANSWER % 5}))
+        on_event(PlaybookEvent("changed", "n1", "stop", data={"stdout": STOP_ANSWER % 5}))
         return _stop_result(n1=HostProgress("n1", ok=1, changed=1),
                             n2=HostProgress("n2", unreachable=True, last_error="ssh: connect timed out"))
 
@@ -373,7 +373,7 @@ def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
     (runs_dir / "r1").symlink_to("/")
     dest = tmp_path / "dest"
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(runs_dir / "r1"), ["n1"], dest,
-                              collect.run_end_selection()).errors
+                              collect_rules.run_end_selection()).errors
     assert failed["n1"].startswith(collect.REFUSED) and "is a link" in failed["n1"]
     assert not list(dest.rglob("*")) or all(p.is_dir() for p in dest.rglob("*"))
     # The runs folder replaced by a link moves every run dir elsewhere: refused too.
@@ -383,7 +383,7 @@ def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
     (tmp_path / "shared2").mkdir()
     (tmp_path / "shared2" / "runs").symlink_to(tmp_path / "elsewhere")
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(tmp_path / "shared2" / "runs" / "r2"), ["n1"], dest,
-                              collect.run_end_selection()).errors
+                              collect_rules.run_end_selection()).errors
     assert failed["n1"].startswith(collect.REFUSED)
     assert not (dest / "n1" / "f").exists()
 
@@ -396,21 +396,21 @@ def test_collect_stops_at_the_byte_cap_with_a_clear_line(tmp_path):
     (run_dir / "a.log").write_bytes(b"a" * 1000)
     (run_dir / "ranks" / "big").write_bytes(os.urandom(300_000))
     dest = tmp_path / "dest"
-    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], dest, collect.run_end_selection(),
+    failed = collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], dest, collect_rules.run_end_selection(),
                               max_bytes=200_000).errors
     assert failed["n1"].startswith(collect.CAPPED)
     assert "stopped at the cap of 0.2 MiB" in failed["n1"] and str(run_dir) in failed["n1"]
     assert not (dest / "n1" / "ranks" / "big").exists()
     # Under the cap: everything arrives.
     assert collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], tmp_path / "d2",
-                            collect.run_end_selection()).errors == {}
+                            collect_rules.run_end_selection()).errors == {}
     assert (tmp_path / "d2" / "n1" / "ranks" / "big").stat().st_size == 300_000
 
 
 def test_collect_runs_the_tar_as_the_training_user():
-    command = collect.tar_command("/srv/d/runs/r1", "trainer", True, collect.run_end_selection())
+    command = collect.tar_command("/srv/d/runs/r1", "trainer", True, collect_rules.run_end_selection())
     assert command.startswith("sudo -n -u trainer -- bash -c ")
-    assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", False, collect.run_end_selection())
+    assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", False, collect_rules.run_end_selection())
 
 
 def test_collect_limits_from_the_environment_are_checked(monkeypatch):
@@ -561,7 +561,7 @@ def test_a_run_reads_the_facts_setup_cached_without_gathering_them(tmp_path, mon
     old = time.time() - 3 * 86400  # older than Ansible's fact cache timeout (a day)
     os.utime(cache / "s1_n1", (old, old))
     run_cache = tmp_path / "run" / "ansible" / "artifacts" / "x" / "fact_cache"
-    ansible_bridge._seed_facts(run_cache, inventory)
+    ansible_bridge.seed_facts(run_cache, inventory)
     assert sorted(p.name for p in run_cache.iterdir()) == ["s1_n1"]
     seeded = run_cache / "s1_n1"
     assert seeded.read_text() == '{"__payload__": "{}"}'

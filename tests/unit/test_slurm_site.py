@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from distrun import judge
-from distrun.bundle import launch_scripts, plan_files, run_vars
+from distrun.bundle import run_vars
 from distrun.errors import InventoryError, UserError
 from distrun.inventory import load_cluster
 from distrun.launchers import launcher_named, slurm
 from distrun.plan import build_plan
+from distrun.run_files import launch_scripts, plan_files
 from distrun.runs import new_run
 
 from .conftest import REPO, distrun_bin

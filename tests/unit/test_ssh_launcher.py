@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from distrun import bundle, rundir
+from distrun import run_files, rundir
 from distrun.diagnosis import first_failure
 from distrun.launchers import LAUNCHERS
 from distrun.plan import JobPlan, build_plan
@@ -44,13 +44,13 @@ def _stage(plan: JobPlan, env: dict[str, str] | None = None) -> dict[str, Path]:
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if env:
-        (run_dir / "env.sh").write_text(bundle.render_env_file(env))
-    for name, text in bundle.plan_files(plan).items():
+        (run_dir / "env.sh").write_text(run_files.render_env_file(env))
+    for name, text in run_files.plan_files(plan).items():
         (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / name).write_text(text)
     (run_dir / "rank-env.sh").chmod(0o755)
     scripts = {}
-    for host, text in bundle.launch_scripts(plan).items():
+    for host, text in run_files.launch_scripts(plan).items():
         path = run_dir / rundir.in_attempt(plan, rundir.launch_script(host))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -151,7 +151,7 @@ def test_term_reaches_the_ranks(tmp_path):
 def test_rank_logs_and_names_are_where_collect_and_clashes_look():
     launcher = LAUNCHERS["ssh"]
     assert launcher.rank_log(3, "n2", 0) == "ranks/3/stdout"
-    assert bundle.clashes_with_run_dir("ssh-ranks.sh")
+    assert run_files.clashes_with_run_dir("ssh-ranks.sh")
     assert launcher.rank_order([{"name": "b"}, {"name": "a"}]) == [{"name": "b"}, {"name": "a"}]
 
 
@@ -199,6 +199,6 @@ def test_with_an_image_each_rank_starts_in_its_own_container():
     argv = launcher.command(plan, plan.hosts[1])
     # The rank wrapper runs on the node and hands the program to the container's start.
     assert argv[2:6] == ["2", "1", plan.wrapper, f"{plan.run_dir}/container-run.sh"]
-    files = bundle.plan_files(plan)
+    files = run_files.plan_files(plan)
     assert "ssh-ranks.sh" in files and "--env NODE_RANK" in files["container-run.sh"]
     assert launcher.needs(plan) == ({"podman": ["podman"]}, {})

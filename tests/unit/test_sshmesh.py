@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from distrun import follow, launching, sshmesh, train
-from distrun.ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
 from distrun.judge import refusal, verdict
 from distrun.listener import Listener
 from distrun.planning import JobRequest
+from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.runs import Phases, new_run
 
 from .test_check import NODES, SETUP

@@ -121,13 +121,13 @@ def test_a_sighup_while_a_playbook_runs_only_flags_it_as_sigterm_does():
     import os
 
     from distrun import terminating
-    from distrun.ansible_bridge import _FlagSignals
+    from distrun.ansible_bridge import FlagSignals
 
     before = signal.getsignal(signal.SIGHUP)
     saved = os.dup(1), os.dup(2)
     try:
         terminating.install()
-        with _FlagSignals() as flags:
+        with FlagSignals() as flags:
             os.kill(os.getpid(), signal.SIGHUP)
             time.sleep(0.05)
             assert flags.raised
