@@ -35,10 +35,10 @@ _IMAGE = re.compile(rf"{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_
                     r"(?:@sha256:[a-f0-9]{64})?")
 
 # What a rank reads to find its place: torch's names, distrun's and the interface choice. The
-# launchers' own (Open MPI's, PMIx's, Slurm's) are passed by their prefix, whatever they are.
+# launcher's own (Open MPI's, PMIx's, Slurm's) are passed by the prefixes it declares
+# (``Launcher.env_prefixes``), whatever they are.
 RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
               "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DISTRUN_HOST")
-RANK_PREFIXES = ("OMPI_", "PMIX_", "SLURM_")
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def gpu_args(runtime: str) -> list[str]:
     return ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
 
 
-def script(plan: JobPlan, *, per_rank: bool) -> str:
+def script(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> str:
     """container-run.sh: starts the container on its node and runs its arguments inside.
 
     What only the node knows is added there: the launcher's variables by their prefix, docker's
@@ -144,8 +144,9 @@ def script(plan: JobPlan, *, per_rank: bool) -> str:
     ]
     if c.runtime == "docker":
         lines.append('args+=(--user "$(id -u):$(id -g)")')
-    patterns = "|".join(f"{p}*" for p in RANK_PREFIXES)
-    lines.append(f'for name in $(compgen -e); do case "$name" in {patterns}) args+=(--env "$name") ;; esac; done')
+    if prefixes:
+        patterns = "|".join(f"{p}*" for p in prefixes)
+        lines.append(f'for name in $(compgen -e); do case "$name" in {patterns}) args+=(--env "$name") ;; esac; done')
     if gpu_hosts:
         lines.append(f'case "${{DISTRUN_HOST:-}}" in {gpu_hosts}) args+=({shlex.join(gpu_args(c.runtime))}) ;; esac')
     lines.append(f'exec "${{args[@]}}" {shlex.quote(c.image)} "$@"')
@@ -156,9 +157,10 @@ def script_path(plan: JobPlan) -> str:
     return f"{plan.run_dir}/{SCRIPT}"
 
 
-def files(plan: JobPlan, *, per_rank: bool) -> dict[str, str]:
-    """The run-directory file a launcher adds for a containerised plan ({} without an image)."""
-    return {SCRIPT: script(plan, per_rank=per_rank)} if plan.container else {}
+def files(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> dict[str, str]:
+    """The run-directory file a launcher adds for a containerised plan ({} without an image);
+    ``prefixes``: the launcher's own variables its ranks need (``Launcher.env_prefixes``)."""
+    return {SCRIPT: script(plan, per_rank=per_rank, prefixes=prefixes)} if plan.container else {}
 
 
 def pyxis_args(plan: JobPlan) -> list[str]:

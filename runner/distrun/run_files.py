@@ -96,6 +96,15 @@ def _host_block(plan: JobPlan) -> str:
     return block
 
 
+def _rank_variable(plan: JobPlan, name: str, default: str) -> str:
+    """``export NAME=...``: its own value, else the first of the launcher's variables it is
+    declared from (``Launcher.rank_variables``) that is set, else ``default``."""
+    value = default
+    for source in reversed(launcher_named(plan.launcher).rank_variables.get(name, ())):
+        value = f"${{{source}:-{value}}}"
+    return f'export {name}="${{{name}:-{value}}}"'
+
+
 def render_rank_wrapper(plan: JobPlan) -> str:
     """Every rank starts through this script, whichever launcher placed it.
 
@@ -120,9 +129,9 @@ def render_rank_wrapper(plan: JobPlan) -> str:
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
 set -euo pipefail
-export RANK="${{RANK:-${{OMPI_COMM_WORLD_RANK:-${{PMI_RANK:-${{SLURM_PROCID:-0}}}}}}}}"
-export WORLD_SIZE="${{WORLD_SIZE:-${{OMPI_COMM_WORLD_SIZE:-${{PMI_SIZE:-${{SLURM_NTASKS:-1}}}}}}}}"
-export LOCAL_RANK="${{LOCAL_RANK:-${{OMPI_COMM_WORLD_LOCAL_RANK:-${{SLURM_LOCALID:-0}}}}}}"
+{_rank_variable(plan, "RANK", "0")}
+{_rank_variable(plan, "WORLD_SIZE", "1")}
+{_rank_variable(plan, "LOCAL_RANK", "0")}
 if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
 export MASTER_ADDR
 export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
@@ -135,7 +144,7 @@ export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
                       | awk '{{for (i = 1; i < NF; i++) if ($i == "dev") {{print $(i + 1); exit}}}}')" ;;
   esac
 fi
-export LOCAL_WORLD_SIZE="${{LOCAL_WORLD_SIZE:-${{OMPI_COMM_WORLD_LOCAL_SIZE:-$DISTRUN_LOCAL_SIZE}}}}"
+{_rank_variable(plan, "LOCAL_WORLD_SIZE", "$DISTRUN_LOCAL_SIZE")}
 if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"

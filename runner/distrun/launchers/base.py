@@ -57,6 +57,14 @@ class Launcher(ABC):
     mpi_world: bool = False
     # Regular expressions whose first group is the rank that failed first, most telling first.
     failed_rank_patterns: tuple[str, ...] = ()
+    # The torch-style variables every rank reads (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
+    # each from the launcher's own variables, the first one set winning: the rank wrapper maps
+    # them (RANK from OMPI_COMM_WORLD_RANK under mpirun). A launcher that sets torch's names itself
+    # (torchrun, ssh) declares none; an unset one falls back to rank 0 of 1 on the node's slots.
+    rank_variables: Mapping[str, tuple[str, ...]] = {}
+    # Prefixes of the launcher's own variables its ranks need (Open MPI's, PMIx's, Slurm's): with
+    # --image they are passed into each rank's container by name, whatever they are.
+    env_prefixes: tuple[str, ...] = ()
     # With --image: the node's own launcher starts each rank in a container, so the image's MPI
     # must be the node's (Open MPI's major version: the hybrid model), checked by the preflight.
     image_uses_node_mpi: bool = False

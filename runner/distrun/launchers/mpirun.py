@@ -54,6 +54,10 @@ class Mpirun(Launcher):
                   "--prefix", "--map-by", "--output-filename")
     mpi_world = True
     image_uses_node_mpi = True
+    rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),
+                      "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK",),
+                      "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE",)}
+    env_prefixes = ("OMPI_", "PMIX_")
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
@@ -67,7 +71,7 @@ class Mpirun(Launcher):
         return mpirun_argv(plan)
 
     def files(self, plan: JobPlan) -> dict[str, str]:
-        return containers.files(plan, per_rank=True)
+        return containers.files(plan, per_rank=True, prefixes=self.env_prefixes)
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         mpi_bin = f"{plan.mpi_prefix.rstrip('/')}/bin"

@@ -97,8 +97,9 @@ class Ssh(Launcher):
 
     def files(self, plan: JobPlan) -> dict[str, str]:
         # With an image, one container per rank, as under mpirun (containers.py).
-        return {SCRIPT: f"#!/bin/bash\n# distrun run {' '.join(plan.run_id.split())}: starts one rank host's ranks "
-                        f"(ssh launcher). Generated; do not edit.\n{_BODY}", **containers.files(plan, per_rank=True)}
+        script = (f"#!/bin/bash\n# distrun run {' '.join(plan.run_id.split())}: starts one rank host's ranks "
+                  f"(ssh launcher). Generated; do not edit.\n{_BODY}")
+        return {SCRIPT: script, **containers.files(plan, per_rank=True, prefixes=self.env_prefixes)}
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return list(plan.hosts)

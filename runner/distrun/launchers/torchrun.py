@@ -89,7 +89,7 @@ class Torchrun(Launcher):
         return [*inside, *torchrun_argv(plan, host)]
 
     def files(self, plan: JobPlan) -> dict[str, str]:
-        return containers.files(plan, per_rank=False)
+        return containers.files(plan, per_rank=False, prefixes=self.env_prefixes)
 
     def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
         # The plan's env holds DISTRUN_RUN_ID, which tags the agent for 'distrun stop'.

@@ -16,7 +16,7 @@ from ...errors import UserError
 from ..base import MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE, Launcher
 from ..options import LauncherOption
 from .driver import STATE_EXIT, driver_files, driver_script, exit_code, rank_failure_lines
-from .sbatch import DEFAULT_MPI, MODES, job_name, mode, multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
+from .sbatch import DEFAULT_MPI, ENV_PREFIXES, MODES, job_name, mode, multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
 
 if TYPE_CHECKING:
     from ...inventory import Cluster
@@ -54,6 +54,10 @@ class Slurm(Launcher):
     owned_args = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
                   "--output", "-o", "--mpi")
     mpi_world = True
+    # srun's task variables; PMI_* where the site's srun speaks PMI-2 (--launcher-opt mpi=pmi2).
+    rank_variables = {"RANK": ("SLURM_PROCID", "PMI_RANK"), "WORLD_SIZE": ("SLURM_NTASKS", "PMI_SIZE"),
+                      "LOCAL_RANK": ("SLURM_LOCALID",)}
+    env_prefixes = ENV_PREFIXES
     # Single mode runs MPI ranks under srun; multi-job mode runs one torchrun agent per job.
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE)
 

@@ -197,11 +197,16 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     return "\n".join(lines) + "\n"
 
 
+# srun's tasks' own variables (Slurm's; PMIx's, and PMI-2's where the site's srun speaks it): with
+# --image the tasks pass them into their container by these prefixes.
+ENV_PREFIXES = ("SLURM_", "PMIX_", "PMI_")
+
+
 def sbatch_files(plan: JobPlan) -> dict[str, str]:
     """Run-directory file name -> content: the sbatch script(s) of the plan's mode."""
     if mode(plan) == "multi-job":
         return {**{f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.hosts)},
-                **containers.files(plan, per_rank=False)}
+                **containers.files(plan, per_rank=False, prefixes=ENV_PREFIXES)}
     files = {"job.sbatch": sbatch_script(plan)}
     if placed_by_hostfile(plan):
         files["slurm-hostfile"] = slurm_hostfile(plan)
