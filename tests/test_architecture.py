@@ -16,8 +16,6 @@ CEILINGS = {
     "roles/preflight/files/probe.py": 741,
     "runner/distrun/ansible_bridge.py": 528,
     "runner/distrun/bundle.py": 303,
-    "runner/distrun/cli.py": 372,
-    "runner/distrun/cli_params.py": 315,
     "runner/distrun/collect.py": 352,
     "runner/distrun/inventory.py": 323,
     "runner/distrun/judge.py": 329,
