@@ -46,7 +46,8 @@ def main() -> None:
 def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str | None) -> None:
     """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
     from .ansible_bridge import run_playbook
-    from .inventory import load_cluster, read_inventory_json
+    from .inventory import load_cluster
+    from .inventory_read import read_inventory_json
     from .runs import new_run
     from .slurm_site import refuse_setup
     from .ui import PlaybookProgress, print_summary
