@@ -17,7 +17,6 @@ CEILINGS = {
     "runner/distrun/ansible_bridge.py": 528,
     "runner/distrun/bundle.py": 303,
     "runner/distrun/collect.py": 352,
-    "runner/distrun/judge.py": 329,
     "runner/distrun/plan.py": 336,
     "runner/distrun/train.py": 437,
 }

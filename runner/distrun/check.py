@@ -19,7 +19,7 @@ from . import containers, inventory_read, paths, sshmesh
 from .ansible_bridge import PlaybookResult, run_playbook
 from .handshake import PREFLIGHT_FACT
 from .inventory import Cluster, Node, cluster_from_json
-from .judge import Item, Report, blamed, build_report, from_dicts, refusal, report_json
+from .judge_report import Item, Report, blamed, build_report, from_dicts, refusal, report_json
 from .plan import gpu_slot_mismatches
 from .runs import new_run
 

@@ -23,7 +23,7 @@ from .ending import RunEnd, collect_limits
 from .errors import ExitCode, UserError
 from .follow import Outcome, Starter
 from .inventory import Cluster
-from .judge import from_dicts, network_changed
+from .judge_report import from_dicts, network_changed
 from .launchers import launcher_named
 from .listener import EventHandler, Listener
 from .liveness import out_of_contact, probe, wait_started

@@ -18,7 +18,8 @@ from distrun import follow, sshmesh, train
 from distrun.ansible_bridge import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
-from distrun.judge import refusal, verdict
+from distrun.judge import verdict
+from distrun.judge_report import refusal
 from distrun.listener import Listener
 from distrun.planning import JobRequest
 from distrun.runs import Phases, new_run
