@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import containers, paths, sshmesh
+from . import containers, inventory_read, paths, sshmesh
 from .ansible_bridge import run_playbook
 from .handshake import PREFLIGHT_FACT
-from .inventory import Cluster, Node, cluster_from_json, read_inventory_json
-from .judge import Item, Report, blamed, build_report, from_dicts, refusal, report_json
+from .inventory import Cluster, Node, cluster_from_json
+from .judge_report import Item, Report, blamed, build_report, from_dicts, refusal, report_json
 from .placement import gpu_slot_mismatches
 from .playbook_events import PlaybookResult
 from .runs import new_run
@@ -84,7 +84,7 @@ def run_check(inventory: Path, label: str,
     started = time.monotonic()
     # Read the inventory once (ansible-inventory takes a second or more): a stopped node must
     # be reported fast, and the second Cluster below only re-reads the fact cache.
-    data = read_inventory_json(inventory)
+    data = inventory_read.read_inventory_json(inventory)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))
     run = new_run("check", inventory)
     names = [n.name for n in cluster.nodes]

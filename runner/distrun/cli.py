@@ -1,5 +1,6 @@
 """The distrun command line: the verbs, their options and what each runs. How the command line
-is read and its mistakes told is cli_parse.py; what each value may be, cli_params.py."""
+is read and its mistakes told is cli_parse.py; what each value may be, cli_params.py; the verbs
+of a training run (train, partition), cli_train.py."""
 
 from __future__ import annotations
 
@@ -11,20 +12,12 @@ from pathlib import Path
 import click
 
 from . import __version__, paths
-from . import cli_launcher as L
 from . import cli_params as P
-from .cli_parse import Command, Group, ProgramCommand, exit_now
+from .cli_parse import Command, Group, exit_now
 from .errors import ExitCode, UserError
 from .ui import console
 
-inventory_option = click.option(
-    "--inventory", "-i", "inventory", envvar=P.INVENTORY_ENV, show_envvar=True, metavar="NAME|PATH",
-    callback=P.inventory, shell_complete=P.complete_inventory,
-    help=f"A name under inventory/ (e.g. local, test, prod) or a path to an inventory file or directory "
-         f"(default: ${P.INVENTORY_ENV}).",
-)
 run_argument = P.run_argument
-json_option = P.json_option
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,7 +38,7 @@ def main() -> None:
 
 
 @main.command(cls=Command)
-@inventory_option
+@P.inventory_option
 @click.option("--check", "check_mode", is_flag=True, help="Ansible check mode: report what would change, change nothing.")
 @click.option("--tags", default=None, callback=P.tags,
               help="Only run roles/steps with these Ansible tags (comma-separated; each must exist).")
@@ -53,7 +46,8 @@ def main() -> None:
 def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str | None) -> None:
     """Provision the cluster: packages, user, ssh mesh, MPI env, shared folder, hostfile."""
     from .ansible_bridge import run_playbook
-    from .inventory import load_cluster, read_inventory_json
+    from .inventory import load_cluster
+    from .inventory_read import read_inventory_json
     from .runs import new_run
     from .slurm_site import refuse_setup
     from .ui import PlaybookProgress, print_summary
@@ -76,7 +70,7 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
 
 
 @main.command(cls=Command)
-@inventory_option
+@P.inventory_option
 def hostfile(inventory: P.Inventory) -> None:
     """Print the MPI hostfile the inventory describes (head first, `host slots=N`)."""
     from .inventory import load_cluster, render_hostfile
@@ -87,151 +81,8 @@ def hostfile(inventory: P.Inventory) -> None:
     click.echo(render_hostfile(cluster), nl=False)
 
 
-def gdc_options(fn):  # noqa: ANN001,ANN201
-    """--use-gdc and its two settings, shared by train and partition."""
-    fn = click.option("--gdc-topk", type=P.Bounded(1), default=128, show_default=True,
-                      help="With --use-gdc: entries kept per node.")(fn)
-    fn = click.option("--gdc-alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
-                      show_default=True, help="With --use-gdc: PPR teleport probability.")(fn)
-    return click.option("--use-gdc", is_flag=True,
-                        help="Train on the graph diffusion (GDC, personalized PageRank) instead of the graph; "
-                             "the partition follows the diffused graph.")(fn)
-
-
-@main.command(cls=ProgramCommand)
-@inventory_option
-@L.launcher_option
-@click.option("--np", "np", type=P.RANKS, default=None, help="Number of ranks (default: the sum of the workers' slots).")
-@click.option("--workload", type=P.OneOf(["gcn", "gcn-torch", "gcn-tp", "ddp"]), default="gcn", show_default=True,
-              help="A reference workload (not with --script).")
-@click.option("--script", type=click.Path(path_type=Path), default=None, callback=P.script_file,
-              help="Your own program: copied to the run directory and started on every rank.")
-@click.option("--dataset", type=P.OneOf(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True,
-              help="The reference workloads' dataset (not with --script).")
-@click.option("--data-dir", default=None, callback=P.data_dir,
-              help="Absolute path of the dataset files on the head node (not with --script).")
-@gdc_options
-@click.option("--epochs", type=P.EPOCHS, default=None, help="Training epochs of the reference workloads (not with --script).")
-@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", callback=P.env_pairs,
-              help="Extra variable for every rank (repeatable); values never reach argv or logs.")
-@click.option("--port", type=P.PORT, default=29500, show_default=True, help="Rendezvous / MASTER_PORT on the head node.")
-@click.option("--dry-run", is_flag=True, help="Print the plan and the exact commands; touch no node.")
-@click.option("--skip-preflight", is_flag=True, help="Do not run the preflight checks before launching.")
-@L.launcher_opt_options
-@click.option("--allow-gpu-mismatch", is_flag=True,
-              help="Launch even where a node's slots differ from its detected GPU count.")
-@click.option("--detach", is_flag=True,
-              help="Return once every rank started, printing the run id; the run goes on by itself "
-                   "(follow it with 'distrun attach', 'status', 'logs -f').")
-@click.option("--max-restarts", type=P.Bounded(0, 100), default=0, show_default=True, metavar="N",
-              help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
-                   "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from).")
-@click.option("--exclude-failed", is_flag=True,
-              help="With --max-restarts: restart without the node that failed, when the job still fits.")
-@click.option("--allow-concurrent", is_flag=True,
-              help="Launch even on hosts another run is using (by default such a run is refused).")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-              help="Your project folder: synced to every rank host (rsync, honouring .gitignore and .distrunignore); "
-                   "ranks start in it and run the command after --.")
-@click.option("--prepare", "prepare_text", default=None, metavar="COMMAND",
-              help="With --workdir: run once on the head, in the workdir, before the launch ({np} and the other "
-                   "run variables filled in); a non-zero exit refuses the launch.")
-@click.option("--launcher-args", "launcher_args_text", default=None, metavar="ARGS",
-              help="Extra arguments appended to mpirun, torchrun or srun, split like a shell would (no shell runs).")
-@click.option("--hosts", "hosts", multiple=True, metavar="A,B", help="Run ranks only on these workers of the inventory.")
-@click.option("--exclude", "exclude", multiple=True, metavar="C", help="Run no ranks on these workers.")
-@click.option("--image", default=None, metavar="REF",
-              help="Run every rank inside a container of this image (default: the inventory's distrun_image).")
-@click.option("--container-runtime", type=P.OneOf(["podman", "docker"]), default=None,
-              help="With an image: the runtime on the nodes (default: the inventory's distrun_container_runtime, "
-                   "else podman).")
-@json_option
-def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, script: Path | None, dataset: str,
-          data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
-          env: dict[str, str], port: int, dry_run: bool, skip_preflight: bool, slurm_mode: str | None,
-          launcher_opt: tuple[str, ...], allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
-          exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
-          prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
-          image: str | None, container_runtime: str | None, as_json: bool, program_args: tuple[str, ...] = ()) -> None:
-    """Run a training job on every rank of the cluster and follow it to the end.
-
-    \b
-    Arguments after `--` go to the program, and only those:
-      distrun train -i prod --script train.py -- --lr 0.1
-      distrun train -i prod --epochs 50 -- --hidden 64     (to the reference workload)
-      distrun train -i prod --workdir . -- python -m mypkg.train --lr 0.1   (your own project)
-
-    With --json, stdout holds one JSON object when the run ends (run_id, status, exit_code,
-    result, ...; see docs/guide/cli.md) and the progress goes to stderr. Exit codes: 0 success,
-    1 the job failed, 2 bad usage, 3 preflight refused, 4 staging failed, 5 launch failed,
-    6 contact lost, 130 interrupted, 143 terminated; Slurm's final states 124, 137, 143, 255
-    ('distrun --help' lists every code).
-    """
-    t0 = time.monotonic()
-    P.check_train(click.get_current_context())
-    launcher_options = L.launcher_options(click.get_current_context())
-    if exclude_failed and not max_restarts:
-        raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
-                               "--exclude-failed")
-    if detach and max_restarts:
-        raise click.UsageError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
-                               "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
-    # run.yml's ansible-playbook starts before the rest of the runner is even imported (it takes
-    # a third of a second to import Ansible); train.run_job gives it its arguments or stops it.
-    from .early_playbook import EarlyPlaybook
-
-    early = None if dry_run else EarlyPlaybook.for_training_run(inventory.path, bool(workdir))
-    try:
-        from . import planning, records
-        from .planning import JobRequest
-        from .printable import printable
-        from .project import check_flags
-        from .selection import host_names
-        from .train import run_job
-        from .ui import configure
-        from .ui_run import TrainView, dry_run_json, dry_run_text
-        from .variables import split_words
-
-        check_flags(workdir, script, prepare_text, program_args)
-        L.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
-        request = JobRequest(
-            inventory=inventory.path, launcher=launcher, np=np, workload=workload,
-            script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
-            env=env, port=port, preflight=not skip_preflight, launcher_options=launcher_options,
-            allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
-            detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
-            workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
-            launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
-            exclude=host_names(exclude), image=image, container_runtime=container_runtime,
-        )
-        if not dry_run:
-            if as_json:
-                configure(progress_to_stderr=True)
-            view = TrainView()
-    except BaseException:
-        if early is not None:
-            early.discard()
-        raise
-    if dry_run:
-        dry = planning.dry_run(request)
-        if as_json:
-            click.echo(json.dumps(dry_run_json(dry), indent=2))
-        else:
-            click.echo(printable(dry_run_text(dry)), nl=False)
-        return
-    if not as_json:
-        sys.exit(run_job(request, view, early, t0))
-    try:
-        code = run_job(request, view, early, t0)
-    except UserError as exc:
-        click.echo(json.dumps(records.train_outcome(view.run, exc.exit_code, str(exc)), indent=2))
-        raise
-    click.echo(json.dumps(records.train_outcome(view.run, code), indent=2))
-    sys.exit(code)
-
-
 @main.command(cls=Command)
-@inventory_option
+@P.inventory_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON: ok, checks (check -> node -> ok, detail, fix), hosts.")
 def check(inventory: P.Inventory, as_json: bool) -> None:
     """Check every node can run a job; report each check per node, with a fix for each failure.
@@ -266,25 +117,6 @@ def check(inventory: P.Inventory, as_json: bool) -> None:
             f"distrun check on {len(names)} node(s) from {inv}", names))
         print_check_report(report)
     sys.exit(ExitCode.OK if report["ok"] else ExitCode.FAILED)
-
-
-@main.command(cls=Command)
-@inventory_option
-@click.option("--dataset", type=P.OneOf(["synthetic", "cora", "reddit"]), default="synthetic", show_default=True)
-@click.option("--data-dir", default=None, callback=P.data_dir, help="Absolute path of the dataset files on the head node.")
-@click.option("--np", "np", type=P.RANKS, default=None, help="Parts (default: the world size the inventory gives).")
-@gdc_options
-def partition(inventory: P.Inventory, dataset: str, data_dir: str | None, np: int | None, use_gdc: bool,
-              gdc_alpha: float, gdc_topk: int) -> None:
-    """Partition a graph with Metis on the head node into one part per rank."""
-    from .planning import JobRequest
-    from .train import run_partition_only
-    from .ui_run import TrainView
-
-    P.check_gdc(click.get_current_context())
-    request = JobRequest(inventory=inventory.path, np=np, dataset=dataset, data_dir=data_dir,
-                         gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
-    sys.exit(run_partition_only(request, TrainView()))
 
 
 @main.command(cls=Command)
@@ -350,12 +182,14 @@ def stop(run_id: str) -> None:
         raise report.refusal()
 
 
-# Verbs that live beside this module: run records, runs that outlive the terminal, a new inventory.
+# Verbs that live beside this module: a training run, run records, runs that outlive the terminal,
+# a new inventory.
 from .cli_init import init  # noqa: E402
 from .cli_long import attach, status  # noqa: E402
 from .cli_records import runs, show  # noqa: E402
+from .cli_train import partition, train  # noqa: E402
 
-for _verb in (init, runs, show, status, attach):
+for _verb in (train, partition, init, runs, show, status, attach):
     main.add_command(_verb)
 
 

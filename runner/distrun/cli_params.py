@@ -175,57 +175,6 @@ def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> f
         raise click.BadParameter(str(exc).split(": ", 1)[1], ctx, param) from None
 
 
-def given(ctx: click.Context, name: str) -> bool:
-    """Whether the user set an option (on the command line or through its variable)."""
-    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_text", "").replace("_", "-")
-
-
-def check_gdc(ctx: click.Context) -> None:
-    """--gdc-alpha and --gdc-topk say how --use-gdc diffuses: without it they would do nothing."""
-    if ctx.params.get("use_gdc"):
-        return
-    for name in ("gdc_alpha", "gdc_topk"):
-        if given(ctx, name):
-            raise click.UsageError(f"{_flag(name)} only matters with --use-gdc: add --use-gdc or drop {_flag(name)}", ctx)
-
-
-def check_train(ctx: click.Context) -> None:
-    """What train's options mean together: refused now rather than ignored later."""
-    params = ctx.params
-    for owner, flag in (("script", "--script"), ("workdir", "--workdir")):
-        if params.get(owner) is None:
-            continue
-        for name in ("workload", "dataset", "data_dir", "epochs", "use_gdc"):
-            if given(ctx, name):
-                raise click.UsageError(
-                    f"{_flag(name)} is an option of the reference workloads, not of {flag}; pass your program's own "
-                    f"options after '--' (e.g. -- {_flag(name)} ...)", ctx)
-    check_gdc(ctx)
-    if params.get("image") is not None:
-        from .containers import check_image
-        try:
-            check_image(params["image"], "--image")
-        except UserError as exc:
-            raise click.UsageError(str(exc), ctx) from None
-    if params.get("dry_run") and params.get("detach"):
-        raise click.UsageError("--detach and --dry-run: a dry run starts nothing, so --detach would do nothing; "
-                               "drop one of them", ctx)
-    for name in ("prepare_text", "launcher_args_text"):
-        value = params.get(name)
-        if value is not None and not value.strip():
-            raise click.UsageError(f"{_flag(name)} is empty: give it a command (words as a shell would split them) "
-                                   f"or drop {_flag(name)}", ctx)
-    for name in ("hosts", "exclude"):
-        for value in params.get(name) or ():
-            if not value.strip(", \t"):
-                raise click.UsageError(f"--{name} {value!r} names no host: give worker names (--{name} w1,w2) or "
-                                       f"drop --{name}", ctx)
-
-
 # Ansible's own tags, beside those setup's playbooks and roles carry.
 _SPECIAL_TAGS = ("all", "always", "never", "tagged", "untagged")
 
@@ -313,3 +262,9 @@ def complete_run(ctx: click.Context, param: click.Parameter, incomplete: str) ->
 
 run_argument = click.argument("run_id", default="last", callback=run_ref, shell_complete=complete_run)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts (docs/guide/cli.md).")
+inventory_option = click.option(
+    "--inventory", "-i", "inventory", envvar=INVENTORY_ENV, show_envvar=True, metavar="NAME|PATH",
+    callback=inventory, shell_complete=complete_inventory,
+    help=f"A name under inventory/ (e.g. local, test, prod) or a path to an inventory file or directory "
+         f"(default: ${INVENTORY_ENV}).",
+)

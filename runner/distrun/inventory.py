@@ -1,33 +1,20 @@
-"""The cluster as the inventory describes it, read through Ansible itself.
+"""The cluster as the inventory describes it, read through Ansible itself and checked.
 
 Every inventory form Ansible accepts (YAML, INI, directories with group_vars, plugins) works,
-because we ask ``ansible-inventory --list`` instead of parsing files ourselves.
+because we ask ``ansible-inventory --list`` (``inventory_read``) instead of parsing files ourselves.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import contract, inventory_cache, rules, slurm_site
+from . import contract, inventory_read, rules, slurm_site
 from .errors import InventoryError
-from .inventory_values import (
-    EXAMPLE,
-    check_address,
-    check_duplicates,
-    check_host_name,
-    check_slots,
-    check_source,
-    check_values,
-)
+from .inventory_values import check_address, check_duplicates, check_host_name, check_slots, check_values
 
 
 @dataclass(frozen=True)
@@ -79,102 +66,6 @@ class Cluster:
     @property
     def total_slots(self) -> int:
         return sum(n.slots for n in self.workers)
-
-
-def ansible_bin(tool: str) -> str:
-    """Find an Ansible tool next to this interpreter first: the venv need not be activated."""
-    beside = Path(sys.executable).parent / tool
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(tool)
-    if not found:
-        raise InventoryError(f"{tool} was not found next to {sys.executable} or on PATH; install distrun with pip")
-    return found
-
-
-# Where the answer keeps what breaks the contract (contract.problems), found when Ansible was asked.
-CONTRACT_PROBLEMS = "_distrun_contract_problems"
-
-
-def read_inventory_json(path: Path) -> dict[str, Any]:
-    """What ``ansible-inventory --list`` says about the inventory; kept while its files are
-    unchanged (inventory_cache), so a verb asks Ansible again only after an edit."""
-    return inventory_cache.read(path, _ask_ansible)
-
-
-def _ask_ansible(path: Path) -> dict[str, Any]:
-    check_source(path)
-    env = dict(os.environ)
-    # Unparseable sources are warnings by default, which would turn a typo into an empty cluster.
-    env["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "True"
-    env["ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED"] = "True"
-    # A key given twice (a host, a variable) would silently keep the last: refused, with its line.
-    env["ANSIBLE_DUPLICATE_YAML_DICT_KEY"] = "error"
-    env.setdefault("ANSIBLE_NOCOLOR", "1")
-    proc = subprocess.run(
-        [ansible_bin("ansible-inventory"), "-i", str(path), "--list"],
-        capture_output=True, text=True, env=env, check=False,
-    )
-    if proc.returncode != 0:
-        raise InventoryError(f"inventory {path}: Ansible cannot parse it: {parse_failure(proc.stderr, path)}")
-    try:
-        data = json.loads(proc.stdout)
-    except json.JSONDecodeError as exc:
-        raise InventoryError(f"inventory {path}: ansible-inventory printed no JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise InventoryError(f"inventory {path}: ansible-inventory printed no inventory")
-    # The contract is checked here, once per change of the inventory's files, and what it finds
-    # is kept with the answer (cluster_from_json refuses it): a run's playbook then skips role
-    # distrun's own check of the same spec.
-    data[CONTRACT_PROBLEMS] = contract.problems((data.get("_meta") or {}).get("hostvars"))
-    return data
-
-
-_PLUGIN_FAILED = re.compile(r"Failed to parse inventory with '([\w.]+)' plugin: (.*)")
-_ORIGIN = re.compile(r"^Origin: (.+?)\s*$")
-
-
-def parse_failure(stderr: str, path: Path) -> str:
-    """What ansible-inventory said about a source it could not parse, in one line: the plugin's
-    own message and where (``Origin: file:line:col``), from the plugin that fits the file best
-    (the one that names a line, else the one its extension picks), else Ansible's last error."""
-    lines = [ln.strip() for ln in stderr.splitlines()]
-    found: list[tuple[str, str, str]] = []  # (plugin, message, origin)
-    for i, text in enumerate(lines):
-        m = _PLUGIN_FAILED.search(text)
-        if not m:
-            continue
-        origin = ""
-        for later in lines[i + 1:]:
-            if _PLUGIN_FAILED.search(later):
-                break
-            o = _ORIGIN.match(later)
-            if o and not o.group(1).startswith("<"):
-                origin = o.group(1)
-                break
-        found.append((m.group(1), m.group(2).strip(), origin))
-    if not found:
-        errors = [ln for ln in lines if ln.startswith("[ERROR]")]
-        rest = [ln for ln in lines if ln]
-        last = (errors[-1] if errors else rest[-1] if rest else "no output").removeprefix("[ERROR]: ")
-        if "Completely failed to parse inventory source" in last:
-            return f"no inventory plugin could read it as an inventory file; list the hosts in it, {EXAMPLE}"
-        return last
-    suffix = Path(found[0][2].split(":")[0] or str(path)).suffix.lower()
-    preferred = ("yaml", "auto") if suffix in (".yml", ".yaml", ".json") else ("ini",)
-
-    def rank(item: tuple[str, str, str]) -> tuple[bool, bool]:
-        plugin, _, origin = item
-        return (re.search(r":\d+:\d+$", origin) is None, plugin not in preferred)
-
-    plugin, message, origin = min(found, key=rank)
-    message = message.removeprefix("Failed to parse inventory: ").rstrip(".")
-    if "not enough values to unpack" in message or "too many values to unpack" in message:
-        message = ("a line that is neither a [group] header nor a host with key=value pairs (an unclosed "
-                   "'[group', a stray word); close each header, e.g. [head]")
-    where = f" at {origin}" if origin else ""
-    fix = "; give each key once (keep one of the two, or merge them)" if "duplicate mapping key" in message else ""
-    return f"{message}{where} ({plugin} plugin){fix}"
 
 
 def _group_hosts(data: Mapping[str, Any], group: str) -> list[str]:
@@ -236,7 +127,7 @@ def load_facts(cache_dir: Path | None, host: str) -> dict[str, Any] | None:
 
 def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | None = None) -> Cluster:
     hostvars: Mapping[str, Mapping[str, Any]] = (data.get("_meta") or {}).get("hostvars") or {}
-    groups = {k for k in data if k not in ("_meta", CONTRACT_PROBLEMS)}
+    groups = {k for k in data if k not in ("_meta", inventory_read.CONTRACT_PROBLEMS)}
     heads = _group_hosts(data, contract.HEAD_GROUP) if contract.HEAD_GROUP in groups else []
     if not heads:
         raise InventoryError(
@@ -296,7 +187,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
     if not shared_dir.startswith("/"):
         raise InventoryError(f"inventory {path}: distrun_shared_dir={shared_dir!r} must be an absolute path")
     env_prefix = str(hv_head.get("distrun_env_prefix") or contract.env_prefix_default(provider))
-    bad = data.get(CONTRACT_PROBLEMS) or []
+    bad = data.get(inventory_read.CONTRACT_PROBLEMS) or []
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise InventoryError(f"inventory {path}: {bad[0]}{more}; correct it where the inventory sets it")
@@ -315,7 +206,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
 
 
 def load_cluster(path: Path, fact_cache: Path | None = None) -> Cluster:
-    return cluster_from_json(path, read_inventory_json(path), fact_cache)
+    return cluster_from_json(path, inventory_read.read_inventory_json(path), fact_cache)
 
 
 def render_hostfile(cluster: Cluster) -> str:

@@ -14,34 +14,12 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from . import imagejudge, judge_site, netjudge, sharedfs, sshmesh
+from .judge_report import CHECKS, LOG_DIR, Item, Report
 
-# Report order; also the rows of the human table.
-CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "image", "slurm", "versions", "ports", "addresses", "network", "ssh", "names",
-          "shared folder",
-          "gpus vs slots", "preflight")
 VERSION_KEYS = ("python", "openmpi", "mpi4py", "torch", "jittor", "env lock")
-LOG_DIR = "the run record's ansible/ folder"
-
-
-@dataclass(frozen=True)
-class Item:
-    ok: bool
-    detail: str
-    fix: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "detail": self.detail, "fix": self.fix}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Item:
-        return cls(bool(data.get("ok")), str(data.get("detail", "")), str(data.get("fix", "")))
-
-
-Report = dict[str, dict[str, Item]]  # check -> node -> item
 
 
 def _hosts(names: Sequence[str]) -> str:
@@ -223,59 +201,6 @@ def planned_addresses(probes: Mapping[str, Mapping[str, Any]], planned: Mapping[
     return out
 
 
-def network_changed(report: Report) -> bool:
-    """Whether the verdict blames a node's network for having changed since the plan."""
-    return any(not item.ok for item in report.get("addresses", {}).values())
-
-
-def build_report(
-    *,
-    nodes: Sequence[str],
-    hosts: Mapping[str, Mapping[str, str]],
-    judged: Report,
-    gpus: Mapping[str, Item] | None = None,
-) -> Report:
-    """The whole report: which nodes answered (``hosts``: Ansible's state and last error per
-    host), the role's verdict, GPUs against slots, and a failure nothing above explains."""
-    report: Report = {c: {} for c in CHECKS}
-    for h in nodes:
-        st = hosts.get(h, {"state": "not reached", "error": ""})
-        reached = any(h in items for items in judged.values())
-        if st["state"] == "unreachable" or (st["state"] == "not reached" and not reached):
-            report["reach"][h] = Item(False, st.get("error") or "not reached",
-                                      f"start {h}, check its ansible_host and that sshd runs; then 'distrun check' again")
-        else:
-            report["reach"][h] = Item(True, "reached over ssh")
-    for check, items in judged.items():
-        report[check].update(items)
-    report["gpus vs slots"].update(gpus or {})
-    explained = {h for c, items in report.items() for h, it in items.items() if not it.ok}
-    for h, st in hosts.items():
-        if st["state"] == "failed" and h not in explained:
-            report["preflight"][h] = Item(False, st.get("error", ""), f"see {LOG_DIR}")
-    return {c: dict(sorted(items.items())) for c, items in report.items() if items}
-
-
-def as_dicts(report: Report) -> dict[str, dict[str, dict[str, Any]]]:
-    """The report as plain data (what the role publishes, what --json prints)."""
-    return {c: {h: it.as_dict() for h, it in items.items()} for c, items in report.items()}
-
-
-def from_dicts(data: Mapping[str, Mapping[str, Mapping[str, Any]]] | None) -> Report:
-    return {str(c): {str(h): Item.from_dict(it) for h, it in items.items()} for c, items in (data or {}).items()}
-
-
-def blamed(report: Report) -> list[str]:
-    """The nodes the report finds anything wrong on, sorted."""
-    return sorted({h for items in report.values() for h, it in items.items() if not it.ok})
-
-
-def problems(report: Report, host: str) -> list[str]:
-    """What is wrong on one host, one line per check: ``check: detail; fix: fix``."""
-    return [f"{c}: {it.detail}" + (f"; fix: {it.fix}" if it.fix else "")
-            for c, items in report.items() if (it := items.get(host)) is not None and not it.ok]
-
-
 # What installs each thing a run may need (the labels the runner gives the preflight).
 NEED_PACKAGES = {"torchrun": "torch", "module torch": "torch", "module jittor": "jittor", "module pymetis": "pymetis",
                  "module mpi4py": "mpi4py", "module numpy": "numpy"}
@@ -298,32 +223,7 @@ def need_fix(labels: Sequence[str], setup: str) -> str:
     return "; ".join(fixes) or f"run '{setup}'"
 
 
-def refusal(report: Report) -> str:
-    """Every problem of a report on one line, hosts with the same problem named together.
-
-    ``needs: torchrun is not in /opt/env/bin on node1, node2: add torch to ...``
-    """
-    groups: dict[tuple[str, str, str], list[str]] = {}
-    for check in CHECKS:
-        for h, it in (report.get(check) or {}).items():
-            if not it.ok:
-                groups.setdefault((check, it.detail, it.fix), []).append(h)
-    parts = [f"{check}: {detail} on {', '.join(hosts)}" + (f": {fix}" if fix else "")
-             for (check, detail, fix), hosts in groups.items()]
-    return " | ".join(parts)
-
-
 def _shared(probes: Mapping[str, Mapping[str, Any]], seen: Mapping[str, str], head: str, mode: str,
             shared_dir: str, setup: str) -> dict[str, Item]:
     found = sharedfs.verdict(probes, seen, head=head, mode=mode, shared_dir=shared_dir, setup=setup)
     return {h: Item(*finding) for h, finding in found.items()}
-
-
-def report_json(report: Report, hosts: Mapping[str, Mapping[str, str]], elapsed: float) -> dict[str, Any]:
-    ok = all(it.ok for items in report.values() for it in items.values())
-    return {
-        "ok": ok,
-        "checks": as_dicts(report),
-        "hosts": {h: dict(v) for h, v in hosts.items()},
-        "elapsed_s": round(elapsed, 2),
-    }

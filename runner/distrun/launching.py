@@ -21,7 +21,7 @@ from .early_playbook import RUN_PLAYBOOK, EarlyPlaybook
 from .errors import UserError
 from .follow import Starter
 from .inventory import Cluster
-from .judge import from_dicts, network_changed
+from .judge_report import from_dicts, network_changed
 from .listener import EventHandler, Listener
 from .plan import JobPlan
 from .planning import JobRequest, environment, load, make_plan, network, without

@@ -9,7 +9,8 @@ import pytest
 
 from distrun.errors import PlanError
 from distrun.inventory import Node, load_cluster
-from distrun.judge import Item, build_report, compare_names, compare_versions, network_changed, report_json, verdict
+from distrun.judge import compare_names, compare_versions, verdict
+from distrun.judge_report import Item, build_report, network_changed, report_json
 from distrun.placement import check_gpu_slots, gpu_slot_mismatches
 from distrun.plan import build_plan
 

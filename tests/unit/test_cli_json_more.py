@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from distrun import reconcile
 from distrun.cli import main
 from distrun.errors import ExitCode
-from distrun.judge import report_json
+from distrun.judge_report import report_json
 from distrun.liveness import ClusterState, HostState
 from distrun.reconcile import RunView
 from distrun.runs import new_run

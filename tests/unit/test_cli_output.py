@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import inventory as inventory_module
-from distrun import ui
+from distrun import inventory_read, ui
 from distrun.cli import main
 from distrun.diagnosis import RunSummary
 from distrun.playbook_events import HostProgress, PlaybookResult
@@ -82,8 +81,8 @@ def test_show_is_never_wrapped_or_cut(private_state, utc):
 
 def test_dry_run_is_never_wrapped_or_cut(private_state, monkeypatch):
     # ansible-inventory is read once; each width then renders the same cluster.
-    data = inventory_module.read_inventory_json(REPO / TWO)
-    monkeypatch.setattr(inventory_module, "read_inventory_json", lambda path: data)
+    data = inventory_read.read_inventory_json(REPO / TWO)
+    monkeypatch.setattr(inventory_read, "read_inventory_json", lambda path: data)
     monkeypatch.chdir(REPO)
     args = ["train", "-i", TWO, "--dry-run", "--epochs", "5", "--env", "NCCL_DEBUG=INFO"]
     # The same golden file as the dry run at 200 columns through the real executable (test_cli.py).

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import inventory, inventory_cache
+from distrun import inventory, inventory_cache, inventory_read
 
 HOSTS = """\
 head:
@@ -23,13 +23,13 @@ workers:
 def asked(monkeypatch):
     """Count the times Ansible itself is asked (the real ansible-inventory runs each time)."""
     calls: list[Path] = []
-    real = inventory._ask_ansible
+    real = inventory_read._ask_ansible
 
     def counting(path: Path) -> dict:
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(inventory, "_ask_ansible", counting)
+    monkeypatch.setattr(inventory_read, "_ask_ansible", counting)
     return calls
 
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from distrun.inventory import cluster_from_json
-from distrun.judge import build_report, refusal, verdict
+from distrun.judge import verdict
+from distrun.judge_report import build_report, refusal
 from distrun.needs import preflight_needs
 from distrun.plan import build_plan
 

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from distrun import sharedfs
-from distrun.judge import build_report, refusal, verdict
+from distrun.judge import verdict
+from distrun.judge_report import build_report, refusal
 
 from .test_check import NODES, SETUP
 from .test_preflight_needs import OK_STATES, failed, probe

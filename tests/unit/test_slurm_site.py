@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import judge
+from distrun import judge, judge_report
 from distrun.bundle import run_vars
 from distrun.errors import InventoryError, UserError
 from distrun.inventory import load_cluster
@@ -148,7 +148,7 @@ def test_site_fixes_name_the_users_env_never_distrun_setup():
     assert report["needs"]["login1"].fix == "install torch into your env: /home/a/v/bin/python -m pip install torch"
     assert report["slurm"]["login1"].detail == "sinfo failed as alice: Unable to contact"
     assert "ask the site's admins" in report["slurm"]["login1"].fix
-    assert "distrun setup" not in judge.refusal(report)
+    assert "distrun setup" not in judge_report.refusal(report)
 
 
 def _fake_slurm(bin_dir: Path, sinfo: str) -> None:
@@ -202,4 +202,4 @@ def test_a_missing_folder_on_a_site_slurm_is_created_by_the_user_as_the_fix_says
     item = report["shared folder"]["login1"]
     assert item.detail == "/home/a/d does not exist"
     assert item.fix.startswith("create it as you on login1 (mkdir -p /home/a/d)")
-    assert "distrun setup" not in judge.refusal(report)
+    assert "distrun setup" not in judge_report.refusal(report)

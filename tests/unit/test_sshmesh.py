@@ -17,7 +17,8 @@ import pytest
 from distrun import follow, launching, sshmesh, train
 from distrun.errors import UserError
 from distrun.inventory import cluster_from_json
-from distrun.judge import refusal, verdict
+from distrun.judge import verdict
+from distrun.judge_report import refusal
 from distrun.listener import Listener
 from distrun.planning import JobRequest
 from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult

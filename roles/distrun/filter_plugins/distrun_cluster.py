@@ -1,9 +1,9 @@
 """Filters that apply distrun's cluster rules in the roles, from the runner's own code.
 
-The rules live in the ``distrun`` Python package (``distrun.rules``, ``distrun.judge``); this file
-only adapts Ansible's hostvars to them. Ansible normally runs from the environment distrun is
-installed in; otherwise the package is found next to these roles (a checkout's ``runner/``, or
-the ``site-packages`` that holds an installed ``distrun/_project``).
+The rules live in the ``distrun`` Python package (``distrun.rules``, ``distrun.judge``,
+``distrun.judge_report``); this file only adapts Ansible's hostvars to them. Ansible normally runs
+from the environment distrun is installed in; otherwise the package is found next to these roles
+(a checkout's ``runner/``, or the ``site-packages`` that holds an installed ``distrun/_project``).
 """
 
 from __future__ import annotations
@@ -67,23 +67,23 @@ def hostfile(nodes: object, hostvars: object) -> str:
 
 def preflight_report(probes: object, **options: object) -> dict:
     """The preflight's verdict (check -> node -> ok, detail, fix) from every node's probe."""
-    from distrun import judge
+    from distrun import judge, judge_report
 
-    return judge.as_dicts(judge.verdict(probes, **options))  # type: ignore[arg-type]
+    return judge_report.as_dicts(judge.verdict(probes, **options))  # type: ignore[arg-type]
 
 
 def preflight_problems(verdict: object, host: str) -> list[str]:
     """What the verdict finds wrong on one host, one line per check, with the fix."""
-    from distrun import judge
+    from distrun import judge_report
 
-    return judge.problems(judge.from_dicts(verdict), str(host))  # type: ignore[arg-type]
+    return judge_report.problems(judge_report.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
 def preflight_blamed(verdict: object) -> list[str]:
     """The nodes a verdict finds anything wrong on."""
-    from distrun import judge
+    from distrun import judge_report
 
-    return judge.blamed(judge.from_dicts(verdict))  # type: ignore[arg-type]
+    return judge_report.blamed(judge_report.from_dicts(verdict))  # type: ignore[arg-type]
 
 
 def ssh_mode(baseline: dict | None, head: str, targets: list | None) -> str:
