@@ -109,7 +109,7 @@ def test_mpirun_starts_each_rank_in_a_podman_container_as_the_user_with_variable
     w = argv.index(plan.wrapper)
     assert argv[w + 1] == "/srv/distrun/runs/r1/container-run.sh" and argv[w + 2] == "python3"
     env = {"OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "HF_TOKEN": "hunter2-secret", "RANK": "3",
-           "UNRELATED": "x", "DISTRUN_HOST": "n2"}
+           "UNRELATED": "x", "DISTRUN_HOST": "n2", "SLURM_JOB_ID": "17"}
     got = run_start(plan, tmp_path, env)
     assert got[:2] == ["run", "--rm"]
     for flag in ["--network=host", "--ipc=host", "--pid=host", "--userns=keep-id"]:
@@ -121,6 +121,7 @@ def test_mpirun_starts_each_rank_in_a_podman_container_as_the_user_with_variable
     names = pairs(got, "--env")
     assert {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "HF_TOKEN", "RANK", "MASTER_ADDR", "DISTRUN_RUN_ID"} <= set(names)
     assert "UNRELATED" not in names and all("=" not in n for n in names)
+    assert "SLURM_JOB_ID" not in names  # only the launcher's own prefixes (mpirun: Open MPI's, PMIx's)
     assert "hunter2-secret" not in "\0".join(got)
     assert got[-3:] == [IMAGE, "python3", "train.py"]
     assert "--device" not in got and "--user" not in got  # no GPU here; podman keeps the user itself

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,30 @@ def test_a_fact_about_another_env_is_not_used_for_the_prefix(tmp_path):
                                                       "mpi_prefix": "/usr"}})
     c = cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path, distrun_mpi_provider="conda")
     assert build_plan(c, run_id="r1").mpi_prefix == "/opt/miniforge3/envs/jittor"
+
+
+def _rank_in_wrapper(plan, env: dict[str, str]) -> dict[str, str]:
+    """The torch-style variables the rendered rank wrapper exports, run by bash with ``env``."""
+    lines = [ln for ln in render_rank_wrapper(plan).splitlines()
+             if ln.startswith(("export RANK=", "export WORLD_SIZE=", "export LOCAL_RANK="))]
+    script = "\n".join(lines) + '\necho "$RANK $WORLD_SIZE $LOCAL_RANK"\n'
+    out = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                         text=True, check=True).stdout.split()
+    return dict(zip(("RANK", "WORLD_SIZE", "LOCAL_RANK"), out, strict=True))
+
+
+@pytest.mark.parametrize("launcher, env, expected", [
+    ("mpirun", {"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}, ("4", "6", "1")),
+    # Another launcher's variables never place a rank: a Slurm step's leftovers under mpirun.
+    ("mpirun", {"SLURM_PROCID": "3", "SLURM_NTASKS": "9", "PMI_RANK": "3"}, ("0", "1", "0")),
+    ("slurm", {"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2"}, ("5", "6", "2")),
+    ("slurm", {"PMI_RANK": "2", "PMI_SIZE": "3"}, ("2", "3", "0")),
+    ("slurm", {"OMPI_COMM_WORLD_RANK": "4"}, ("0", "1", "0")),
+    # torchrun sets torch's names itself: they are kept, nothing else is read.
+    ("torchrun", {"RANK": "7", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "OMPI_COMM_WORLD_RANK": "1"}, ("7", "8", "3")),
+])
+def test_the_rank_wrapper_places_a_rank_by_its_own_launchers_variables_only(launcher, env, expected):
+    c = cluster(MIXED, slurm_enabled=True) if launcher == "slurm" else cluster(MIXED)
+    plan = build_plan(c, run_id="r1", launcher=launcher)
+    got = _rank_in_wrapper(plan, env)
+    assert (got["RANK"], got["WORLD_SIZE"], got["LOCAL_RANK"]) == expected
