@@ -30,8 +30,8 @@ import json, resource, statistics, sys, time
 from pathlib import Path
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-from distrun.inventory import cluster_from_json
-from distrun.plan import build_plan, render_hostfile
+from distrun.inventory.cluster import cluster_from_json
+from distrun.planning.plan import build_plan, render_hostfile
 from distrun.launchers import mpirun_argv
 import_s = time.perf_counter() - t
 path = Path(sys.argv[1]); data = json.loads(Path(sys.argv[2]).read_text())

@@ -39,14 +39,55 @@ def test_a_module_back_under_the_limit_leaves_the_list():
     assert not under, f"back under {LIMIT} lines, remove from CEILINGS: {under}"
 
 
+# The modules every layer uses; any other module lives in the folder of its layer.
+FOUNDATION = {"errors.py", "paths.py", "terminating.py", "printable.py"}
+
+
+def _table() -> dict[str, str]:
+    """DEVELOPING.md's module table: a row's first cell (a module or a folder) -> its idea."""
+    rows = re.findall(r"^\| `([^`]+?)` \| (.*?) \| .*\|$", (REPO / "DEVELOPING.md").read_text(), re.M)
+    return dict(rows)
+
+
+def _packages() -> list[Path]:
+    return sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+
+
 def test_developings_module_table_names_every_module_and_only_modules():
-    table = set(re.findall(r"^\| `([^`]+?)/?` \|", (REPO / "DEVELOPING.md").read_text(), re.M))
-    files = {str(p.relative_to(PACKAGE)) for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
-    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
-    named = {t for t in table if t.endswith(".py") and "/" not in t}
+    table = _table()
+    files = {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    files |= {f"{pkg.name}/{p.name}" for pkg in _packages() if pkg.name != "launchers"
+              for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    named = {t for t in table if t.endswith(".py")}
     assert files - named == set(), f"modules without a row in DEVELOPING.md's table: {sorted(files - named)}"
     assert named - files == set(), f"rows of DEVELOPING.md's table without a module: {sorted(named - files)}"
-    assert folders <= table, f"packages without a row in DEVELOPING.md's table: {sorted(folders - table)}"
+    folders = {f"{p.name}/" for p in _packages()}
+    assert folders <= set(table), f"packages without a row in DEVELOPING.md's table: {sorted(folders - set(table))}"
+
+
+def test_every_module_lives_in_the_folder_of_its_layer():
+    loose = {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"} - FOUNDATION
+    assert not loose, f"modules outside a layer's folder (move each into cli/, run/, ...): {sorted(loose)}"
+    strays = [str(p.relative_to(PACKAGE)) for pkg in _packages() if pkg.name != "launchers"
+              for p in pkg.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert not strays, f"folders below a layer (the tree is two levels deep): {strays}"
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split()).rstrip(".").lower()
+
+
+def test_each_layers_row_in_developing_is_its_packages_docstring():
+    table = _table()
+    differ = {}
+    for pkg in _packages():
+        if pkg.name == "launchers":
+            continue
+        doc = ast.get_docstring(ast.parse((pkg / "__init__.py").read_text())) or ""
+        first = doc.split("\n\n")[0]
+        if _words(first) != _words(table.get(f"{pkg.name}/", "")):
+            differ[pkg.name] = (first, table.get(f"{pkg.name}/"))
+    assert not differ, f"folders whose __init__ docstring is not their row in DEVELOPING.md: {differ}"
 
 
 PRIVATE_ANSIBLE = ("_internal", "_collection_finder", "_load_config_defs", "_read_config_yaml_file", "_meta_yml_to_dict")

@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from .errors import UserError
+from distrun.errors import UserError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -16,7 +16,7 @@ import signal
 import threading
 from typing import Any
 
-from .errors import ExitCode
+from distrun.errors import ExitCode
 
 received: int | None = None  # the signal that ended the command, once one did
 

@@ -9,13 +9,13 @@ import stat
 import subprocess
 from pathlib import Path
 
-from distrun import rules
-from distrun.diagnosis import first_failure
-from distrun.inventory import cluster_from_json
+from distrun.inventory import rules
+from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import LAUNCHERS, slurm
 from distrun.launchers.slurm import sbatch_files
-from distrun.plan import build_plan
-from distrun.run_files import render_rank_wrapper
+from distrun.planning.plan import build_plan
+from distrun.planning.run_files import render_rank_wrapper
+from distrun.run.diagnosis import first_failure
 
 ALIASES: dict[str, dict[str, object]] = {"alpha": {"ansible_host": "10.0.0.11"}, "w2": {"ansible_host": "10.0.0.12", "slots": 2},
                                           "w3": {"ansible_host": "10.0.0.13"}}

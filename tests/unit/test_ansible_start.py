@@ -1,4 +1,4 @@
-"""ansible-playbook as distrun starts it (distrun.ansible_start) is Ansible's own program run as
+"""ansible-playbook as distrun starts it (distrun.transport.ansible_start) is Ansible's own program run as
 it is: a playbook gives the same output through it as through ansible-playbook, and no module of
 the runner or plugin of the roles reaches into a private part of Ansible (a module or attribute
 whose name starts with an underscore), so an ansible-core upgrade needs no re-check of its insides."""
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distrun.ansible_bridge import ansible_env, playbook_program
+from distrun.transport.ansible_bridge import ansible_env, playbook_program
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -104,7 +104,7 @@ def _sources() -> list[Path]:
 
 def test_no_private_part_of_ansible_is_used():
     sources = _sources()
-    assert ROOT / "runner" / "distrun" / "ansible_start.py" in sources and len(sources) > 40
+    assert ROOT / "runner" / "distrun" / "transport" / "ansible_start.py" in sources and len(sources) > 40
     found = [use for path in sources for use in _private_uses(path)]
     assert not found, "private Ansible used (use a public interface):\n" + "\n".join(found)
 

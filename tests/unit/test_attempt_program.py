@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import nodeprog
+from distrun.transport import nodeprog
 
 PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "job" / "files" / "attempt.py"
 LAUNCH = PROGRAM.with_name("launch.py")

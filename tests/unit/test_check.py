@@ -8,11 +8,11 @@ import json
 import pytest
 
 from distrun.errors import PlanError
-from distrun.inventory import Node, load_cluster
-from distrun.judge import compare_names, compare_versions, verdict
-from distrun.judge_report import Item, build_report, network_changed, report_json
-from distrun.placement import check_gpu_slots, gpu_slot_mismatches
-from distrun.plan import build_plan
+from distrun.inventory.cluster import Node, load_cluster
+from distrun.planning.placement import check_gpu_slots, gpu_slot_mismatches
+from distrun.planning.plan import build_plan
+from distrun.preflight.judge import compare_names, compare_versions, verdict
+from distrun.preflight.report import Item, build_report, network_changed, report_json
 
 SETUP = "distrun setup --inventory test"
 NODES = ["node1", "node2", "node3"]
@@ -218,7 +218,7 @@ def test_allow_gpu_mismatch_launches_anyway(gpu_cluster):
 
 
 def test_check_reports_the_gpu_mismatch_per_node(gpu_cluster):
-    from distrun.check import gpu_items
+    from distrun.preflight.check import gpu_items
 
     items = gpu_items(gpu_cluster.workers, "prod")
     assert items["g1"].ok and items["g1"].detail == "slots=4, 4 GPU(s)"
@@ -229,7 +229,7 @@ def test_check_reports_the_gpu_mismatch_per_node(gpu_cluster):
 
 
 def test_human_report_shows_marks_and_fix_lines(capsys):
-    from distrun.ui import print_check_report
+    from distrun.ui.console import print_check_report
 
     probes = healthy()
     probes["node1"]["ports"] = {"29500": {"ok": False, "detail": "in use by python3 (pid 42)"}}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrun import check
+from distrun.preflight import check
 
 
 class _Stop(Exception):

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import paths, run_files
-from distrun.cli import main
+from distrun import paths
+from distrun.cli.main import main
 from distrun.launchers import LAUNCHERS, launcher_named
-from distrun.runs import new_run
+from distrun.planning import run_files
+from distrun.store.runs import new_run
 
 from .cli_cases import CASES
 from .conftest import REPO, distrun_bin
@@ -303,7 +304,7 @@ def test_refusals_through_the_real_executable(cli_env, tmp_path, argv, env, expe
 
 def test_run_dir_names_cover_every_file_a_launcher_renders():
     """--script is refused under any name a launcher, the rank wrapper or a launch script uses."""
-    from distrun.plan import build_plan
+    from distrun.planning.plan import build_plan
 
     from .test_launchers import MIXED, cluster
 

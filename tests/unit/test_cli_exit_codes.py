@@ -134,7 +134,7 @@ def test_an_unwritable_folder_and_a_name_too_long_are_one_line(tmp_path):
 def _cli(args: list[str]) -> tuple[int, str]:
     from click.testing import CliRunner
 
-    from distrun.cli import main
+    from distrun.cli.main import main
 
     result = CliRunner().invoke(main, args, prog_name="distrun")
     assert "Traceback" not in result.output + result.stderr
@@ -142,7 +142,7 @@ def _cli(args: list[str]) -> tuple[int, str]:
 
 
 def test_logs_of_a_setup_run_names_what_it_is_and_where_its_log_is(private_state, tmp_path):
-    from distrun.runs import new_run
+    from distrun.store.runs import new_run
 
     run = new_run("setup", tmp_path / "hosts.ini")
     run.finish(0, "changed=0")
@@ -152,7 +152,7 @@ def test_logs_of_a_setup_run_names_what_it_is_and_where_its_log_is(private_state
 
 
 def test_stop_of_a_run_whose_inventory_is_gone_fails_and_says_so(private_state, tmp_path):
-    from distrun.runs import new_run
+    from distrun.store.runs import new_run
 
     gone = tmp_path / "gone" / "hosts.ini"
     run = new_run("train", gone)  # still running, as far as its record knows

@@ -11,11 +11,11 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from distrun import train as train_module
-from distrun.cli import main
-from distrun.diagnosis import RunSummary
+from distrun.cli.main import main
 from distrun.errors import InventoryError, UserError
-from distrun.runs import new_run
+from distrun.run import train as train_module
+from distrun.run.diagnosis import RunSummary
+from distrun.store.runs import new_run
 
 from .conftest import REPO
 from .sample_runs import SETUP, TRAIN_FAILED, TRAIN_OK, make_sample_runs
@@ -159,9 +159,10 @@ def test_setup_limit_takes_any_group_of_the_inventory_and_refuses_a_name_it_lack
 def test_show_json_names_the_image_every_node_had(private_state):
     """A run with --image keeps, per node, the image id its preflight probe found: what the starter
     read from the probes' answers is what 'distrun show --json' prints."""
-    from distrun import containers, follow
-    from distrun.containers import Container
-    from distrun.plan import build_plan
+    from distrun.planning import containers
+    from distrun.planning.containers import Container
+    from distrun.planning.plan import build_plan
+    from distrun.run import follow
 
     from .test_preflight_needs import cluster
 
@@ -184,9 +185,9 @@ def test_show_json_names_the_image_every_node_had(private_state):
 
 
 def test_show_names_the_image_in_one_line(private_state):
-    from distrun import containers
-    from distrun.containers import Container
-    from distrun.plan import build_plan
+    from distrun.planning import containers
+    from distrun.planning.containers import Container
+    from distrun.planning.plan import build_plan
 
     from .test_preflight_needs import cluster
 

@@ -10,13 +10,13 @@ from typing import Any
 import jsonschema
 from click.testing import CliRunner
 
-from distrun import reconcile
-from distrun.cli import main
+from distrun.cli.main import main
 from distrun.errors import ExitCode
-from distrun.judge_report import report_json
-from distrun.liveness import ClusterState, HostState
-from distrun.reconcile import RunView
-from distrun.runs import new_run
+from distrun.preflight.report import report_json
+from distrun.run import reconcile
+from distrun.run.liveness import ClusterState, HostState
+from distrun.run.reconcile import RunView
+from distrun.store.runs import new_run
 
 from .conftest import REPO
 from .test_check import NODES, healthy, probe, report

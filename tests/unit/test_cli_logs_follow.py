@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 from click.testing import CliRunner
 
-from distrun import logs
-from distrun.cli import main
+from distrun.cli.main import main
 from distrun.errors import ExitCode
-from distrun.liveness import ClusterState
-from distrun.runs import new_run
+from distrun.run import logs
+from distrun.run.liveness import ClusterState
+from distrun.store.runs import new_run
 
 PLAN = {"launcher": "mpirun", "world_size": 2, "shared_dir": "/srv/distrun", "user": "distrun",
         "hosts": [{"name": "w1", "address": "192.0.2.1", "slots": 1}, {"name": "w2", "address": "192.0.2.2", "slots": 1}]}

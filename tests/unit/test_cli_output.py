@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import inventory_read, ui
-from distrun.cli import main
-from distrun.diagnosis import RunSummary
-from distrun.playbook_events import HostProgress, PlaybookResult
-from distrun.runs import Run, RunMeta
-from distrun.ui_run import TrainView
+from distrun.cli.main import main
+from distrun.inventory import read as inventory_read
+from distrun.run.diagnosis import RunSummary
+from distrun.store.runs import Run, RunMeta
+from distrun.transport.playbook_events import HostProgress, PlaybookResult
+from distrun.ui import console as ui
+from distrun.ui.run import TrainView
 
 from .conftest import REPO, distrun_bin
 from .sample_runs import HOSTS, TRAIN_FAILED, TRAIN_OK, make_sample_runs

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from distrun import ui
-from distrun.ui_records import print_runs
+from distrun.ui import console as ui
+from distrun.ui.records import print_runs
 
 STATES = ["succeeded", "running (live)", "failed", "stopped", "lost", "unreachable"]
 RUNS: list[dict[str, Any]] = [dict(run_id=f"20261123-00101{i}-{verb}-46{i:02d}", verb=verb, status=state, rc=None if i % 3 else i,

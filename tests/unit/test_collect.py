@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import collect, collect_rules
-from distrun.cli import main
-from distrun.ending import collect_limits
+from distrun.cli.main import main
 from distrun.errors import UserError
-from distrun.fetch import check_path, holders
-from distrun.inventory import cluster_from_json
-from distrun.runs import new_run
+from distrun.inventory.cluster import cluster_from_json
+from distrun.run import collect, collect_rules
+from distrun.run.ending import collect_limits
+from distrun.run.fetch import check_path, holders
+from distrun.store.runs import new_run
 
 MIB = 1 << 20
 

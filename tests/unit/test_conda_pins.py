@@ -1,6 +1,6 @@
 """Conda pins that conda-forge cannot solve are refused: by the runner when it reads the inventory
 (before any play runs) and by role mpi_env before it installs anything, with one rule
-(distrun.rules.conda_pins); after a solve, the role's check fails a host whose env holds another
+(distrun.inventory.rules.conda_pins); after a solve, the role's check fails a host whose env holds another
 Open MPI than the pin."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun import contract, rules
+from distrun.inventory import contract, rules
 
 from .conftest import distrun_bin
 

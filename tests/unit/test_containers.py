@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from distrun import containers, records
-from distrun.containers import Container
 from distrun.errors import PlanError
 from distrun.launchers import launcher_named, mpirun_argv, sbatch_script
 from distrun.launchers.slurm import multi_job_script
-from distrun.liveness import recorded_plan
-from distrun.plan import build_plan
-from distrun.run_files import launch_scripts, plan_files
+from distrun.planning import containers
+from distrun.planning.containers import Container
+from distrun.planning.plan import build_plan
+from distrun.planning.run_files import launch_scripts, plan_files
+from distrun.run.liveness import recorded_plan
+from distrun.ui import data as records
 
 from .test_launchers import MIXED, cluster, net
 
@@ -180,7 +181,7 @@ def test_stop_removes_the_runs_containers_by_label():
 def test_the_dry_run_shows_the_image_and_the_container_start(private_state):
     from click.testing import CliRunner
 
-    from distrun.cli import main
+    from distrun.cli.main import main
 
     from .cli_cases import TWO
 
@@ -197,7 +198,7 @@ def test_the_dry_run_shows_the_image_and_the_container_start(private_state):
 
 
 def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop_play(tmp_path):
-    from distrun import stop
+    from distrun.run import stop
 
     class Rec:
         id = "r1"

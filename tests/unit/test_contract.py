@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from distrun import contract
+from distrun.inventory import contract
 
 from .conftest import REPO
 

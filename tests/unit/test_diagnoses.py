@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun.diagnosis import diagnose
+from distrun.run.diagnosis import diagnose
 
 DATA = Path(__file__).parent / "data" / "openmpi"
 

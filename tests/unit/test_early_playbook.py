@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from distrun import ansible_bridge, train
-from distrun.ansible_bridge import run_playbook
-from distrun.ansible_start import ARGS_FROM, NO_ARGUMENTS, unix_address
-from distrun.early_playbook import EarlyPlaybook
 from distrun.errors import UserError
-from distrun.planning import JobRequest
+from distrun.planning.request import JobRequest
+from distrun.run import train
+from distrun.transport import ansible_bridge
+from distrun.transport.ansible_bridge import run_playbook
+from distrun.transport.ansible_start import ARGS_FROM, NO_ARGUMENTS, unix_address
+from distrun.transport.early_playbook import EarlyPlaybook
 
 PROGRAM = Path(sys.executable).parent / "distrun-ansible-playbook"
 pytestmark = pytest.mark.skipif(not os.access(PROGRAM, os.X_OK), reason=f"{PROGRAM} is not installed (pip install -e .)")
@@ -155,7 +156,7 @@ def test_the_command_line_starts_it_first_and_a_bad_flag_stops_it(play, started,
     """'distrun train' starts run.yml's program before it imports the rest of the runner; a flag
     it refuses after that (--prepare without --workdir) stops the program and leaves no record.
     --dry-run never starts one."""
-    from distrun.cli import main
+    from distrun.cli.main import main
 
     (play / "job.py").write_text("print('hi')\n")
     base = ["train", "--inventory", str(play / "hosts.yml"), "--script", str(play / "job.py")]

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from distrun import attempt_shell, follow, nodeprog, rundir
-from distrun.inventory import cluster_from_json
-from distrun.plan import build_plan
-from distrun.remote import as_user, run_each
+from distrun.inventory.cluster import cluster_from_json
+from distrun.planning.plan import build_plan
+from distrun.run import attempt_shell, follow
+from distrun.transport import nodeprog, rundir
+from distrun.transport.remote import as_user, run_each
 
 ME = getpass.getuser()
 HOSTS = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(("n1", "n2", "n3"), 1)}

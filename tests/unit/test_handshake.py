@@ -1,4 +1,4 @@
-"""The runner's half of run.yml's handshake (distrun.handshake) held against the playbook and the
+"""The runner's half of run.yml's handshake (distrun.transport.handshake) held against the playbook and the
 roles it runs: every gate, fact and tag the runner names is where the runner expects it, and the
 playbook names no fact or tag the runner does not know. An attempt's states, as the record keeps them."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from distrun import handshake as hs
-from distrun.handshake import Attempt, State
+from distrun.transport import handshake as hs
+from distrun.transport.handshake import Attempt, State
 
 REPO = Path(__file__).resolve().parents[2]
 

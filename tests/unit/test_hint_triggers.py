@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun.diagnosis import DIAGNOSES, FALLBACK_DIAGNOSES
+from distrun.run.diagnosis import DIAGNOSES, FALLBACK_DIAGNOSES
 
 from .conftest import REPO
 

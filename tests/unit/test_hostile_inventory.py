@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from distrun import rundir
-from distrun.attempt_shell import tail_command, wait_command
 from distrun.errors import InventoryError, PlanError
-from distrun.inventory import Node, cluster_from_json
+from distrun.inventory.cluster import Node, cluster_from_json
 from distrun.launchers.slurm import sbatch_files
-from distrun.logs import remote_log_command
-from distrun.plan import build_plan
-from distrun.remote import shell_argv
-from distrun.run_files import launch_scripts, render_rank_wrapper
+from distrun.planning.plan import build_plan
+from distrun.planning.run_files import launch_scripts, render_rank_wrapper
+from distrun.run.attempt_shell import tail_command, wait_command
+from distrun.run.logs import remote_log_command
+from distrun.transport import rundir
+from distrun.transport.remote import shell_argv
 
 from .test_cli import run
 

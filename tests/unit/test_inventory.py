@@ -7,7 +7,7 @@ import json
 import pytest
 
 from distrun.errors import InventoryError
-from distrun.inventory import load_cluster, render_hostfile
+from distrun.inventory.cluster import load_cluster, render_hostfile
 
 TWO_NODE_YAML = """
 all:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from distrun import inventory, inventory_cache, inventory_read
+from distrun.inventory import cache as inventory_cache
+from distrun.inventory import cluster as inventory
+from distrun.inventory import read as inventory_read
 
 HOSTS = """\
 head:

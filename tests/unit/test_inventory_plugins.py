@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun.ansible_bridge import inventory_plugins
+from distrun.transport.ansible_bridge import inventory_plugins
 
 YAML = "all:\n  children:\n    head:\n      hosts:\n        node1:\n    workers:\n      hosts:\n        node2:\n"
 INI = "[head]\nnode1\n\n[workers]\nnode2\n"

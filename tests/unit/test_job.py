@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun import bundle, collect, follow, handshake, logs, planning, run_files
-from distrun.check import preflight_vars
-from distrun.inventory import cluster_from_json
-from distrun.plan import build_plan
-from distrun.playbook_events import EventReader, HostProgress, PlaybookResult
-from distrun.runs import new_run
+from distrun.inventory.cluster import cluster_from_json
+from distrun.planning import bundle, run_files
+from distrun.planning import request as planning
+from distrun.planning.plan import build_plan
+from distrun.preflight.check import preflight_vars
+from distrun.run import collect, follow, logs
+from distrun.store.runs import new_run
+from distrun.transport import handshake
+from distrun.transport.playbook_events import EventReader, HostProgress, PlaybookResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -177,7 +180,7 @@ def test_facts_about_another_machine_are_not_planned_from(tmp_path, monkeypatch)
     import json
 
     from distrun import paths
-    from distrun.inventory import Cluster, Node
+    from distrun.inventory.cluster import Cluster, Node
 
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     inv = tmp_path / "hosts.yml"
@@ -199,7 +202,7 @@ def test_facts_about_another_machine_are_not_planned_from(tmp_path, monkeypatch)
 def test_a_record_written_with_keys_this_version_lacks_is_still_listed(tmp_path, monkeypatch):
     import json
 
-    from distrun import runs
+    from distrun.store import runs
 
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     run = new_run("train", tmp_path / "hosts.yml")
@@ -303,7 +306,7 @@ def test_only_a_first_attempt_without_steps_is_staged_by_the_probes(preflight, r
 
 
 def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
-    from distrun.follow import Starter
+    from distrun.run.follow import Starter
 
     starter = Starter(None, type("P", (), {"container": None})())  # type: ignore[arg-type]
     starter.created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
@@ -395,7 +398,7 @@ def test_run_yml_stages_nothing_before_every_node_is_in_play_and_the_run_holds_t
     import sys
     import threading
 
-    from distrun import ansible_bridge
+    from distrun.transport import ansible_bridge
 
     gate = tmp_path / "claim"
     if claim in ("held", "allowed", "refused"):
@@ -450,7 +453,7 @@ def test_each_stage_step_applies_only_where_the_runner_says_some_step_is_needed(
 def test_the_starter_notes_the_attempts_states_from_the_plays_events(monkeypatch, answer, end):
     """judged on the verdict fact (a failing judge task carries it too), staged when the launchers
     start, launched or launch failed when they answered."""
-    from distrun.handshake import Attempt
+    from distrun.transport.handshake import Attempt
 
     attempt = Attempt(0)
     starter, _ = _starter(monkeypatch, stage_hosts=["node1"], after_steps=True, attempt=attempt)

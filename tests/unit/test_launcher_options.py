@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun.cli import main
+from distrun.cli.main import main
 from distrun.errors import UserError
 from distrun.launchers import LAUNCHERS
 from distrun.launchers.options import COMMAND_LINE, DEFAULT, LauncherOption, Resolved, resolve

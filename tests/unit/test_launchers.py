@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from distrun.errors import PlanError
-from distrun.inventory import cluster_from_json
+from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
-from distrun.network import Iface, NetworkChoice
-from distrun.placement import allocate
-from distrun.plan import build_plan, render_hostfile
-from distrun.run_files import render_rank_wrapper
+from distrun.planning.network import Iface, NetworkChoice
+from distrun.planning.placement import allocate
+from distrun.planning.plan import build_plan, render_hostfile
+from distrun.planning.run_files import render_rank_wrapper
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:
@@ -153,7 +153,7 @@ def test_sbatch_script_uniform_and_uneven_slots():
 
 
 def test_failure_messages_name_the_cause_not_ansibles_summary():
-    from distrun.playbook_events import _message
+    from distrun.transport.playbook_events import _message
 
     assert _message({"msg": "non-zero return code", "stderr": "Traceback...\nModuleNotFoundError: No module named 'mpi4py'"}) \
         == "ModuleNotFoundError: No module named 'mpi4py'"

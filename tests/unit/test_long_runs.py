@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from distrun import busy, controller, liveness, reconcile, restarts, rundir, runs
 from distrun.errors import UserError
-from distrun.inventory import cluster_from_json
+from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers.mpirun import Mpirun
-from distrun.logs import log_text
-from distrun.plan import build_plan
-from distrun.run_files import launch_scripts
+from distrun.planning.plan import build_plan
+from distrun.planning.run_files import launch_scripts
+from distrun.run import busy, liveness, reconcile, restarts
+from distrun.run.logs import log_text
+from distrun.store import controller, runs
+from distrun.transport import rundir
 
 from .conftest import distrun_bin
 
@@ -269,7 +271,7 @@ def test_a_lost_node_leaves_the_run_in_reach_while_another_launch_host_answers(l
 
 def test_logs_follow_of_a_run_nothing_follows_reads_the_head_and_ends_with_the_run(tmp_path, monkeypatch):
     local = LocalRun(tmp_path, monkeypatch, "for i in 1 2 3; do echo line $i; sleep 0.5; done")
-    monkeypatch.setattr("distrun.logs._cluster", lambda run: local.cluster)
+    monkeypatch.setattr("distrun.run.logs._cluster", lambda run: local.cluster)
     local.launch()
     started = time.monotonic()
     text = "".join(log_text(local.run.id, None, follow=True))
@@ -280,7 +282,7 @@ def test_logs_follow_of_a_run_nothing_follows_reads_the_head_and_ends_with_the_r
 
 def test_logs_follow_of_a_lost_run_ends_at_once_with_one_line(tmp_path, monkeypatch):
     local = LocalRun(tmp_path, monkeypatch, "true")
-    monkeypatch.setattr("distrun.logs._cluster", lambda run: local.cluster)
+    monkeypatch.setattr("distrun.run.logs._cluster", lambda run: local.cluster)
     (local.dir / "launcher-n1.pid").write_text(f"{dead_pid()}\n")
     with pytest.raises(UserError, match="is lost: the launcher on n1 ended without writing its exit code"):
         "".join(log_text(local.run.id, None, follow=True))
@@ -355,7 +357,7 @@ def test_a_refusal_names_the_run_whose_process_forged_another_runs_tag(proc_view
 def test_a_claim_ends_with_the_process_that_held_it(proc_view):
     host = f"unit-{os.getpid()}-b"
     cluster = local_cluster((host,))
-    code = ("import sys, time; sys.path[:0] = sys.argv[1:]; from distrun import busy; from tests.unit.test_long_runs import "
+    code = ("import sys, time; sys.path[:0] = sys.argv[1:]; from distrun.run import busy; from tests.unit.test_long_runs import "
             f"local_cluster; busy.PROC = {str(proc_view)!r}; busy.claim(local_cluster(({host!r},)), [{host!r}], '20260101-000000-train-ccc3'); "
             "print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parents[2]), str(Path(__file__).parents[2] / "runner")],

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from distrun.netjudge import cause
-from distrun.netjudge import verdict as net_verdict
+from distrun.preflight.netjudge import cause
+from distrun.preflight.netjudge import verdict as net_verdict
 
 from .test_preflight_needs import failed, judge, probe
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distrun.errors import PlanError
-from distrun.network import Iface, choose_interfaces, ifaces_from_facts
+from distrun.planning.network import Iface, choose_interfaces, ifaces_from_facts
 
 
 def facts(**ifaces):
@@ -80,7 +80,7 @@ def test_a_host_without_an_address_on_distrun_network_or_an_override_off_it_is_r
 
 
 def test_the_preflight_calls_each_node_at_its_address_on_the_ranks_network():
-    from distrun import rules
+    from distrun.inventory import rules
 
     facts = {"ansible_all_ipv4_addresses": ["10.0.0.12", "10.9.0.12"]}
     assert rules.network_address("10.0.0.12", facts, "10.9.0.0/24") == "10.9.0.12"

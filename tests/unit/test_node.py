@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import nodeprog
+from distrun.transport import nodeprog
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = REPO / "roles" / "job" / "files" / "node.py"
@@ -247,11 +247,11 @@ def test_a_bad_call_is_one_line_and_exit_2(argv, message):
 
 
 def test_the_attempt_folders_are_the_run_directorys_own(tmp_path, procs):
-    """Each attempt's launch script works in its folder attempts/<n>/ (runner/distrun/rundir.py):
+    """Each attempt's launch script works in its folder attempts/<n>/ (runner/distrun/transport/rundir.py):
     the scan finds the run by it; a group recorded in the last attempt's folder counts, one an
     earlier attempt recorded does not (that attempt was stopped before the next began)."""
     sys.path.insert(0, str(REPO / "runner"))
-    from distrun import rundir
+    from distrun.transport import rundir
 
     node_text = NODE.read_text()
     assert f'ATTEMPTS = "{rundir.ATTEMPTS}"' in node_text

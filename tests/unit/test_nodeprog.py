@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun import nodeprog
+from distrun.transport import nodeprog
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "job" / "files"
 

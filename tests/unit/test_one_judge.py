@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from distrun import ansible_bridge, check, handshake
-from distrun.playbook_events import HostProgress, PlaybookResult
+from distrun.preflight import check
+from distrun.transport import ansible_bridge, handshake
+from distrun.transport.playbook_events import HostProgress, PlaybookResult
 
 from .conftest import REPO
 from .test_check import NODES, SETUP

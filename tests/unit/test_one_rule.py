@@ -1,5 +1,5 @@
 """Each cluster rule has one home: a node's address, its GPU count, the env-prefix default, the
-slots rule and the hostfile's text are written once (distrun.rules and role distrun), and the
+slots rule and the hostfile's text are written once (distrun.inventory.rules and role distrun), and the
 roles and the runner use that one place. A second copy of a rule is how two parts of a cluster
 come to disagree, so this test fails on one."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .conftest import REPO
 
-RULES = "runner/distrun/rules.py"
+RULES = "runner/distrun/inventory/rules.py"
 DEFAULTS = "roles/distrun/defaults/main.yml"
 
 
@@ -72,8 +72,8 @@ def test_one_mpi_prefix_rule():
 
 def test_one_conda_pins_rule():
     # Which conda pins cannot be solved is written once: the runner's inventory check and role
-    # mpi_env's assert both ask distrun.rules.conda_pins.
+    # mpi_env's assert both ask distrun.inventory.rules.conda_pins.
     assert homes(r"cannot be\W+solved on conda-forge") == {RULES}
     assert homes(r"version\(['\"]4\.1['\"]") == set()
     assert "distrun_conda_pins(" in (REPO / "roles/mpi_env/tasks/assert.yml").read_text()
-    assert "rules.conda_pins(" in (REPO / "runner/distrun/contract.py").read_text()
+    assert "rules.conda_pins(" in (REPO / "runner/distrun/inventory/contract.py").read_text()

@@ -15,20 +15,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun.bundle import record_plan
 from distrun.errors import InventoryError, PlanError, UserError
-from distrun.inventory import cluster_from_json, load_cluster
-from distrun.jobenv import env_file_warning, inventory_env, read_env_file, run_env
+from distrun.inventory.cluster import cluster_from_json, load_cluster
+from distrun.inventory.scaffold import write_inventory
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.launchers.slurm import multi_job_script
-from distrun.needs import WORKLOAD_MODULES
-from distrun.plan import build_plan, render_hostfile
-from distrun.prepare import prepare_argv, run_prepare
-from distrun.run_files import render_rank_wrapper
-from distrun.runs import new_run
-from distrun.scaffold import write_inventory
-from distrun.selection import host_names, select
-from distrun.variables import VARIABLES, split_words, substitute, substitute_strict
+from distrun.planning.bundle import record_plan
+from distrun.planning.jobenv import env_file_warning, inventory_env, read_env_file, run_env
+from distrun.planning.needs import WORKLOAD_MODULES
+from distrun.planning.plan import build_plan, render_hostfile
+from distrun.planning.run_files import render_rank_wrapper
+from distrun.planning.selection import host_names, select
+from distrun.planning.variables import VARIABLES, split_words, substitute, substitute_strict
+from distrun.project.prepare import prepare_argv, run_prepare
+from distrun.store.runs import new_run
 
 from .conftest import REPO, distrun_bin
 
@@ -108,7 +108,7 @@ def test_launcher_args_follow_distruns_own_options_in_every_launcher():
 
 def test_launcher_args_are_quoted_where_a_shell_reads_them():
     plan = project_plan(launcher_args=("-x", "A=$(touch /tmp/p); b"))
-    from distrun.run_files import launch_scripts
+    from distrun.planning.run_files import launch_scripts
     script = launch_scripts(plan)["n1"]
     assert "'A=$(touch /tmp/p); b'" in script
 
@@ -171,7 +171,7 @@ def test_values_never_reach_the_plan_the_scripts_or_the_commands(tmp_path, priva
                       extra_env={"TOKEN": "s3cr3t"})
     assert plan.user_env_keys == ("TOKEN",)
     run = new_run("train", Path("/inv/prod"))
-    from distrun.run_files import launch_scripts, plan_files
+    from distrun.planning.run_files import launch_scripts, plan_files
     record_plan(run, plan, plan_files(plan), launch_scripts(plan), {"prepare": shlex.join(prepare_argv(c.head, plan))})
     for f in run.dir.iterdir():
         assert "s3cr3t" not in f.read_text(), f

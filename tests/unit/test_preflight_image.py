@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from distrun.containers import Container
-from distrun.needs import preflight_needs
-from distrun.plan import build_plan
+from distrun.planning.containers import Container
+from distrun.planning.needs import preflight_needs
+from distrun.planning.plan import build_plan
 
 from .test_check import NODES
 from .test_preflight_needs import PROBE, cluster, failed, judge, probe

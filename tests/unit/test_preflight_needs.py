@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distrun.inventory import cluster_from_json
-from distrun.judge import verdict
-from distrun.judge_report import build_report, refusal
-from distrun.needs import preflight_needs
-from distrun.plan import build_plan
+from distrun.inventory.cluster import cluster_from_json
+from distrun.planning.needs import preflight_needs
+from distrun.planning.plan import build_plan
+from distrun.preflight.judge import verdict
+from distrun.preflight.report import build_report, refusal
 
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe

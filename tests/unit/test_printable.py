@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from distrun import ui
-from distrun.cli import main
+from distrun.cli.main import main
 from distrun.printable import Stream, printable
-from distrun.runs import new_run
+from distrun.store.runs import new_run
+from distrun.ui import console as ui
 
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"  # put 'rm -rf ~' on the clipboard
 HOSTILE = {
@@ -90,7 +90,7 @@ def test_runs_show_and_logs_show_a_hostile_run_as_data(private_state, tmp_path, 
 
 
 def test_train_view_prints_a_rank_line_as_data(capsys):
-    from distrun.ui_run import TrainView
+    from distrun.ui.run import TrainView
 
     ui.configure()
     view = TrainView()

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from distrun import nodeprog, staging
+from distrun.run import staging
+from distrun.transport import nodeprog
 
 from .test_security import SECRET, local_upload
 
@@ -55,7 +56,7 @@ def test_the_probe_stages_the_run_in_its_round_trip_and_a_refusal_removes_it(tmp
     assert (run_dir / "hostfile").read_text() == "n1 slots=1\n"
     assert (run_dir / "env.sh").read_text() == f"export TOKEN='{SECRET}'\n"
     # What the runner starts on: the probe's answer that it unpacked this run.
-    from distrun.follow import PlaybookEvent, staged_run
+    from distrun.run.follow import PlaybookEvent, staged_run
     assert staged_run(PlaybookEvent("ok", host, "probe", data={"stdout": json.dumps(found)})) == run_id
     # Refused: the folders the probe made are removed, the shared folder's other runs are not.
     other = shared / "runs" / "other-run"

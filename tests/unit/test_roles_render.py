@@ -2,7 +2,7 @@
 
 Runs playbooks/hostfile.yml with a local connection (no host is contacted, a few seconds) on
 inventories whose hosts all point at this machine, and compares the file it writes with
-distrun.inventory.render_hostfile for the same inventory.
+distrun.inventory.cluster.render_hostfile for the same inventory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distrun import inventory
+from distrun.inventory import cluster as inventory
 
 from .conftest import REPO
 

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from distrun import attempt_shell, follow, liveness, nodeprog, run_files, rundir
-from distrun.containers import Container
-from distrun.diagnosis import rank_logs
 from distrun.launchers import launcher_named
 from distrun.launchers.torchrun import Torchrun
-from distrun.plan import build_plan
-from distrun.runs import Run, RunMeta
+from distrun.planning import run_files
+from distrun.planning.containers import Container
+from distrun.planning.plan import build_plan
+from distrun.run import attempt_shell, follow, liveness
+from distrun.run.diagnosis import rank_logs
+from distrun.store.runs import Run, RunMeta
+from distrun.transport import nodeprog, rundir
 
 from .test_follow import plan_in, sh
 from .test_launchers import MIXED, cluster

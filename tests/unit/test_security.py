@@ -21,14 +21,19 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from distrun import ansible_bridge, bundle, cli, collect, collect_rules, run_files, runs, stop, train, ui
-from distrun.envnames import check_env_key
+from distrun.cli import main as cli
 from distrun.errors import PlanError, UserError
-from distrun.inventory import cluster_from_json
+from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
-from distrun.plan import build_plan
-from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
-from distrun.run_files import render_env_file, render_rank_wrapper
+from distrun.planning import bundle, run_files
+from distrun.planning.envnames import check_env_key
+from distrun.planning.plan import build_plan
+from distrun.planning.run_files import render_env_file, render_rank_wrapper
+from distrun.run import collect, collect_rules, stop, train
+from distrun.store import runs
+from distrun.transport import ansible_bridge
+from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
+from distrun.ui import console as ui
 
 from .conftest import REPO, distrun_bin
 
@@ -612,8 +617,8 @@ def local_upload(tmp_path: Path, tag: str) -> dict:
     upload waits."""
     import pwd
 
-    from distrun import staging
-    from distrun.inventory import cluster_from_json
+    from distrun.inventory.cluster import cluster_from_json
+    from distrun.run import staging
 
     me = pwd.getpwuid(os.getuid()).pw_name
     host = f"unit-{os.getpid()}-{tag}"
@@ -635,7 +640,7 @@ def local_upload(tmp_path: Path, tag: str) -> dict:
 
 
 def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpacks_them(tmp_path, monkeypatch):
-    """distrun.staging and role job's files/stage.py together, on this machine as the training
+    """distrun.run.staging and role job's files/stage.py together, on this machine as the training
     user: the upload keeps the run's variables (a secret) in a 0600 file of the user's own home,
     never on a command line; the stage step unpacks it, writes env.sh 0600 and removes the
     upload; a failed upload stages nothing and says which host and why; a refused run's upload
@@ -643,7 +648,7 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
     import subprocess
     import sys
 
-    from distrun import staging
+    from distrun.run import staging
 
     up = local_upload(tmp_path, "s")
     cluster, host, run_id, gate, incoming = up["cluster"], up["host"], up["run_id"], up["gate"], up["incoming"]
@@ -655,13 +660,13 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
         config = {"run_id": run_id, "run_dir": str(shared / "runs" / run_id), "checkpoint_dir": "", "shared_dir": str(shared),
                   "workloads_digest": "d1", "upload": gate.read_text().strip()}
         assert SECRET not in json.dumps(config)
-        from distrun import nodeprog
+        from distrun.transport import nodeprog
         script = nodeprog.text("stage")  # behind the node programs' shared head, as the stage step sends it
         done = subprocess.run([sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"changed": True, "staged": run_id, "created": [config["run_dir"]]}
         # What the runner launches on: this node's answer that it unpacked this run.
-        from distrun.follow import PlaybookEvent, staged_run
+        from distrun.run.follow import PlaybookEvent, staged_run
         assert staged_run(PlaybookEvent("changed", host, "stage", data={"stdout": done.stdout})) == run_id
         env = shared / "runs" / run_id / "env.sh"
         assert env.read_text() == f"export TOKEN='{SECRET}'\n" and stat.S_IMODE(env.stat().st_mode) == 0o600

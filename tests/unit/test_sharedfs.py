@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distrun import sharedfs
-from distrun.judge import verdict
-from distrun.judge_report import build_report, refusal
+from distrun.preflight import sharedfs
+from distrun.preflight.judge import verdict
+from distrun.preflight.report import build_report, refusal
 
 from .test_check import NODES, SETUP
 from .test_preflight_needs import OK_STATES, failed, probe

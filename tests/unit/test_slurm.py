@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from distrun.errors import UserError
-from distrun.inventory import cluster_from_json
+from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import slurm
 from distrun.launchers.slurm import multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
-from distrun.plan import build_plan
+from distrun.planning.plan import build_plan
 
 from .conftest import REPO, distrun_bin
 
@@ -167,8 +167,8 @@ def test_cli_dry_run_prints_the_script_and_a_real_run_needs_slurm_enabled(cli_en
 
 
 def test_rank_logs_name_the_rank_that_aborted_when_srun_killed_every_task(tmp_path):
-    from distrun.diagnosis import first_failure
     from distrun.launchers import LAUNCHERS
+    from distrun.run.diagnosis import first_failure
 
     logs = {}
     for rank, host, body in ((0, "node1", "SCRIPT rank 0\n"),

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from distrun import judge, judge_report
-from distrun.bundle import run_vars
 from distrun.errors import InventoryError, UserError
-from distrun.inventory import load_cluster
+from distrun.inventory.cluster import load_cluster
 from distrun.launchers import launcher_named, slurm
-from distrun.plan import build_plan
-from distrun.run_files import launch_scripts, plan_files
-from distrun.runs import new_run
+from distrun.planning.bundle import run_vars
+from distrun.planning.plan import build_plan
+from distrun.planning.run_files import launch_scripts, plan_files
+from distrun.preflight import judge
+from distrun.preflight import report as judge_report
+from distrun.store.runs import new_run
 
 from .conftest import REPO, distrun_bin
 

@@ -9,7 +9,7 @@ from tests.harness import podcluster
 
 
 def _repo(tmp_path):
-    for rel, text in {"roles/base/tasks/main.yml": "- name: a\n", "runner/distrun/cli.py": "x = 1\n",
+    for rel, text in {"roles/base/tasks/main.yml": "- name: a\n", "runner/distrun/cli/main.py": "x = 1\n",
                       "inventory/test/group_vars/all.yml": "a: 1\n", "docs/guide.md": "# guide\n",
                       ".gitignore": "inventory/test/hosts.yml\n"}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from distrun import run_files, rundir
-from distrun.diagnosis import first_failure
 from distrun.launchers import LAUNCHERS
-from distrun.plan import JobPlan, build_plan
+from distrun.planning import run_files
+from distrun.planning.plan import JobPlan, build_plan
+from distrun.run.diagnosis import first_failure
+from distrun.transport import rundir
 
 from .test_launchers import MIXED, cluster
 
@@ -158,7 +159,7 @@ def test_rank_logs_and_names_are_where_collect_and_clashes_look():
 def _cli(args: list[str]) -> tuple[int, str, str]:
     from click.testing import CliRunner
 
-    from distrun.cli import main
+    from distrun.cli.main import main
 
     result = CliRunner().invoke(main, args, prog_name="distrun", env={"DISTRUN_INVENTORY": None})
     return result.exit_code, result.stdout, result.stderr
@@ -190,7 +191,7 @@ def test_the_cli_refuses_a_misspelt_launcher_and_launcher_args_for_ssh():
 
 
 def test_with_an_image_each_rank_starts_in_its_own_container():
-    from distrun.containers import Container
+    from distrun.planning.containers import Container
 
     from .test_containers import IMAGE
 

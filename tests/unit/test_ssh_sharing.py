@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from distrun import paths
-from distrun.ansible_bridge import ansible_env
-from distrun.inventory import Node
-from distrun.remote import KEEPALIVE_COUNT, KEEPALIVE_S, shell_argv
+from distrun.inventory.cluster import Node
+from distrun.transport.ansible_bridge import ansible_env
+from distrun.transport.remote import KEEPALIVE_COUNT, KEEPALIVE_S, shell_argv
 
 REPO = Path(__file__).resolve().parents[2]
 # The test cluster's inventory asks for masters as well, as a site's may.

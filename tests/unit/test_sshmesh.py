@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from distrun import follow, launching, sshmesh, train
 from distrun.errors import UserError
-from distrun.inventory import cluster_from_json
-from distrun.judge import verdict
-from distrun.judge_report import refusal
-from distrun.listener import Listener
-from distrun.planning import JobRequest
-from distrun.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
-from distrun.runs import Phases, new_run
+from distrun.inventory.cluster import cluster_from_json
+from distrun.planning.request import JobRequest
+from distrun.preflight import sshmesh
+from distrun.preflight.judge import verdict
+from distrun.preflight.report import refusal
+from distrun.run import follow, launching, train
+from distrun.run.listener import Listener
+from distrun.store.runs import Phases, new_run
+from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 
 from .test_check import NODES, SETUP
 from .test_one_judge import JUDGE_PLAY as ONE_JUDGE_PLAY
@@ -233,7 +234,7 @@ JUDGE_PLAY = ONE_JUDGE_PLAY + """\
 def test_the_roles_judge_step_publishes_the_fingerprints_and_fails_the_unverified_head(tmp_path, monkeypatch):
     """The role for real, on three local hosts whose probe results the inventory holds: node3's
     fingerprint changed since the baseline the runner passes."""
-    from distrun import ansible_bridge
+    from distrun.transport import ansible_bridge
 
     probes = banner_probes({**FP, "node3": "sha256:new"})
     hosts = {h: {"_preflight_probe_run": {"stdout": json.dumps(p)}} for h, p in probes.items()}

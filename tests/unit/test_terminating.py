@@ -16,7 +16,7 @@ import pytest
 # when interrupted, does what train's Ctrl-C path does: stop, collect, close the record.
 PROGRAM = r"""
 import sys, time
-import distrun.train
+import distrun.run.train
 from distrun import terminating
 
 def run_job(request, view, early, t0):
@@ -29,10 +29,10 @@ def run_job(request, view, early, t0):
         print(f"record: stopped, {terminating.word()}, rc {terminating.exit_code()}", flush=True)
         return terminating.exit_code()
 
-distrun.train.run_job = run_job
-import distrun.cli
+distrun.run.train.run_job = run_job
+import distrun.cli.main
 sys.argv = ["distrun", "train", "-i", sys.argv[1]]
-distrun.cli.run()
+distrun.cli.main.run()
 """
 
 
@@ -102,9 +102,9 @@ def test_a_sighup_ignored_at_start_stays_ignored(tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM])
 def test_sigterm_outside_a_run_is_one_line_and_143(tmp_path, signum):
-    proc = subprocess.Popen([sys.executable, "-c", "import sys, time, distrun.cli, distrun.cli_records as r\n"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time, distrun.cli.main, distrun.cli.records as r\n"
                              "r.runs.callback = lambda **k: (print('listing', flush=True), time.sleep(30))\n"
-                             "sys.argv = ['distrun', 'runs']\ndistrun.cli.run()\n"],
+                             "sys.argv = ['distrun', 'runs']\ndistrun.cli.main.run()\n"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={"PATH": "/usr/bin:/bin", "DISTRUN_HOME": str(tmp_path / "s"), "HOME": str(tmp_path)})
     assert proc.stdout is not None and proc.stdout.readline().strip() == "listing"
@@ -121,7 +121,7 @@ def test_a_sighup_while_a_playbook_runs_only_flags_it_as_sigterm_does():
     import os
 
     from distrun import terminating
-    from distrun.ansible_bridge import FlagSignals
+    from distrun.transport.ansible_bridge import FlagSignals
 
     before = signal.getsignal(signal.SIGHUP)
     saved = os.dup(1), os.dup(2)

@@ -8,8 +8,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from distrun.inventory import cluster_from_json
-from distrun.workdir import (
+from distrun.inventory.cluster import cluster_from_json
+from distrun.project.workdir import (
     LOCAL_RSH,
     node_path,
     parse_ignore,

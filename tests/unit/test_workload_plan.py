@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from distrun.errors import PlanError
-from distrun.needs import preflight_needs
-from distrun.plan import build_plan
+from distrun.planning.needs import preflight_needs
+from distrun.planning.plan import build_plan
 
 from .test_launchers import MIXED, cluster
 

@@ -1,7 +1,7 @@
 """Filters that apply distrun's cluster rules in the roles, from the runner's own code.
 
-The rules live in the ``distrun`` Python package (``distrun.rules``, ``distrun.judge``,
-``distrun.judge_report``); this file only adapts Ansible's hostvars to them. Ansible normally runs
+The rules live in the ``distrun`` Python package (``distrun.inventory.rules``, ``distrun.preflight.judge``,
+``distrun.preflight.report``); this file only adapts Ansible's hostvars to them. Ansible normally runs
 from the environment distrun is installed in; otherwise the package is found next to these roles
 (a checkout's ``runner/``, or the ``site-packages`` that holds an installed ``distrun/_project``).
 """
@@ -12,14 +12,16 @@ import sys
 from pathlib import Path
 
 try:
-    from distrun import rules, sshmesh
+    from distrun.inventory import rules
+    from distrun.preflight import sshmesh
 except ImportError:  # ansible-playbook from another Python: use the package beside the roles
     _here = Path(__file__).resolve()
     for _candidate in (_here.parents[3] / "runner", _here.parents[5]):
-        if (_candidate / "distrun" / "rules.py").is_file():
+        if (_candidate / "distrun" / "inventory" / "rules.py").is_file():
             sys.path.insert(0, str(_candidate))
             break
-    from distrun import rules, sshmesh
+    from distrun.inventory import rules
+    from distrun.preflight import sshmesh
 # The judge and the shared-folder rules are imported by the filters that use them: each task's
 # worker process loads this file, and the probe's workers need neither.
 
@@ -67,21 +69,21 @@ def hostfile(nodes: object, hostvars: object) -> str:
 
 def preflight_report(probes: object, **options: object) -> dict:
     """The preflight's verdict (check -> node -> ok, detail, fix) from every node's probe."""
-    from distrun import judge, judge_report
+    from distrun.preflight import judge, report as judge_report
 
     return judge_report.as_dicts(judge.verdict(probes, **options))  # type: ignore[arg-type]
 
 
 def preflight_problems(verdict: object, host: str) -> list[str]:
     """What the verdict finds wrong on one host, one line per check, with the fix."""
-    from distrun import judge_report
+    from distrun.preflight import report as judge_report
 
     return judge_report.problems(judge_report.from_dicts(verdict), str(host))  # type: ignore[arg-type]
 
 
 def preflight_blamed(verdict: object) -> list[str]:
     """The nodes a verdict finds anything wrong on."""
-    from distrun import judge_report
+    from distrun.preflight import report as judge_report
 
     return judge_report.blamed(judge_report.from_dicts(verdict))  # type: ignore[arg-type]
 
@@ -98,7 +100,7 @@ def ssh_mesh(probes: object, **options: object) -> dict:
 
 def shared_fs_external(findings: object, **options: object) -> dict:
     """external mode at setup: host -> what is wrong with the shared filesystem there, with the fix."""
-    from distrun import sharedfs
+    from distrun.preflight import sharedfs
 
     return sharedfs.external_setup(findings, **options)  # type: ignore[arg-type]
 

@@ -1,7 +1,7 @@
 """Lookup of role distrun: wait for the controller's answer in a gate file.
 
 A run's controller decides some things while ansible-playbook runs (whether the run holds its
-hosts: distrun.busy.Pending); a task that must not go on before the answer reads it with this
+hosts: distrun.run.busy.Pending); a task that must not go on before the answer reads it with this
 lookup, which waits until the file exists. The controller writes it whole (a rename), once.
 """
 

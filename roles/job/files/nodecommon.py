@@ -2,13 +2,13 @@
 the call protocol they share, written once.
 
 It is sent in front of each program as one source, ``python3 -I -c <nodecommon.py + program>
-VERB '<config JSON>'`` (runner/distrun/nodeprog.py composes it; so does role job's stop.yml), so a
+VERB '<config JSON>'`` (runner/distrun/transport/nodeprog.py composes it; so does role job's stop.yml), so a
 program uses these definitions without an import, and a node needs no file of distrun's. Run as
 a file on the controller (the unit tests), a program reads this file from beside it into its
 own namespace: the same one namespace as on a node. Standard library only; Python 3.9 or newer.
 
 The protocol: every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``
-(``answer``; runner/distrun/nodeprog.py's ``answer`` reads it back); a bad call prints one line,
+(``answer``; runner/distrun/transport/nodeprog.py's ``answer`` reads it back); a bad call prints one line,
 ``<program>: <why>``, on stderr and exits 2 (``serve``).
 """
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ..errors import PlanError
-from .base import Launcher
-from .mpirun import Mpirun, mpirun_argv
-from .slurm import Slurm, sbatch_script
-from .ssh import Ssh
-from .torchrun import Torchrun, torchrun_argv
+from distrun.errors import PlanError
+from distrun.launchers.base import Launcher
+from distrun.launchers.mpirun import Mpirun, mpirun_argv
+from distrun.launchers.slurm import Slurm, sbatch_script
+from distrun.launchers.ssh import Ssh
+from distrun.launchers.torchrun import Torchrun, torchrun_argv
 
 LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (Mpirun(), Torchrun(), Slurm(), Ssh())}
 

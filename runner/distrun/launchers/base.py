@@ -14,13 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
-from ..nodeprog import RUN_TAG
-from .options import LauncherOption, resolve
+from distrun.errors import UserError
+from distrun.launchers.options import LauncherOption, resolve
+from distrun.transport.nodeprog import RUN_TAG
 
 if TYPE_CHECKING:
-    from ..inventory import Cluster
-    from ..plan import JobPlan, RankHost
+    from distrun.inventory.cluster import Cluster
+    from distrun.planning.plan import JobPlan, RankHost
 
 # What the launchers and Open MPI print about the rank that failed first.
 MPI_ABORT = r"MPI_ABORT was invoked on rank (\d+)"

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import containers, rundir
-from .base import MPI_ABORT, MPI_PROCESS, Launcher
+from distrun.launchers.base import MPI_ABORT, MPI_PROCESS, Launcher
+from distrun.planning import containers
+from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from ..plan import JobPlan, RankHost
+    from distrun.planning.plan import JobPlan, RankHost
 
 # Variables forwarded to every rank from the launcher's environment. --prefix already sets
 # LD_LIBRARY_PATH for remote daemons; forwarding an unset one only makes mpirun warn.

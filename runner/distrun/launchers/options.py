@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
+from distrun.errors import UserError
 
 if TYPE_CHECKING:
-    from .base import Launcher
+    from distrun.launchers.base import Launcher
 
 FLAG = "--launcher-opt"
 COMMAND_LINE = "the command line"
@@ -47,7 +47,7 @@ class LauncherOption:
                 return None
             close = difflib.get_close_matches(value, self.choices, n=1, cutoff=0.5)
             return f"choose one of {', '.join(self.choices)}" + (f"; did you mean {close[0]}?" if close else "")
-        from ..inventory_values import value_problem
+        from distrun.inventory.values import value_problem
 
         what = value_problem(self.inventory_key or "", value) or ("a value" if not value else None)
         return f"give {what}" if what else None

@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import containers, rundir
-from .base import Launcher
+from distrun.launchers.base import Launcher
+from distrun.planning import containers
+from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from ..plan import JobPlan, RankHost
+    from distrun.planning.plan import JobPlan, RankHost
 
 SCRIPT = "ssh-ranks.sh"
 FAILED_RANK = r"distrun ssh: rank (\d+) ended with exit code [1-9]"

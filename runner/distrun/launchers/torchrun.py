@@ -6,11 +6,12 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import containers, rundir
-from .base import TORCHRUN_ROOT_CAUSE, Launcher
+from distrun.launchers.base import TORCHRUN_ROOT_CAUSE, Launcher
+from distrun.planning import containers
+from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from ..plan import JobPlan, RankHost
+    from distrun.planning.plan import JobPlan, RankHost
 
 
 def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None, store_host: bool | None = None,

@@ -11,16 +11,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ... import slurm_site
-from ...errors import UserError
-from ..base import MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE, Launcher
-from ..options import LauncherOption
-from .driver import STATE_EXIT, driver_files, driver_script, exit_code, rank_failure_lines
-from .sbatch import DEFAULT_MPI, ENV_PREFIXES, MODES, job_name, mode, multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
+from distrun.errors import UserError
+from distrun.inventory import slurm_site
+from distrun.launchers.base import MPI_ABORT, MPI_PROCESS, TORCHRUN_ROOT_CAUSE, Launcher
+from distrun.launchers.options import LauncherOption
+from distrun.launchers.slurm.driver import STATE_EXIT, driver_files, driver_script, exit_code, rank_failure_lines
+from distrun.launchers.slurm.sbatch import (
+    DEFAULT_MPI,
+    ENV_PREFIXES,
+    MODES,
+    job_name,
+    mode,
+    multi_job_script,
+    sbatch_files,
+    sbatch_script,
+    slurm_hostfile,
+)
 
 if TYPE_CHECKING:
-    from ...inventory import Cluster
-    from ...plan import JobPlan, RankHost
+    from distrun.inventory.cluster import Cluster
+    from distrun.planning.plan import JobPlan, RankHost
 
 __all__ = [
     "STATE_EXIT", "Slurm", "driver_files", "driver_script", "exit_code", "job_name", "mode", "multi_job_script",

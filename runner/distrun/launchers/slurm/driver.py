@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ... import rundir
-from .sbatch import mode, placed_by_hostfile
+from distrun.launchers.slurm.sbatch import mode, placed_by_hostfile
+from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from ...plan import JobPlan
+    from distrun.planning.plan import JobPlan
 
 # Final Slurm job state -> (distrun's exit code, what it means). The codes follow the shell's
 # conventions a user already knows: 124 like timeout(1), 130 like Ctrl-C, 137 like a SIGKILL

@@ -16,13 +16,14 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
-from ... import containers, rundir
-from ...errors import PlanError
-from ...rules import slurm_node_name
-from ..torchrun import torchrun_argv
+from distrun.errors import PlanError
+from distrun.inventory.rules import slurm_node_name
+from distrun.launchers.torchrun import torchrun_argv
+from distrun.planning import containers
+from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from ...plan import JobPlan, RankHost
+    from distrun.planning.plan import JobPlan, RankHost
 
 MODES = ("single", "multi-job")
 DEFAULT_MPI = "pmix"

@@ -1,0 +1,203 @@
+"""Ranks inside a container image: which image and runtime a run uses, the script that starts
+a container on a node, Slurm's pyxis options and the removal of a run's containers.
+
+Every container of a run shares the node's network, IPC namespace and (for ranks that mpirun
+starts one container each) its process namespace; it runs as the training user, sees the shared
+folder, the run directory and the workdir at their own paths, and gets its variables by name
+only (``--env NAME``): values stay in the environment, never in argv. Pure functions of the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from distrun.errors import PlanError
+
+if TYPE_CHECKING:
+    from distrun.planning.plan import JobPlan
+
+RUNTIMES = ("podman", "docker")
+DEFAULT_RUNTIME = "podman"
+SCRIPT = "container-run.sh"  # in the run directory, beside the rank wrapper
+RECORD = "image.json"  # in the run's record: the image every node's probe found
+LABEL = "distrun.run"
+
+# An OCI image reference: [registry[:port]/]path[:tag][@digest] (the distribution spec's grammar,
+# lower-case path components); never an option, never shell text.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)"
+_IMAGE = re.compile(rf"{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+                    r"(?:@sha256:[a-f0-9]{64})?")
+
+# What a rank reads to find its place: torch's names, distrun's and the interface choice. The
+# launcher's own (Open MPI's, PMIx's, Slurm's) are passed by the prefixes it declares
+# (``Launcher.env_prefixes``), whatever they are.
+RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+              "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DISTRUN_HOST")
+
+
+@dataclass(frozen=True)
+class Container:
+    image: str
+    runtime: str = DEFAULT_RUNTIME
+
+
+def check_image(ref: str, where: str) -> str:
+    """The image reference, or one line naming ``where`` (the flag or variable) and the fix."""
+    if not _IMAGE.fullmatch(ref):
+        raise PlanError(f"{where} {ref!r} is not an image reference; write it as [registry[:port]/]name[:tag]"
+                        "[@sha256:digest] in lower case, e.g. docker.io/library/python:3.11 or localhost/train:1")
+    return ref
+
+
+def check_runtime(name: str, where: str) -> str:
+    if name not in RUNTIMES:
+        raise PlanError(f"{where} {name!r}: choose one of {', '.join(RUNTIMES)}")
+    return name
+
+
+def choose(source: object, group_vars: Mapping[str, Any], image: str | None,
+           runtime: str | None) -> Container | None:
+    """The run's container: the flags win over the inventory's ``distrun_image`` and
+    ``distrun_container_runtime``; None where neither names an image."""
+    inv = f"inventory {source}:"
+    inv_runtime = str(group_vars.get("distrun_container_runtime") or "")
+    if inv_runtime:
+        check_runtime(inv_runtime, f"{inv} distrun_container_runtime")
+    chosen_runtime = runtime or inv_runtime or DEFAULT_RUNTIME
+    if runtime:
+        check_runtime(runtime, "--container-runtime")
+    if image:
+        return Container(check_image(image, "--image"), chosen_runtime)
+    inv_image = str(group_vars.get("distrun_image") or "")
+    if inv_image:
+        return Container(check_image(inv_image, f"{inv} distrun_image"), chosen_runtime)
+    if runtime:
+        raise PlanError("--container-runtime needs an image: add --image REF (or distrun_image in the inventory)")
+    return None
+
+
+def env_names(plan: JobPlan) -> list[str]:
+    """Every variable a container gets, by name: the ranks' own, the plan's and the user's --env."""
+    names = [*RANK_NAMES, *(k for k, _ in plan.env), *plan.user_env_keys]
+    return list(dict.fromkeys(names))
+
+
+def mounts(plan: JobPlan) -> list[str]:
+    """The folders a container sees at their own paths: the shared folder, the run directory
+    (inside it unless the plan says otherwise) and the workdir."""
+    paths = [plan.shared_dir.rstrip("/") or "/", plan.run_dir, *([plan.workdir] if plan.workdir else [])]
+    return list(dict.fromkeys(paths))
+
+
+def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
+    """The runtime's argv up to (not including) the image: fixed for every node of the run.
+
+    ``per_rank``: one container per rank, started by the host's mpirun (the hybrid model): the
+    ranks of a node sit in separate containers, yet Open MPI's shared-memory transport (vader)
+    copies between them with process_vm_readv on its peers' pids, which only works in one pid
+    namespace (``--pid=host``), and finds its peers' segments and the PMIx server of the host's
+    orted in the session folder under /tmp (bound at /tmp).
+    """
+    assert plan.container is not None
+    c = plan.container
+    argv = [c.runtime, "run", "--rm", "--network=host", "--ipc=host"]
+    if per_rank:
+        argv += ["--pid=host", "--volume", "/tmp:/tmp"]
+    if c.runtime == "podman":
+        # Rootless podman: the training user is the same uid inside, never root.
+        argv.append("--userns=keep-id")
+    argv += ["--label", f"{LABEL}={plan.run_id}"]
+    for path in mounts(plan):
+        argv += ["--volume", f"{path}:{path}"]
+    argv += ["--workdir", plan.start_dir]
+    for name in env_names(plan):
+        argv += ["--env", name]
+    return argv
+
+
+def gpu_args(runtime: str) -> list[str]:
+    """How a node's GPUs reach the container: CDI for podman, the NVIDIA runtime's flag for docker."""
+    return ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
+
+
+def script(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> str:
+    """container-run.sh: starts the container on its node and runs its arguments inside.
+
+    What only the node knows is added there: the launcher's variables by their prefix, docker's
+    user (the caller's uid and gid: docker's daemon would start it as root), and the GPUs of a
+    node the plan gives GPUs (by DISTRUN_HOST, which the rank wrapper or the launch sets).
+    """
+    assert plan.container is not None
+    c = plan.container
+    gpu_hosts = "|".join(shlex.quote(h.name) for h in plan.hosts if h.gpus > 0)
+    lines = [
+        "#!/bin/bash",
+        f"# Container start for distrun run {' '.join(plan.run_id.split())}. Generated; do not edit.",
+        "set -euo pipefail",
+        f"args=({shlex.join(run_argv(plan, per_rank=per_rank))})",
+    ]
+    if c.runtime == "docker":
+        lines.append('args+=(--user "$(id -u):$(id -g)")')
+    if prefixes:
+        patterns = "|".join(f"{p}*" for p in prefixes)
+        lines.append(f'for name in $(compgen -e); do case "$name" in {patterns}) args+=(--env "$name") ;; esac; done')
+    if gpu_hosts:
+        lines.append(f'case "${{DISTRUN_HOST:-}}" in {gpu_hosts}) args+=({shlex.join(gpu_args(c.runtime))}) ;; esac')
+    lines.append(f'exec "${{args[@]}}" {shlex.quote(c.image)} "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def script_path(plan: JobPlan) -> str:
+    return f"{plan.run_dir}/{SCRIPT}"
+
+
+def files(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> dict[str, str]:
+    """The run-directory file a launcher adds for a containerised plan ({} without an image);
+    ``prefixes``: the launcher's own variables its ranks need (``Launcher.env_prefixes``)."""
+    return {SCRIPT: script(plan, per_rank=per_rank, prefixes=prefixes)} if plan.container else {}
+
+
+def pyxis_args(plan: JobPlan) -> list[str]:
+    """srun's options under Slurm's pyxis plugin: every task in a container of the image, as the
+    submitting user, on the host's network, with the run's folders at their own paths; the job's
+    environment passes through as it is (enroot's default), so no value is written here."""
+    assert plan.container is not None
+    binds = ",".join(f"{p}:{p}" for p in mounts(plan))
+    return [f"--container-image={plan.container.image}", f"--container-mounts={binds}",
+            f"--container-workdir={plan.start_dir}"]
+
+
+def stop_shell(plan: JobPlan) -> str:
+    """``stop_argv`` as one shell line ("" without an image), for a stop sent as shell text beside
+    another answer on stdout: the removed ids are dropped, an error still goes to stderr, and the
+    line's status is the runtime's."""
+    argv = stop_argv(plan)
+    return f"{shlex.join(argv)} >/dev/null" if argv else ""
+
+
+def stop_argv(plan: JobPlan) -> list[str]:
+    """Remove every container of the run on the node this runs on ([] for a run without an image).
+    None there: exit 0. Run as the training user: rootless podman's containers are that user's."""
+    if plan.container is None:
+        return []
+    runtime = plan.container.runtime
+    ids = f"$({shlex.quote(runtime)} ps -aq --filter label={shlex.quote(f'{LABEL}={plan.run_id}')})"
+    if runtime == "podman":
+        return ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"]
+    # docker rm has no --filter: the ids come from docker ps.
+    return ["sh", "-c", f'ids={ids}; [ -z "$ids" ] || docker rm -f $ids']
+
+
+def image_record(plan: JobPlan, ids: Mapping[str, str]) -> str:
+    """The run record's image.json: the image asked for and the id each node's probe found (none
+    where the preflight was skipped: nothing was looked at)."""
+    assert plan.container is not None
+    nodes = {h.name: ids.get(h.name) for h in plan.hosts}
+    return json.dumps({"ref": plan.container.image, "runtime": plan.container.runtime, "nodes": nodes,
+                       "same": len(set(nodes.values()) - {None}) == 1 and None not in nodes.values()}, indent=2) + "\n"

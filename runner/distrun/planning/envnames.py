@@ -1,0 +1,28 @@
+"""Which variable names a rank may be given (--env, distrun_env, a project's .distrun_env): shell
+variable names that distrun does not set itself."""
+
+from __future__ import annotations
+
+import re
+
+from distrun.errors import PlanError
+
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_ENV_PREFIX = "DISTRUN_"
+
+
+def env_name_problem(key: str) -> str | None:
+    """Why a name may not be given to a rank, or None: it must be a shell variable name, and not
+    one distrun sets itself (DISTRUN_RUN_ID tags a run's processes for 'distrun stop')."""
+    if not _ENV_KEY_RE.fullmatch(key):
+        return "is not a valid environment variable name"
+    if key.upper().startswith(RESERVED_ENV_PREFIX):
+        return "is refused: DISTRUN_* variables are set by distrun itself; choose another name"
+    return None
+
+
+def check_env_key(key: str) -> None:
+    """A --env name a rank may receive (env_name_problem)."""
+    problem = env_name_problem(key)
+    if problem:
+        raise PlanError(f"--env {key}=...: {problem.removeprefix('is ').removeprefix('refused: ')}")

@@ -1,0 +1,285 @@
+"""The job plan: one object saying what runs where. Launchers are pure functions of it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from distrun.errors import PlanError
+from distrun.inventory import contract, rules
+from distrun.inventory.cluster import Cluster
+from distrun.launchers import launcher_named
+from distrun.planning.containers import Container
+from distrun.planning.envnames import check_env_key
+from distrun.planning.network import NetworkChoice
+from distrun.planning.placement import allocate, check_gpu_slots
+from distrun.planning.variables import run_values, substitute, substitute_strict
+from distrun.transport import nodeprog
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    program: str  # file under workloads/
+    needs_partition: bool
+    framework: str  # jittor, torch or any
+    description: str
+
+
+WORKLOADS: Mapping[str, Workload] = {
+    "gcn": Workload("gcn", "gcn_jittor.py", True, "jittor", "2-layer GCN, Jittor + MPI halo exchange over Metis parts"),
+    "gcn-tp": Workload("gcn-tp", "gcn_tp.py", False, "jittor", "2-layer GCN, weights sharded across ranks"),
+    "ddp": Workload("ddp", "gcn_ddp.py", False, "torch", "2-layer GCN, PyTorch DistributedDataParallel"),
+    "gcn-torch": Workload("gcn-torch", "gcn_torch.py", True, "torch", "2-layer GCN, PyTorch, all-to-all halo exchange over Metis parts"),
+}
+
+
+@dataclass(frozen=True)
+class RankHost:
+    name: str
+    address: str
+    slots: int  # ranks placed on this host by this job
+    gpus: int
+    iface: str | None
+    # The address of the interface the ranks use (the cluster network), where known; torchrun's
+    # agents announce it to their peers instead of the machine's hostname, which the other
+    # nodes may not resolve.
+    net_address: str = ""
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    run_id: str
+    launcher: str
+    hosts: tuple[RankHost, ...]
+    world_size: int
+    user: str
+    run_as_root: bool
+    mpi_prefix: str
+    env_prefix: str
+    shared_dir: str
+    program: tuple[str, ...]  # argv after the interpreter wrapper, e.g. (python, script, args...)
+    env: tuple[tuple[str, str], ...]
+    master_addr: str
+    master_port: int
+    cidr: str | None
+    workload: str | None = None
+    partition: tuple[str, ...] | None = None  # the partitioner's argv, when the workload needs one
+    partition_dir: str | None = None
+    slurm: Mapping[str, str] = field(default_factory=dict)
+    # Names of the user's --env variables. Their values never enter the plan (which is
+    # recorded, and rendered into argv and launch scripts): they travel in env.sh, 0600.
+    user_env_keys: tuple[str, ...] = ()
+    restart: int = 0  # how many times distrun restarted the run before this attempt
+    max_restarts: int = 0  # distrun's budget; torchrun also restarts its workers in place up to it
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Per run, in the shared folder, outside the run directory: it survives restarts and
+        is not collected with the logs."""
+        return f"{self.shared_dir.rstrip('/')}/checkpoints/{self.run_id}"
+    # --workdir: the project folder on the nodes, where ranks start (else the run dir).
+    workdir: str | None = None
+    # --prepare: its argv, run once on the head in the workdir before the launch.
+    prepare: tuple[str, ...] = ()
+    # --launcher-args: appended as given to mpirun, torchrun or srun.
+    launcher_args: tuple[str, ...] = ()
+    # The login node of a Slurm cluster distrun does not administer (slurm_site): it launches
+    # (submits) and is the only host distrun reaches; the rank hosts are Slurm's. None elsewhere.
+    login: RankHost | None = None
+    # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a plan
+    # recorded before that (no such key in its plan.json) kept them at the top of the run dir.
+    attempt_dirs: bool = True
+    # --image / distrun_image: every rank runs inside a container of this image (containers.py).
+    container: Container | None = None
+
+    @property
+    def reached_hosts(self) -> tuple[str, ...]:
+        """The rank hosts distrun itself contacts (stage, follow, stop, collect), besides the head."""
+        return () if self.login else tuple(h.name for h in self.hosts)
+
+    @property
+    def watched_hosts(self) -> tuple[str, ...]:
+        """The hosts whose answers tell the run's state: its rank hosts, or the login node of a
+        site's Slurm (its driver follows the job there)."""
+        return (self.login.name,) if self.login else tuple(h.name for h in self.hosts)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.shared_dir.rstrip('/')}/runs/{self.run_id}"
+
+    @property
+    def hostfile(self) -> str:
+        return f"{self.run_dir}/hostfile"
+
+    @property
+    def env_file(self) -> str:
+        return f"{self.run_dir}/env.sh"
+
+    @property
+    def wrapper(self) -> str:
+        return f"{self.run_dir}/rank-env.sh"
+
+    @property
+    def start_dir(self) -> str:
+        """Where every rank starts: the workdir, else the run directory."""
+        return self.workdir or self.run_dir
+
+    @property
+    def has_gpus(self) -> bool:
+        return any(h.gpus > 0 for h in self.hosts)
+
+    @property
+    def head(self) -> RankHost:
+        """The host that launches: the first rank host, or the login node of a site's Slurm."""
+        return self.login or self.hosts[0]
+
+
+def gdc_args(gdc: tuple[float, int] | None) -> list[str]:
+    """The workloads' GDC flags for (alpha, top-k), checked here so a bad value fails before any node is touched."""
+    if gdc is None:
+        return []
+    alpha, topk = gdc
+    if not 0.0 < alpha < 1.0:
+        raise PlanError(f"--gdc-alpha {alpha}: the teleport probability must lie in (0, 1)")
+    if topk < 1:
+        raise PlanError(f"--gdc-topk {topk}: keep at least 1 entry per node")
+    return ["--use-gdc", "--gdc-alpha", repr(float(alpha)), "--gdc-topk", str(int(topk))]
+
+
+def build_plan(
+    cluster: Cluster,
+    *,
+    run_id: str,
+    launcher: str = "mpirun",
+    np: int | None = None,
+    workload: str | None = "gcn",
+    script: str | None = None,
+    script_args: Sequence[str] = (),
+    dataset: str = "synthetic",
+    data_dir: str | None = None,
+    epochs: int | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    network: NetworkChoice | None = None,
+    master_port: int = contract.DEFAULT_MASTER_PORT,
+    slurm: Mapping[str, str] | None = None,
+    allow_gpu_mismatch: bool = False,
+    gdc: tuple[float, int] | None = None,
+    restart: int = 0,
+    max_restarts: int = 0,
+    command: Sequence[str] = (),
+    workdir: str | None = None,
+    prepare: Sequence[str] = (),
+    launcher_args: Sequence[str] = (),
+    container: Container | None = None,
+) -> JobPlan:
+    mpi_world = launcher_named(launcher).mpi_world
+    check_gpu_slots(cluster, allow=allow_gpu_mismatch)
+    placed = allocate(cluster, np)
+    world = sum(n for _, n in placed)
+    by_name = {n.name: n for n in cluster.workers}
+    run_dir = f"{cluster.shared_dir.rstrip('/')}/runs/{run_id}"
+    # In a container the image's Python runs the program, found on the image's PATH.
+    host_python = f"{cluster.env_prefix.rstrip('/')}/bin/python"
+    python = "python3" if container else host_python
+
+    def iface_of(name: str) -> str | None:
+        if network is not None and name in network.per_host:
+            return network.per_host[name].name
+        return by_name[name].iface
+
+    def net_address_of(name: str) -> str:
+        if network is not None and name in network.per_host:
+            return network.per_host[name].address
+        return by_name[name].address
+
+    hosts = tuple(
+        RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name), net_address_of(name))
+        for name, n in placed
+    )
+    # Rank 0 hosts torch's store and torchrun's rendezvous: the first rank host (the head
+    # whenever it runs ranks, as rank order puts it first).
+    master_addr = hosts[0].net_address
+
+    partition: tuple[str, ...] | None = None
+    part_dir: str | None = None
+    values = run_values(np=world, hosts=[h.name for h in hosts], head=cluster.head.name, run_id=run_id,
+                        run_dir=run_dir, workdir=workdir, shared_dir=cluster.shared_dir)
+    if (command or script) and gdc is not None:
+        raise PlanError("--use-gdc applies to the reference workloads; pass your own program's options after --")
+    if command:
+        if not workdir:
+            raise PlanError("a command after -- needs --workdir DIR (or --script FILE for one file)")
+        # The exact command the user gave, on every rank: not rewritten, only {np} & co. filled in.
+        program = substitute(command, values)
+        workload_name = None
+    elif script:
+        program = (python, f"{run_dir}/{PurePosixPath(script).name}", *script_args)
+        workload_name = None
+    else:
+        wl = WORKLOADS.get(workload or "")
+        if wl is None:
+            raise PlanError(f"--workload {workload!r}: choose one of {', '.join(WORKLOADS)} or pass --script PATH")
+        workloads_dir = f"{cluster.shared_dir.rstrip('/')}/workloads"
+        data_args: list[str] = ["--dataset", dataset]
+        if data_dir:
+            data_args += ["--data-dir", data_dir]
+        data_args += gdc_args(gdc)
+        program_args = [*data_args]
+        if wl.needs_partition:
+            part_dir = f"{cluster.shared_dir.rstrip('/')}/partitions/{dataset}-{world}parts{'-gdc' if gdc else ''}"
+            # The partitioner runs on the head itself (role job), in the node's env.
+            partition = (host_python, f"{workloads_dir}/partition.py", *data_args, "--num-parts", str(world), "--out", part_dir)
+            program_args += ["--part-dir", part_dir, "--num-parts", str(world)]
+        if epochs is not None:
+            program_args += ["--epochs", str(epochs)]
+        program_args += ["--result-file", f"{run_dir}/result.json"]
+        program = (python, f"{workloads_dir}/{wl.program}", *program_args, *script_args)
+        workload_name = wl.name
+
+    if mpi_world and not command:
+        # Under MPI, run Python through mpi4py's runner: a rank that raises or exits non-zero
+        # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
+        # at exit and Open MPI waits for every other rank before it reports the failure.
+        program = (program[0], "-m", "mpi4py", *program[1:])
+    env = {nodeprog.RUN_TAG: run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
+           "DISTRUN_RESTART": str(restart),
+           "DISTRUN_CHECKPOINT_DIR": f"{cluster.shared_dir.rstrip('/')}/checkpoints/{run_id}"}
+    if workdir:
+        env["DISTRUN_WORKDIR"] = workdir
+    for key in extra_env or {}:
+        check_env_key(key)
+    return JobPlan(
+        run_id=run_id,
+        launcher=launcher,
+        hosts=hosts,
+        world_size=world,
+        user=cluster.user,
+        run_as_root=cluster.user == "root",
+        mpi_prefix=cluster.mpi_prefix,
+        env_prefix=cluster.env_prefix,
+        shared_dir=cluster.shared_dir,
+        program=program,
+        env=tuple(sorted(env.items())),
+        master_addr=master_addr,
+        master_port=master_port,
+        cidr=network.cidr if network else None,
+        workload=workload_name,
+        partition=partition,
+        partition_dir=part_dir,
+        slurm=dict(slurm or {}),
+        user_env_keys=tuple(sorted(extra_env or {})),
+        restart=restart,
+        max_restarts=max_restarts,
+        workdir=workdir,
+        prepare=substitute_strict(prepare, values, "--prepare") if prepare else (),
+        launcher_args=tuple(launcher_args),
+        login=RankHost(cluster.head.name, cluster.head.address, 0, 0, None) if cluster.slurm_existing else None,
+        container=container,
+    )
+
+
+def render_hostfile(plan: JobPlan) -> str:
+    """The run's hostfile: the hosts this run places ranks on, with the ranks each takes."""
+    return rules.hostfile(((h.name, h.slots) for h in plan.hosts), f"# Generated by distrun for run {plan.run_id}")

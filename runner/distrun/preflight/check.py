@@ -1,0 +1,127 @@
+"""'distrun check': the full preflight on the real nodes, as one report per check and node.
+
+The role ``preflight`` (``preflight_full: true``) probes every node in one command per host,
+judges the probes (``distrun.preflight.judge``, through a filter plugin), fails the nodes it blames and
+publishes its verdict as the fact ``preflight_verdict``. This module runs that playbook and
+adds what only the controller knows: which nodes answered, and GPUs against slots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from distrun import paths
+from distrun.inventory import read as inventory_read
+from distrun.inventory.cluster import Cluster, Node, cluster_from_json
+from distrun.planning import containers
+from distrun.planning.placement import gpu_slot_mismatches
+from distrun.preflight import sshmesh
+from distrun.preflight.report import Item, Report, blamed, build_report, from_dicts, refusal, report_json
+from distrun.store.runs import new_run
+from distrun.transport.ansible_bridge import run_playbook
+from distrun.transport.handshake import PREFLIGHT_FACT
+from distrun.transport.playbook_events import PlaybookResult
+
+
+def gpu_items(nodes: Sequence[Node], inventory: str) -> dict[str, Item]:
+    bad = {m.host: m for m in gpu_slot_mismatches(nodes)}
+    out: dict[str, Item] = {}
+    for n in nodes:
+        if not n.is_worker:
+            continue
+        if n.name in bad:
+            out[n.name] = Item(False, bad[n.name].message(),
+                               f"set slots={n.gpus} for {n.name} in {inventory} (or remove 'slots' to use the GPU "
+                               "count); 'distrun train --allow-gpu-mismatch' runs anyway")
+        else:
+            why = f"{n.gpus} GPU(s)" if n.gpus else "no GPU detected"
+            out[n.name] = Item(True, f"slots={n.slots}, {why}")
+    return out
+
+
+def host_states(result: PlaybookResult, names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Ansible's state and last error per host; 'not reached' for one the play never saw."""
+    states = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
+    judged = blamed(from_dicts(result.fact(PREFLIGHT_FACT)))
+    for h in result.hosts.values():
+        # The judge's own task failed the play on this node (run.yml's one-task judge): the
+        # verdict names the nodes to blame, not the node the task ran on.
+        if h.state == "failed" and PREFLIGHT_FACT in h.facts and h.failed == 1 and judged and h.name not in judged:
+            states[h.name] = {"state": "ok", "error": ""}
+    for name in names:
+        states.setdefault(name, {"state": "not reached", "error": ""})
+    return states
+
+
+def report_of(result: PlaybookResult, names: Sequence[str], gpus: Mapping[str, Item] | None = None) -> Report:
+    """The report of a preflight run: the role's verdict (the fact preflight_verdict), which of
+    ``names`` answered, and ``gpus`` (check -> node -> Item). 'distrun check' shows it whole;
+    'distrun train' refuses with its failures."""
+    return build_report(nodes=names, hosts=host_states(result, names), judged=from_dicts(result.fact(PREFLIGHT_FACT)),
+                        gpus=gpus)
+
+
+def preflight_vars(label: str, run_dir: Path) -> dict[str, Any]:
+    """What the preflight role is told so its messages name the inventory and the run's log."""
+    return {"preflight_inventory": label, "preflight_log_dir": str(run_dir / "ansible")}
+
+
+def image_vars(cluster: Cluster) -> dict[str, Any]:
+    """The inventory's container image (distrun_image), checked on every node like a run's."""
+    container = containers.choose(cluster.source, cluster.group_vars, None, None)
+    return {"preflight_image": {"ref": container.image, "runtime": container.runtime}} if container else {}
+
+
+def run_check(inventory: Path, label: str,
+              progress: Callable[[list[str]], Any] | None = None) -> tuple[dict[str, Any], Cluster]:
+    """Run the full preflight; the report as 'distrun check --json' prints it, and the cluster.
+
+    ``progress(host_names)`` gives a context manager that is also the event handler (the live
+    table of the human output); without it nothing is printed.
+    """
+    started = time.monotonic()
+    # Read the inventory once (ansible-inventory takes a second or more): a stopped node must
+    # be reported fast, and the second Cluster below only re-reads the fact cache.
+    data = inventory_read.read_inventory_json(inventory)
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))
+    run = new_run("check", inventory)
+    names = [n.name for n in cluster.nodes]
+    with (progress(names) if progress else contextlib.nullcontext()) as on_event:
+        result: PlaybookResult = run_playbook(
+            "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
+            extravars={"preflight_full": True, **preflight_vars(label, run.dir), **image_vars(cluster)},
+            # One fork per node: the full network probe's listeners wait for calls from every
+            # other node, so every node's probe must run at once (with fewer forks, the nodes
+            # past the first forks start when the first have given up on them).
+            forks=len(names),
+        )
+    sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # every node logged in to every other
+    hosts = host_states(result, names)
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
+    reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]
+    report = report_of(result, names, gpu_items(reached, label))
+    out = report_json(report, hosts, time.monotonic() - started)
+    if not result.ok:
+        out["ok"] = False
+    run.write("check.json", json.dumps(out, indent=2) + "\n")
+    run.finish(0 if out["ok"] else 1, "ok" if out["ok"] else "failed: " + ", ".join(
+        c for c, items in out["checks"].items() if any(not v["ok"] for v in items.values())))
+    return out, cluster
+
+
+def preflight_refusal(result: PlaybookResult, inventory: str) -> str:
+    """The one line that refuses a run: what 'distrun check' says about the same fault (the role's
+    verdict, and the nodes that did not answer), every failing node named."""
+    report = report_of(result, list(result.hosts))
+    line = refusal(report)
+    bad = blamed(report)
+    if not line:
+        bad = [h.name for h in result.failures()]
+        line = "; ".join(f"{h.name}: {h.last_error}" for h in result.failures()) or "a node failed the preflight"
+    return (f"preflight failed on {', '.join(bad) or 'the cluster'}: {line}; nothing was started "
+            f"(see 'distrun check --inventory {inventory}')")

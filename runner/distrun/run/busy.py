@@ -1,0 +1,240 @@
+"""One run at a time on a host: a run claims its hosts before it stages anything.
+
+A run takes its claim while ansible-playbook starts (``Pending``): run.yml's stage step waits for
+its answer, which the controller writes to a gate file, so nothing is staged on a host the run
+does not hold, and the answer costs the run no time of its own.
+
+A host is busy for a new run when another run's controller holds the host's claim, or when
+processes of another run live there. Neither can go stale. The claim is a lock held by the node
+program's claim (role job's files/node.py) in an ssh session of the controller that took it: it
+ends with that session, when the controller exits or is killed, and at most 20 s after the
+controller's last heartbeat when its machine sleeps. The processes are the run itself, found by
+the same scan 'distrun stop' uses, so a detached run keeps its hosts busy exactly as long as it runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distrun.errors import ExitCode, UserError
+from distrun.inventory.cluster import Cluster
+from distrun.planning.request import JobRequest, make_plan
+from distrun.run.staging import write_gate
+from distrun.store.runs import RUN_ID_RE
+from distrun.transport import nodeprog
+from distrun.transport.remote import as_user, open_masters, shell_argv
+
+HEARTBEAT_S = 5
+# Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
+HOLD_S = 20
+ANSWER_TIMEOUT_S = 30
+# Where the claim looks for the processes of other runs (one folder per process, as in /proc).
+PROC = "/proc"
+
+
+def claim_command(host: str, run_id: str, user: str) -> str:
+    """On host, as the training user: the node program's claim, which takes the host's lock and
+    holds it while the controller's heartbeats come, or says who holds it, or which other runs
+    have processes there (its scan: role job's files/node.py says by what evidence)."""
+    return as_user(user, nodeprog.command("claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC}))
+
+
+@dataclass
+class Answer:
+    host: str
+    claimed: bool = False
+    busy_with: list[str] = field(default_factory=list)  # run ids; "" for a run that could not be named
+    held: bool = False  # busy because another controller holds the claim (it is starting or following)
+    error: str = ""
+
+
+def parse_answer(host: str, line: str) -> Answer:
+    """The claim's first line: its JSON answer, or, when it is none, the line as the error."""
+    got = nodeprog.answer(line, "claim")
+    if got is None:
+        return Answer(host, error=line.strip()[:200] or "no answer")
+    if got.get("claimed") is True:
+        return Answer(host, claimed=True)
+    runs = got.get("runs")
+    if got.get("error") or not isinstance(runs, list):
+        return Answer(host, error=str(got.get("error") or "no runs in the claim's answer")[:200])
+    ids = [r if isinstance(r, str) and RUN_ID_RE.fullmatch(r) else "" for r in runs] or [""]
+    return Answer(host, busy_with=ids, held=got.get("held") is True)
+
+
+class Claim:
+    """The hosts a run holds; release() lets them go (they also go when this process dies)."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen[str]]) -> None:
+        self.procs = procs
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.procs)
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            for proc in self.procs.values():
+                try:
+                    assert proc.stdin is not None
+                    proc.stdin.write("\n")
+                    proc.stdin.flush()
+                except (OSError, ValueError):
+                    pass  # that session ended; the run's processes keep the host busy
+
+    def release(self) -> None:
+        self.stopped.set()
+        for proc in self.procs.values():
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _end(proc)
+
+
+def refusal(answers: list[Answer]) -> UserError:
+    """The one line that refuses a run on busy hosts, naming the runs that hold them."""
+    busy = [a for a in answers if a.busy_with]
+    runs = list(dict.fromkeys(r for a in busy for r in a.busy_with if r))
+    hosts = ", ".join(a.host for a in busy)
+    named = f"run {', '.join(runs)}" if runs else "another run"
+    how = "starting there now" if all(a.held for a in busy) else "running there now"
+    stop = f"stop it with 'distrun stop {runs[0]}'" if runs else "stop it with 'distrun stop RUN'"
+    return UserError(f"{hosts} {'is' if len(busy) == 1 else 'are'} busy with {named} ({how}): wait for it to end, "
+                     f"{stop}, or pass --allow-concurrent", exit_code=ExitCode.USAGE)
+
+
+def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
+    """Claim every host for run_id, all at once; UserError naming the busy hosts and their runs.
+    A host that does not answer is not claimed: the preflight names it."""
+    nodes = {n.name: n for n in cluster.nodes}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    answers: queue.Queue[Answer] = queue.Queue()
+
+    def first_line(host: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        answers.put(parse_answer(host, line) if line else Answer(host, error=f"no answer (exit {proc.wait()})"))
+
+    for h in dict.fromkeys(hosts):
+        try:
+            argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user))
+        except UserError:
+            continue  # a host distrun cannot open a shell on: the preflight refuses it
+        procs[h] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True, bufsize=1, start_new_session=True)
+        threading.Thread(target=first_line, args=(h, procs[h]), daemon=True).start()
+    got: list[Answer] = []
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while len(got) < len(procs):
+        try:
+            got.append(answers.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    held = Claim({a.host: procs[a.host] for a in got if a.claimed})
+    if any(a.busy_with for a in got):
+        held.release()
+        for proc in procs.values():
+            _end(proc)
+        raise refusal(sorted(got, key=lambda a: hosts.index(a.host)))
+    for h, proc in procs.items():
+        if h not in held.procs:
+            _end(proc)
+    return held
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    """End a claim's shell and wait until it is gone: a refused claim may have taken a host's lock
+    before it found another run's processes there, and a shell still exiting would hold the lock
+    against the next claim (seen as "starting there now")."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def claim_hosts(request: JobRequest, cluster: Cluster, run_id: str) -> list[str]:
+    """The hosts a request's run would hold: the head and the rank hosts of its plan. A plan
+    error is refused here, before any record."""
+    plan = make_plan(request, cluster, run_id, None)
+    return list(dict.fromkeys([cluster.head.name, *plan.reached_hosts]))
+
+
+class Pending:
+    """A run's claim, taken in the background while the run starts: the nodes' ssh masters are
+    opened first (the claim, run.yml and the followers ride on them), then every host is claimed
+    at once. ``gate(path)`` names the file the answer goes to ("held", "allowed" or "refused"),
+    which run.yml waits for before it stages anything; ``wait()`` gives the answer here, raising
+    the refusal."""
+
+    def __init__(self, cluster: Cluster, hosts: list[str], run_id: str, *, allow: bool = False) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._gate: Path | None = None
+        self._held: Claim | None = None
+        self._error: UserError | None = None
+        self._allow = allow
+        self.masters = threading.Event()  # set once the ssh masters are open (or given up on)
+        self.answered_at: float | None = None  # time.monotonic() of the answer
+        self._thread = threading.Thread(target=self._take, args=(cluster, hosts, run_id), daemon=True)
+        self._thread.start()
+
+    def _take(self, cluster: Cluster, hosts: list[str], run_id: str) -> None:
+        try:
+            try:
+                open_masters(cluster.nodes)
+            finally:
+                self.masters.set()
+            if not self._allow:
+                self._held = claim(cluster, hosts, run_id)
+        except UserError as exc:
+            self._error = exc
+        except Exception as exc:  # noqa: BLE001 - any failure closes the gate, with its reason
+            self._error = UserError(f"could not claim the run's hosts: {type(exc).__name__}: {exc}")
+        with self._lock:  # the gate file is written before anyone is told the answer
+            if self._gate is not None:
+                self._write(self._gate)
+            self.answered_at = time.monotonic()
+            self._done.set()
+
+    @property
+    def refused(self) -> bool:
+        return self._done.is_set() and self._error is not None
+
+    def gate(self, path: Path) -> None:
+        """Write the answer to path once it is known (now, if it is)."""
+        with self._lock:
+            self._gate = path
+            if self._done.is_set():
+                self._write(path)
+
+    def _write(self, path: Path) -> None:
+        write_gate(path, "refused" if self._error is not None else ("allowed" if self._allow else "held"))
+
+    def wait(self) -> None:
+        """Block until the answer is known; raise the refusal (busy hosts name their runs)."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+    def release(self) -> None:
+        """Let the hosts go (after the claim's answer, which comes within its own timeouts)."""
+        self._done.wait()
+        if self._held is not None:
+            self._held.release()

@@ -1,0 +1,272 @@
+"""Bring a run's files home: one tar stream per node, all nodes at once (which files travel and
+which stay, listed: collect_rules).
+
+Each node sends its listing and a tar of the kept files in one stream, over one ssh connection.
+A node that cannot be reached this way falls back to the playbook (file by file, the same
+rule), so nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import getpass
+import shlex
+import subprocess
+import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from distrun.errors import UserError
+from distrun.inventory.cluster import Cluster, Node
+from distrun.run.collect_rules import Left, Selection
+from distrun.transport.remote import shell_argv
+
+COLLECT_TIMEOUT_S = 600
+COLLECT_MAX_BYTES = 2 << 30
+# Files per node: a job's thousands of empty files cost the controller inodes and time that
+# bytes do not count. The node's packer stops one past it, so the controller sees the cap hit.
+COLLECT_MAX_FILES = 10000
+# Prefixes of a node's error that another way in (the playbook) would not fix: a node ssh
+# could not reach (the playbook would wait for the same connect timeout), a run dir refused
+# as unsafe, a run dir over the cap or a pull over its time. Such a node is reported, not retried.
+UNREACHABLE = "unreachable: "
+REFUSED = "refused: "
+CAPPED = "capped: "
+FINAL = (UNREACHABLE, REFUSED, CAPPED)
+# The pull's shell on the node exits with this when the run dir is a link or outside the runs
+# folder: a code of that protocol, not one of distrun's own (those are errors.ExitCode).
+_REFUSED_RC = 3
+# ssh's own exit status when it could not reach the node (or the connection broke).
+_SSH_FAILED_RC = 255
+# How many files left on a node the record lists (a run dir of a million shards lists the first).
+LIST_MAX = 10000
+
+
+@dataclass
+class Pulled:
+    """What pull_run did: host -> why its files did not all arrive, host -> what stays there,
+    host -> (files, bytes) it brought."""
+
+    errors: dict[str, str] = field(default_factory=dict)
+    left: dict[str, Left] = field(default_factory=dict)
+    brought: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass
+class _NodePull:
+    error: str | None = None
+    left: Left = field(default_factory=Left)
+    files: int = 0
+    bytes: int = 0
+
+
+def collect_hosts(cluster: Cluster, rank_hosts: list[str]) -> list[str]:
+    """Hosts holding files of the run (the hosts that stage them, too): on a shared folder the
+    head holds everyone's."""
+    if cluster.shared_fs_mode == "sync":
+        return list(dict.fromkeys([cluster.head.name, *rank_hosts]))
+    return [cluster.head.name]
+
+
+# Python's own refusals for untrusted archives (3.12+, and 3.11.4+), besides _safe's: named, so
+# no Python warns that its default is about to change.
+_DATA_FILTER: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+
+
+def _safe(member: tarfile.TarInfo) -> bool:
+    """Only plain files and folders inside the destination: a node's run dir is not trusted
+    to write elsewhere on this machine (no absolute paths, '..', links or devices)."""
+    path = PurePosixPath(member.name)
+    if path.is_absolute() or ".." in path.parts:
+        return False
+    return member.isfile() or member.isdir()
+
+
+def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection,
+                max_files: int = COLLECT_MAX_FILES) -> str:
+    """The node-side command: refuse a run dir that is a link, whose runs folder is a link, or
+    that is not where it should be once every link above it is resolved (a job may replace its
+    run dir or the runs folder); then print the files the selection leaves (``size<TAB>path<NUL>``
+    each, when it lists them), one more NUL, and a tar of the plain files it selects (never a
+    link: find does not follow one), at most ``max_files`` + 1 of them. It runs as the training user (``as_user``: through sudo),
+    so it reads nothing that user could not read anyway."""
+    runs_dir = run_dir.rstrip("/").rsplit("/", 1)[0]
+    test = selection.find_test()
+    listing = (f"find . -xdev -type f ! {test} -printf '%s\\t%P\\0' 2>/dev/null | head -z -n {LIST_MAX + 1}; "
+               if selection.listed else "")
+    script = (
+        f"d={shlex.quote(run_dir)}; r={shlex.quote(runs_dir)}; "
+        'name="${d##*/}"; '
+        'if [ -L "$d" ] || [ -L "$r" ] || [ ! -d "$d" ] || '
+        '[ "$(cd -P -- "$d" 2>/dev/null && pwd)" != "$(cd -P -- "$r/.." 2>/dev/null && pwd)/${r##*/}/$name" ]; '
+        f'then echo "$d is a link or not a folder inside $r" >&2; exit {_REFUSED_RC}; fi; '
+        'cd -P -- "$d" || exit 1; '
+        + listing
+        + "printf '\\0'; "
+        f"find . -xdev -type f {test} -print0 2>/dev/null | head -z -n {max_files + 1} | "
+        f"exec tar --null --no-recursion -T - -c{'z' if selection.gzip else ''}f -"
+    )
+    if not as_user:
+        return script
+    return f"sudo -n -u {shlex.quote(user)} -- bash -c {shlex.quote(script)}"
+
+
+def _runs_as(node: Node, user: str) -> bool:
+    """Whether the shell ``shell_argv`` opens on node is already the training user's."""
+    if node.connection == "local":
+        return getpass.getuser() == user
+    hv = node.hostvars
+    return str(hv.get("ansible_user") or hv.get("ansible_ssh_user") or getpass.getuser()) == user
+
+
+class _Rest:
+    """A stream some of whose bytes were already read: those first, then the rest."""
+
+    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
+        self.head, self.stream = head, stream
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            return out
+        return self.stream.read(n)
+
+
+def read_listing(stream: IO[bytes]) -> tuple[Left, bytes]:
+    """The listing at the head of a node's stream, and the bytes read past it (the tar's start).
+    A node's listing is not trusted: records that are not ``digits<TAB>path`` are dropped."""
+    buf = b""
+    while True:
+        if buf[:1] == b"\0":
+            end = 0
+            break
+        end = buf.find(b"\0\0")
+        if end >= 0:
+            end += 1
+            break
+        chunk = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
+        if not chunk:
+            raise EOFError("the node's stream ended before its file listing did")
+        buf += chunk
+    left = Left()
+    for record in buf[:end].split(b"\0"):
+        size, _, path = record.decode(errors="replace").partition("\t")
+        if not path or not size.isdigit() or "\n" in path:
+            continue
+        if len(left.files) == LIST_MAX:
+            left.more = True
+            break
+        left.files.append((int(size), path))
+    return left, buf[end + 1:]
+
+
+def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
+          max_files: int, timeout_s: float) -> _NodePull:
+    """Unpack node's selected files of run_dir into dest: why it failed (or None), what stays there, what came."""
+    out = _NodePull()
+    out.error = _stream(node, run_dir, dest, user=user, selection=selection, max_bytes=max_bytes,
+                        max_files=max_files, timeout_s=timeout_s, out=out)
+    return out
+
+
+def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
+            max_files: int, timeout_s: float, out: _NodePull) -> str | None:
+    """_pull's stream, counting into ``out``; why it failed, or None."""
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    command = tar_command(run_dir, user, not _runs_as(node, user), selection, max_files)
+    try:
+        proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (OSError, UserError) as exc:
+        return str(exc)
+    assert proc.stdout is not None
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.start()
+    capped = ""
+    try:
+        out.left, rest = read_listing(proc.stdout)
+        with tarfile.open(fileobj=_Rest(rest, proc.stdout), mode="r|*") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                if not _safe(member):
+                    continue
+                if member.isfile() and out.bytes + member.size > max_bytes:
+                    capped = f"the cap of {_size(max_bytes)}"
+                    break
+                if member.isfile() and out.files >= max_files:
+                    capped = f"the cap of {max_files} files"
+                    break
+                tar.extract(member, dest, set_attrs=False, **_DATA_FILTER)
+                if member.isfile():
+                    out.files += 1
+                    out.bytes += member.size
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        if not timed_out.is_set():
+            try:
+                proc.wait(timeout=5)  # an empty stream: the node's command ended (a refusal?)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.returncode == _REFUSED_RC:
+                return REFUSED + _last_line(proc)
+            if proc.returncode == _SSH_FAILED_RC and node.connection != "local":
+                return f"{UNREACHABLE}{_last_line(proc) or 'ssh failed'}"
+            return f"unpacking failed: {exc}"
+    finally:
+        timer.cancel()
+    if capped:
+        proc.kill()
+        proc.wait()
+        raise_var = "DISTRUN_COLLECT_MAX_MB" if "MiB" in capped else "DISTRUN_COLLECT_MAX_FILES"
+        return (f"{CAPPED}stopped at {capped} after {out.files} file(s) ({_size(out.bytes)}); "
+                f"the rest stays in {run_dir} on {node.name} (to bring it: raise {raise_var} and "
+                f"'distrun fetch RUN PATH')")
+    if timed_out.is_set():
+        proc.wait()
+        return (f"{CAPPED}stopped after {timeout_s:.0f}s with {out.files} file(s) ({_size(out.bytes)}); "
+                f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_TIMEOUT_S to wait longer)")
+    rc = proc.wait()
+    if rc == _REFUSED_RC:
+        return REFUSED + _last_line(proc)
+    if rc != 0:
+        why = _last_line(proc) or f"exit {rc}"
+        return (f"{UNREACHABLE}{why}" if rc == _SSH_FAILED_RC and node.connection != "local" else why)
+    return None
+
+
+def _last_line(proc: subprocess.Popen) -> str:
+    err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip().splitlines()
+    return err[-1] if err else ""
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def pull_run(cluster: Cluster, run_dir: str, hosts: list[str], dest: Path, selection: Selection, *,
+             max_bytes: int = COLLECT_MAX_BYTES, max_files: int = COLLECT_MAX_FILES,
+             timeout_s: float = COLLECT_TIMEOUT_S) -> Pulled:
+    """Pull the selected files of every host's run_dir into dest/<host>, all hosts at once, with
+    the listing of the others. Each host brings at most ``max_bytes`` of file data in ``max_files``
+    files within ``timeout_s``."""
+    nodes = {n.name: n for n in cluster.nodes}
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        futures = {h: pool.submit(_pull, nodes[h], run_dir, dest / h, user=cluster.user, selection=selection,
+                                  max_bytes=max_bytes, max_files=max_files, timeout_s=timeout_s) for h in hosts}
+    out = Pulled()
+    for h, f in futures.items():
+        node = f.result()
+        if node.error is not None:
+            out.errors[h] = node.error
+        if node.left.files:
+            out.left[h] = node.left
+        out.brought[h] = (node.files, node.bytes)
+    return out
+
+

@@ -1,0 +1,93 @@
+"""Which files of a run dir come home, and the listing of those that stay on the nodes.
+
+Only what tells how the run went travels when it ends: every file distrun writes for an attempt
+(launcher logs, exit codes, the ranks' logs, also those of attempts put aside), log files, and
+any other file of at most SMALL_BYTES (results, metrics, the files distrun staged). Anything
+bigger the job wrote into its run directory (checkpoints, outputs) stays on the node and is
+listed with its size in the record (LEFT_FILE); 'distrun fetch RUN PATH' brings it on request.
+So a run with gigabytes of checkpoints ends as fast as one without, and the controller's disk
+does not fill with them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from distrun.transport.rundir import ATTEMPT_FILES, ATTEMPTS
+
+# Files of the job's own up to this size come home with its logs; bigger ones stay, listed.
+SMALL_BYTES = 1 << 20
+# Logs by their name, wherever the job writes them and whatever their size.
+LOG_NAMES = ("*.log", "*.out", "*.err")
+# The record's file listing what stayed on each node.
+LEFT_FILE = "left-on-nodes.json"
+
+
+@dataclass
+class Left:
+    """Files a node keeps in its run dir: (size, path relative to the run dir); ``more`` when
+    the listing stopped at collect.LIST_MAX."""
+
+    files: list[tuple[int, str]] = field(default_factory=list)
+    more: bool = False
+
+    @property
+    def size(self) -> int:
+        return sum(s for s, _ in self.files)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which files of a run dir travel: those ``patterns`` match (find's -path, relative to the
+    run dir, '*' crossing '/'), and with ``small`` every file of at most SMALL_BYTES; ``listed``:
+    the others are listed; ``gzip``: the stream is compressed (logs shrink tenfold; a model or a
+    checkpoint does not, and compressing a gigabyte would cost a core half a minute)."""
+
+    patterns: tuple[str, ...]
+    small: bool = False
+    listed: bool = False
+    gzip: bool = True
+
+    def find_test(self) -> str:
+        """The selection as a find(1) expression."""
+        paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.patterns)
+        if self.small:
+            paths += f" -o -size -{SMALL_BYTES + 1}c"
+        return f"\\( {paths} \\)"
+
+    def regex(self) -> str:
+        """The patterns as one regular expression over './'-prefixed relative paths (the
+        collect playbook's file-by-file fallback applies the size rule itself)."""
+        return "|".join(f"(?:{fnmatch.translate('./' + p)})" for p in self.patterns)
+
+
+def run_end_selection() -> Selection:
+    """What a run brings home when it ends: every attempt's own files (ATTEMPT_FILES, in
+    attempts/<n>/; at the top in a run of the old layout), log files, every small file; the rest
+    listed."""
+    patterns: list[str] = []
+    for base in ("", f"{ATTEMPTS}/*/"):
+        for name in ATTEMPT_FILES:
+            patterns += [f"{base}{name}", f"{base}{name}/*"]
+    patterns += [f"*{name}" for name in LOG_NAMES]
+    return Selection(tuple(patterns), small=True, listed=True)
+
+
+def path_selection(paths: Sequence[str]) -> Selection:
+    """What 'distrun fetch' brings: each path (a file, a folder, a glob) and what lies under it."""
+    patterns: list[str] = []
+    for p in paths:
+        patterns += [p, f"{p}/*"]
+    return Selection(tuple(patterns), gzip=False)
+
+
+def left_record(run_dir: str, left: dict[str, Left]) -> str:
+    """The record's LEFT_FILE: per host, the files that stayed in run_dir (path, size), biggest first."""
+    hosts = {h: {"files": [{"path": p, "size": s} for s, p in sorted(entry.files, key=lambda f: (-f[0], f[1]))],
+                 "more": entry.more, "bytes": entry.size}
+             for h, entry in sorted(left.items())}
+    return json.dumps({"run_dir": run_dir, "hosts": hosts}, indent=2) + "\n"

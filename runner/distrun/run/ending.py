@@ -1,0 +1,144 @@
+"""A launched run to its end: follow its ranks, stop what is left, bring its files home, sum it
+up in the record. 'distrun train' does this after each launch (and between restarts);
+'distrun attach' does it for a run it takes over."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+from distrun.errors import UserError
+from distrun.inventory.cluster import Cluster
+from distrun.launchers import launcher_named
+from distrun.planning import containers
+from distrun.planning.bundle import common_vars
+from distrun.planning.plan import JobPlan
+from distrun.run.collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
+from distrun.run.collect_rules import LEFT_FILE, SMALL_BYTES, Left, left_record, run_end_selection
+from distrun.run.diagnosis import RunSummary, summarise
+from distrun.run.follow import Outcome, follow
+from distrun.run.listener import Listener
+from distrun.store.runs import Run
+from distrun.transport.ansible_bridge import run_playbook
+from distrun.transport.remote import as_user, run_each
+
+# Lines the runner keeps in memory to read the result and the failure from (the rest is in launcher.log).
+KEEP_LINES = 4000
+
+
+def collect_limits() -> dict[str, int]:
+    """Bytes, files and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB,
+    DISTRUN_COLLECT_MAX_FILES and DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
+    limits: dict[str, int] = {}
+    for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_MAX_FILES", "max_files", 1),
+                            ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
+        text = os.environ.get(var)
+        if text:
+            if not text.isdigit() or int(text) == 0:
+                raise UserError(f"{var}={text!r}: give a positive whole number")
+            limits[key] = int(text) * scale
+    return limits
+
+
+class RunEnd:
+    """The end of one run, as one controller sees it: the lines it followed, what it stopped."""
+
+    def __init__(self, run: Run, inventory: Path, listener: Listener) -> None:
+        self.run = run
+        self.inventory = inventory
+        self.listener = listener
+        self.lines: list[str] = []
+        self.followed = 0  # follows so far: the first starts launcher.log afresh, later ones append
+        self.left: dict[str, Left] = {}  # host -> the files collect left there
+
+    def follow(self, cluster: Cluster, plan: JobPlan) -> Outcome:
+        """Follow the launchers until the head's exits or a node fails; launcher.log gets every line."""
+        launch_hosts = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan)]
+        with (self.run.dir / "launcher.log").open("a" if self.followed else "w") as log:
+            if self.followed:
+                log.write(f"DISTRUN_RESTART {plan.restart}\n")
+            self.followed += 1
+
+            def on_line(text: str) -> None:
+                log.write(text + "\n")
+                log.flush()
+                self.lines.append(text)
+                if len(self.lines) > KEEP_LINES:
+                    del self.lines[:KEEP_LINES // 2]
+                self.listener.line(text)
+
+            return follow(cluster, plan, launch_hosts, on_line)
+
+    def stop(self, plan: JobPlan, hosts: list[str]) -> set[str]:
+        """Stop every process of the run on hosts; the hosts that could not be reached."""
+        if not hosts:
+            return set()
+        extravars: dict[str, object] = {"distrun_run_id": plan.run_id}
+        if argv := containers.stop_argv(plan):  # a run with an image: its containers too
+            extravars["distrun_container_stop_argv"] = argv
+        result = run_playbook("playbooks/stop.yml", self.inventory, self.run.dir, extravars=extravars,
+                              limit=",".join(hosts))
+        return {h.name for h in result.hosts.values() if h.unreachable}
+
+    def collect(self, cluster: Cluster, plan: JobPlan, hosts: list[str], lost: set[str]) -> None:
+        """Bring the run's logs, exit codes and small files home from hosts (every rank host in
+        sync mode, else the head), leaving out the lost ones; list what stays on the nodes in the
+        record; say what could not be brought."""
+        dest = self.run.dir / "nodes"
+        dest.mkdir(exist_ok=True, mode=0o700)
+        hosts = [h for h in collect_hosts(cluster, hosts) if h not in lost]
+        selection = run_end_selection()
+        pulled = pull_run(cluster, plan.run_dir, hosts, dest, selection, **collect_limits())
+        failed = pulled.errors
+        for h, e in failed.items():
+            if e.startswith((REFUSED, CAPPED)):
+                what = "refused" if e.startswith(REFUSED) else "incomplete"
+                self.listener.warn(f"collect from {h} {what}: {e.split(': ', 1)[1]}")
+        unreachable = {h: e for h, e in failed.items() if e.startswith(UNREACHABLE)}
+        retry = [h for h in failed if not failed[h].startswith(FINAL)]
+        lost_msgs = [f"{h} (lost during the run)" for h in sorted(lost)]
+        lost_msgs += [f"{h} ({e[len(UNREACHABLE):]})" for h, e in unreachable.items()]
+        if retry:
+            # Whatever a tar over ssh could not bring from a reachable node, the playbook tries file by file.
+            result = run_playbook("playbooks/collect.yml", self.inventory, self.run.dir,
+                                  extravars={**common_vars(plan), "distrun_collect_dest": str(dest),
+                                             "distrun_collect_keep": selection.regex(),
+                                             "distrun_collect_small_bytes": SMALL_BYTES},
+                                  limit=",".join(retry))
+            lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
+        if lost_msgs:
+            self.listener.warn(f"logs not collected from: {', '.join(lost_msgs)}")
+        self.left = pulled.left
+        if pulled.left:
+            self.run.write(LEFT_FILE, left_record(plan.run_dir, pulled.left))
+        self.run.meta.collected = True
+        self.forget_env(cluster, plan, hosts)
+
+    def forget_env(self, cluster: Cluster, plan: JobPlan, hosts: list[str]) -> None:
+        """The run has ended: its --env values leave the nodes (another run of the training
+        account could read them there); the record keeps its own 0600 copy on this machine."""
+        if not plan.user_env_keys:
+            return
+        nodes = {n.name: n for n in cluster.nodes if n.name in hosts}
+        done = run_each(nodes, dict.fromkeys(nodes, as_user(plan.user, f"rm -f -- {shlex.quote(plan.env_file)}")), 30)
+        kept = sorted(h for h, d in done.items() if d.rc != 0)
+        if kept:
+            self.listener.warn(f"the run's env.sh (its --env values) could not be removed on {', '.join(kept)}: "
+                               f"remove {plan.env_file} there")
+
+    def summarise(self, rc: int, elapsed: float, plan: JobPlan) -> int:
+        """Read what the run printed and what was collected; the record's last word; distrun's exit code."""
+        summary: RunSummary = summarise(self.run.id, rc, elapsed, self.lines, launcher_named(plan.launcher),
+                                        plan.world_size, self.run.dir / "nodes")
+        summary.left_files = sum(len(e.files) for e in self.left.values())
+        summary.left_bytes = sum(e.size for e in self.left.values())
+        if summary.result is not None:
+            self.run.write("result.json", json.dumps(summary.result, indent=2) + "\n")
+        text = summary.text
+        if self.run.meta.restarts:
+            text += f" after {self.run.meta.restarts} restart(s)"
+        self.run.finish(summary.exit_code, text)
+        self.listener.finished(summary)
+        return summary.exit_code

@@ -1,0 +1,290 @@
+"""Follow a running job on every node: the head's output live, every node's fate.
+
+One ssh session per rank host (or a local shell): the head's tails the launcher log, other
+launch hosts (torchrun) wait for their launcher's exit code, the rest only keep a session
+open. ssh's keepalives notice a vanished node within ~15 s; whichever node fails first ends
+the job, so no rank is left waiting on a dead peer.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from distrun.inventory.cluster import Cluster, Node
+from distrun.launchers import launcher_named
+from distrun.planning.plan import JobPlan
+from distrun.printable import printable
+from distrun.run.attempt_shell import launch_command, stop_command, tail_command, wait_command
+from distrun.transport import nodeprog
+from distrun.transport.handshake import PREFLIGHT_FACT, STAGED_FACT, Attempt, State
+from distrun.transport.playbook_events import PlaybookEvent
+from distrun.transport.remote import KEEPALIVE_S, run_each, shell_argv
+
+# A remote step that failed says what failed, on which path; printed instead of an exit marker.
+ERROR_RE = re.compile(r"^DISTRUN_ERROR (.+)$")
+# ssh's own exit status when the connection failed (or its keepalives ran out).
+SSH_FAILED = 255
+
+
+@dataclass
+class Outcome:
+    rc: int
+    host: str | None = None  # the host whose failure ended the job
+    reason: str = ""
+    lost: bool = False  # the host itself went away (no exit code came back)
+
+
+def launch(cluster: Cluster, plan: JobPlan, hosts: list[str], timeout_s: float = 60) -> dict[str, str]:
+    """Start the launcher on every launch host at once, each over its node's ssh connection (run.yml
+    left it open); host -> why, for those where it did not start."""
+    nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
+    done = run_each(nodes, {h: launch_command(plan, h) for h in hosts}, timeout_s)
+    failed: dict[str, str] = {}
+    for h, d in done.items():
+        said = nodeprog.answer(d.out, "launch")
+        if d.rc == 0 and said and said.get("launched") is True:
+            continue
+        failed[h] = str(said["error"]) if said and said.get("error") else d.last_line()
+    return failed
+
+
+def _heartbeat_command() -> str:
+    # Output every few seconds keeps the session honest; ssh keepalives catch a dead node.
+    return f"while sleep {KEEPALIVE_S}; do echo; done"
+
+
+def session_ended(host: str, rc: int, output: list[str], over_ssh: bool) -> Outcome:
+    """What a follower session that ended without an exit marker means.
+
+    A DISTRUN_ERROR line is the remote step's own account (a failed cd, an unreadable file, no
+    exit code); ssh's 255 is a lost transport; anything else ended the session on the node
+    (e.g. sudo refused to act as the training user): its last line says why.
+    """
+    for text in reversed(output):
+        m = ERROR_RE.match(text.strip())
+        if m:
+            return Outcome(rc or 1, host, m.group(1))
+    last = next((t.strip() for t in reversed(output) if t.strip()), "")
+    if over_ssh and rc == SSH_FAILED:
+        why = f": {last}" if last else ""
+        return Outcome(SSH_FAILED, host, f"lost contact with {host} (ssh failed{why})", lost=True)
+    why = f": {last}" if last else " and printed nothing"
+    return Outcome(rc or 1, host, f"following the launcher on {host} failed (exit {rc}){why}")
+
+
+def _stop_launchers(nodes: dict[str, Node], plan: JobPlan, hosts: list[str]) -> None:
+    """End the launchers on hosts at once: none is left waiting on a rendezvous that is gone."""
+    stop = stop_command(plan)
+    run_each(nodes, dict.fromkeys(hosts, stop), 15)
+
+
+def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Callable[[str], None]) -> Outcome:
+    """Block until the head's launcher exits or any node fails; return what ended the job."""
+    nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
+    head = plan.head.name
+    events: queue.Queue[tuple[str, str, str | int]] = queue.Queue()
+    procs: dict[str, subprocess.Popen[str]] = {}
+
+    output: dict[str, deque[str]] = {}
+
+    def reader(host: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        kept = output.setdefault(host, deque(maxlen=20))
+        for raw in proc.stdout:
+            text = raw.rstrip("\n")
+            if text.startswith(nodeprog.LOG_PREFIX):  # the launcher's log: data, whatever it says
+                line = text[len(nodeprog.LOG_PREFIX):]
+                if line.strip():
+                    kept.append(line)
+                if host == head:
+                    events.put((host, "line", line))
+                continue
+            said = nodeprog.answer(text, "follow")
+            if said is not None and isinstance(said.get("exit"), int):
+                events.put((host, "exit", said["exit"]))
+            elif said is not None:
+                kept.append(f"DISTRUN_ERROR {printable(str(said.get('error', 'no exit code')))}")
+            elif text.strip():
+                kept.append(text)
+        events.put((host, "closed", proc.wait()))
+
+    for h in dict.fromkeys([head, *plan.reached_hosts]):
+        if h == head:
+            command = tail_command(plan, h)
+        elif h in launch_hosts:
+            command = wait_command(plan, h)
+        else:
+            command = _heartbeat_command()
+        # Not strict: a byte that is not UTF-8 (a node's locale, its sudo) would end the reader.
+        proc = subprocess.Popen(shell_argv(nodes[h], command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                encoding="utf-8", errors="replace", bufsize=1, start_new_session=True)
+        procs[h] = proc
+        threading.Thread(target=reader, args=(h, proc), daemon=True).start()
+
+    exited: dict[str, int] = {}
+    outcome: Outcome | None = None
+    try:
+        while outcome is None:
+            try:
+                # A timeout, not a bare get(): a signal that lands on a reader thread only sets a
+                # flag, and Ctrl-C would wait for the job's next output line to take effect.
+                host, kind, value = events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if kind == "line":
+                on_line(str(value))
+            elif kind == "exit":
+                exited[host] = int(value)
+                if host == head:
+                    # The head's launcher is done; other launchers (torchrun) must agree.
+                    bad = {h: rc for h, rc in exited.items() if rc != 0}
+                    if int(value) != 0:
+                        outcome = Outcome(int(value), head, f"launcher on {head} exited {value}")
+                    elif not [h for h in launch_hosts if h not in exited]:
+                        outcome = Outcome(0) if not bad else Outcome(next(iter(bad.values())), next(iter(bad)))
+                elif int(value) != 0:
+                    outcome = Outcome(int(value), host, f"launcher on {host} exited {value}")
+                elif head in exited and all(h in exited for h in launch_hosts):
+                    outcome = Outcome(0)
+            elif kind == "closed" and host not in exited:
+                outcome = session_ended(host, int(value), list(output.get(host, ())), nodes[host].connection != "local")
+        if outcome.rc != 0:
+            # torchrun: the other launch hosts would wait on the failed one's rendezvous.
+            others = [h for h in launch_hosts if h not in exited and h != outcome.host]
+            if others:
+                _stop_launchers(nodes, plan, others)
+        return outcome
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+
+
+def _answer(event: PlaybookEvent, marker: str = '"stage') -> dict:
+    """What a node's stage script or probe printed last (its stdout's last line, a JSON object),
+    where that output holds ``marker`` (read only then: most tasks print nothing of ours)."""
+    out = event.data.get("stdout") if event.kind in ("ok", "changed") else None
+    if not isinstance(out, str) or marker not in out:
+        return {}
+    try:
+        said = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def staged_run(event: PlaybookEvent) -> str | None:
+    """The run a node's stage script (its stdout: {"changed": .., "staged": RUN}) or its probe,
+    staging a first attempt in the same round trip, says it unpacked."""
+    said = _answer(event)
+    return str(said["staged"]) if "staged" in said else None
+
+
+def probed_image(event: PlaybookEvent) -> dict | None:
+    """The container image a node's probe found (its ``image``: ref, runtime, user, id), if any."""
+    image = _answer(event, '"image"').get("image")
+    return image if isinstance(image, dict) else None
+
+
+class Starter:
+    """Starts an attempt's launchers, in a thread, as soon as every node of the run is staged, so
+    they start while ansible-playbook is ending: when each node that stages reported the run
+    unpacked (the stage script's answer, or the probe's where it staged in its round trip) and,
+    given ``judged``, once the judge passed (its verdict fact arrives with its task's ok: run.yml's
+    judge fails the play on any node it blames); or, where the stage step has steps after
+    unpacking (``after_steps``), when run.yml publishes STAGED_FACT after them. A node that fails
+    or drops out of the play before that never reports: nothing is started then."""
+
+    def __init__(self, cluster: Cluster, plan: JobPlan, stage_hosts: Iterable[str] = (), after_steps: bool = True,
+                 judged: bool = False, attempt: Attempt | None = None) -> None:
+        self.cluster, self.plan = cluster, plan
+        self.attempt = attempt or Attempt(0)  # the states it reaches: judged, staged, launched
+        self.waiting = None if after_steps else set(stage_hosts)
+        self.judging = judged  # waiting for the judge's verdict
+        self.stage_errors: dict[str, str] = {}  # host -> why its probe did not stage the run
+        self.created: dict[str, list[str]] = {}  # host -> the run's folders its probe's stage step made
+        self.thread: threading.Thread | None = None
+        self.failed: dict[str, str] = {}
+        self.images: dict[str, str] = {}  # host -> the id of the run's image its probe found
+
+    @property
+    def started(self) -> bool:
+        return self.thread is not None
+
+    def on_event(self, event: PlaybookEvent) -> None:
+        facts = event.data.get("ansible_facts") if event.kind in ("ok", "changed") else None
+        if isinstance(facts, Mapping) and facts.get(STAGED_FACT) is True:
+            self.start()
+            return
+        if isinstance(facts, Mapping) and PREFLIGHT_FACT in facts:
+            self.judging = False
+        if PREFLIGHT_FACT in (event.data.get("ansible_facts") or {}):  # passed, or failing the nodes it blames
+            self.attempt.reach(State.JUDGED)
+        if self.plan.container and (image := probed_image(event)) and image.get("id"):
+            self.images[str(event.host)] = str(image["id"])
+        said = _answer(event)
+        if said.get("stage_created"):
+            self.created[str(event.host)] = [str(d) for d in said["stage_created"]]
+        if self.waiting and event.host in self.waiting:
+            if "staged" in said and str(said["staged"]) == self.plan.run_id:
+                self.waiting.discard(event.host)
+            elif "stage_error" in said:
+                self.stage_errors[event.host] = str(said["stage_error"])
+        if self.waiting is not None and not self.waiting and not self.judging:
+            self.start()
+
+    def made(self, *own: str) -> dict[str, list[str]]:
+        """Host -> the folders its probe said it made, of ``own`` (the run dir and checkpoint dir
+        of this plan) only: nothing else is ever removed, whatever a node answered."""
+        return {h: [d for d in dirs if d and d in own] for h, dirs in self.created.items()}
+
+    def unstaged(self) -> dict[str, str]:
+        """Host -> why, for the nodes that stage and did not say they unpacked this run."""
+        return {h: self.stage_errors.get(h, "it did not say it unpacked the run") for h in sorted(self.waiting or ())}
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.attempt.reach(State.STAGED)
+            hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
+            self.thread = threading.Thread(target=self._launch, args=(hosts,), daemon=True)
+            self.thread.start()
+
+    def _launch(self, hosts: list[str]) -> None:
+        self.failed.update(launch(self.cluster, self.plan, hosts))
+        if self.failed:
+            self.attempt.reach(State.LAUNCH_FAILED, "; ".join(f"{h}: {why}" for h, why in sorted(self.failed.items())))
+        else:
+            self.attempt.reach(State.LAUNCHED)
+
+    def wait(self) -> dict[str, str]:
+        """Host -> why, for the launchers that did not start (started now if run.yml succeeded
+        without publishing the fact, unless a node that stages did not unpack the run)."""
+        if not self.unstaged():
+            self.start()
+        self.join()
+        return self.failed
+
+    def join(self) -> None:
+        """Wait for the launchers being started, if any (each start ends within its timeout)."""
+        if self.thread is not None:
+            self.thread.join()

@@ -1,0 +1,220 @@
+"""What a run is doing on its nodes now: the live state a record is reconciled with.
+
+A record says what its controller last wrote. When no controller follows the run any more (a
+detached run, a controller killed, a laptop that slept), the nodes say the rest: on each rank
+host, whether the run's launcher still runs or the exit code it wrote, which ranks started, how
+many of the run's processes live. From that, a run is running, finished with its real exit code,
+lost (its launcher ended without one) or unreachable (no answer from a launch host).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from distrun.errors import UserError
+from distrun.inventory.cluster import Cluster, Node
+from distrun.launchers import LAUNCHERS, launcher_named
+from distrun.planning.containers import Container
+from distrun.planning.plan import JobPlan, RankHost
+from distrun.store.runs import RecordError, Run
+from distrun.transport import nodeprog, rundir
+from distrun.transport.remote import as_user, shell_argv
+
+PROBE_TIMEOUT_S = 30
+
+
+@dataclass
+class HostState:
+    """One rank host, as its probe answered."""
+
+    host: str
+    reached: bool = True
+    error: str = ""
+    run_dir: bool = True  # the run's directory exists there
+    # running; exited (with rc); gone (a pid file, no process, no exit code); none (no launcher here, or not yet)
+    launcher: str = "none"
+    rc: int | None = None
+    procs: int = 0  # live processes carrying the run's tag
+    started: tuple[int, ...] = ()  # ranks whose wrapper ran here
+
+    def text(self) -> str:
+        if not self.reached:
+            return f"unreachable: {self.error}"
+        if not self.run_dir:
+            return "no run directory"
+        launcher = {"running": "launcher running", "exited": f"launcher exited {self.rc}",
+                    "gone": "launcher gone without an exit code", "none": ""}[self.launcher]
+        ranks = f"ranks {','.join(map(str, self.started))} started" if self.started else "no rank started"
+        return ", ".join(x for x in (launcher, f"{self.procs} process(es) of the run", ranks) if x)
+
+
+@dataclass
+class ClusterState:
+    """A run's state read from its nodes."""
+
+    state: str  # running, succeeded, failed, lost, unreachable
+    rc: int | None = None  # the launcher's exit code, once it exited
+    reason: str = ""
+    hosts: dict[str, HostState] = field(default_factory=dict)
+    world_size: int = 0
+
+    @property
+    def started(self) -> tuple[int, ...]:
+        return tuple(sorted({r for h in self.hosts.values() for r in h.started}))
+
+    @property
+    def final(self) -> bool:
+        return self.state in ("succeeded", "failed", "lost")
+
+
+def recorded_plan(run: Run) -> JobPlan:
+    """The plan a run recorded (plan.json), as the object the launchers take."""
+    path = run.dir / "plan.json"
+    if not path.is_file():
+        raise RecordError(f"run {run.id} has no plan.json: it ended before it was planned")
+    try:
+        data = json.loads(path.read_text())
+        data["hosts"] = tuple(RankHost(**h) for h in data["hosts"])
+        data.setdefault("attempt_dirs", False)  # recorded before attempts had folders
+        if data.get("login"):
+            data["login"] = RankHost(**data["login"])
+        if data.get("container"):
+            data["container"] = Container(**data["container"])
+        for key in ("program", "env", "partition"):
+            if data.get(key) is not None:
+                data[key] = tuple(tuple(x) if isinstance(x, list) else x for x in data[key])
+        plan = JobPlan(**data)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RecordError(f"run {run.id}: {path} is unreadable ({type(exc).__name__}); this record cannot be followed") from None
+    if plan.launcher not in LAUNCHERS:
+        raise RecordError(f"run {run.id}: launcher {plan.launcher!r} is unknown to this distrun")
+    return plan
+
+
+def probe_command(plan: JobPlan, host: str) -> str:
+    """The remote check of one host, as the training user: the node program's state of the
+    attempt there, one JSON line (attempt.py; what a node sends back is checked, not trusted)."""
+    cfg = {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.restart),
+           "dir": rundir.attempt_path(plan), "script": rundir.launch_script(host), "exit_file": rundir.exit_code(host),
+           "pid_file": rundir.launcher_pid(host), "user": plan.user, "started": rundir.STARTED}
+    return as_user(plan.user, nodeprog.command("state", cfg, program="attempt"))
+
+
+def parse_probe(host: str, output: str) -> HostState:
+    """A host's state from its probe's answer; a host that gave none was not reached."""
+    said = nodeprog.answer(output, "state")
+    if said is None:
+        last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no answer")
+        return HostState(host, reached=False, error=last[:200])
+    state = HostState(host, run_dir=said.get("dir") is True)
+    launcher = said.get("launcher")
+    state.launcher = launcher if launcher in nodeprog.LAUNCHER_STATES else "none"
+    rc = said.get("rc")
+    state.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) and -9999 <= rc <= 9999 else None
+    if state.launcher == "exited" and state.rc is None:
+        state.launcher = "gone"  # an exit code file without a code in it
+    procs = said.get("procs")
+    state.procs = procs if isinstance(procs, int) and not isinstance(procs, bool) and procs >= 0 else 0
+    started = said.get("started")
+    state.started = tuple(sorted({r for r in started if isinstance(r, int) and not isinstance(r, bool) and r >= 0})) \
+        if isinstance(started, list) else ()
+    return state
+
+
+def _probe_one(node: Node, plan: JobPlan, timeout_s: float) -> HostState:
+    try:
+        proc = subprocess.run(shell_argv(node, probe_command(plan, node.name)), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return HostState(node.name, reached=False, error=f"no answer within {timeout_s:.0f}s")
+    except (OSError, UserError) as exc:
+        return HostState(node.name, reached=False, error=str(exc))
+    return parse_probe(node.name, proc.stdout + "\n" + proc.stderr)
+
+
+def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
+          lost: set[str] | frozenset[str] = frozenset()) -> dict[str, HostState]:
+    """Every rank host of the plan, all at once; hosts known ``lost`` are not asked again."""
+    nodes = {n.name: n for n in cluster.nodes}
+    hosts = list(plan.watched_hosts)
+    ask = [h for h in hosts if h in nodes and h not in lost]
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(ask)))) as pool:
+        futures = {h: pool.submit(_probe_one, nodes[h], plan, timeout_s) for h in ask}
+    states = {h: f.result() for h, f in futures.items()}
+    for h in hosts:
+        if h not in states:
+            why = "lost during the run" if h in lost else f"not in inventory {cluster.source} any more"
+            states[h] = HostState(h, reached=False, error=why)
+    return {h: states[h] for h in hosts}
+
+
+def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
+    """The run's state from its hosts' answers: its launchers say whether it runs and how it ended."""
+    launcher = launcher_named(plan.launcher)
+    launch = [h.name for h in launcher.launch_hosts(plan)]
+    state = ClusterState("running", hosts=hosts, world_size=plan.world_size)
+    unreached = [h for h in launch if not hosts[h].reached]
+    running = [h for h in launch if hosts[h].reached and hosts[h].launcher == "running"]
+    if running:
+        if unreached:
+            state.reason = "; ".join(f"{h} unreachable: {hosts[h].error}" for h in unreached)
+        return state
+    if unreached:
+        state.state = "unreachable"
+        state.reason = "; ".join(f"cannot reach {h} ({hosts[h].error})" for h in unreached)
+        return state
+    no_dir = [h for h in launch if not hosts[h].run_dir]
+    gone = [h for h in launch if hosts[h].launcher in ("gone", "none")]
+    if no_dir or gone:
+        state.state = "lost"
+        if no_dir:
+            state.reason = f"the run directory {plan.run_dir} is missing on {', '.join(no_dir)}"
+        else:
+            state.reason = (f"the launcher on {', '.join(gone)} ended without writing its exit code "
+                            "(killed, stopped, or its node restarted)")
+        return state
+    codes = {h: int(hosts[h].rc or 0) for h in launch}
+    head = plan.head.name
+    bad = [h for h in launch if codes[h] != 0]
+    rc = codes[head] if codes.get(head) else (codes[bad[0]] if bad else 0)
+    state.rc = rc
+    state.state = "succeeded" if rc == 0 else "failed"
+    state.reason = f"the launcher exited {rc}" + (f" on {', '.join(bad)}" if bad else "")
+    return state
+
+
+def out_of_contact(plan: JobPlan, hosts: dict[str, HostState], lost: set[str] | frozenset[str]) -> str | None:
+    """After hosts were ``lost`` mid-run: why the run cannot be followed any more, or None when a
+    launch host that is not lost still answers (the nodes left can be stopped, collected and
+    restarted on). With torchrun every rank host is a launch host: one lost node must not make
+    the whole run look out of reach."""
+    launch = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan)]
+    left = [h for h in launch if h not in lost]
+    if any(hosts[h].reached for h in left if h in hosts):
+        return None
+    if not left:
+        return f"every launch host of the run was lost ({', '.join(launch)})"
+    return "; ".join(f"cannot reach {h} ({hosts[h].error})" for h in left if h in hosts)
+
+
+def read(cluster: Cluster, plan: JobPlan, lost: set[str] | frozenset[str] = frozenset()) -> ClusterState:
+    return judge(plan, probe(cluster, plan, lost=lost))
+
+
+def wait_started(cluster: Cluster, plan: JobPlan, timeout_s: float,
+                 on_state: Callable[[ClusterState], None] | None = None) -> ClusterState:
+    """Poll the rank hosts until every rank started, or the run is no longer running, or
+    ``timeout_s`` passed; the last state read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = read(cluster, plan)
+        if on_state is not None:
+            on_state(state)
+        if state.state != "running" or len(state.started) >= plan.world_size or time.monotonic() > deadline:
+            return state
+        time.sleep(1)

@@ -1,0 +1,99 @@
+"""'distrun stop': every process of a train run on every node, with a count per node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distrun.errors import UserError
+from distrun.planning import containers
+from distrun.printable import printable
+from distrun.store.runs import RecordError, Run, load_run
+from distrun.transport import nodeprog
+from distrun.transport.ansible_bridge import run_playbook
+from distrun.transport.playbook_events import PlaybookEvent, PlaybookResult
+
+
+@dataclass
+class StopReport:
+    """What 'distrun stop' did on each node: processes stopped, or why the node was missed."""
+
+    run_id: str = ""
+    stopped: dict[str, int] = field(default_factory=dict)
+    missed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rc(self) -> int:
+        return 1 if self.missed else 0
+
+    def refusal(self) -> UserError:
+        """The error that ends a stop that missed nodes."""
+        return UserError(f"run {self.run_id}: could not stop it on {', '.join(self.missed)}; "
+                         "its processes there may still run: bring the node back and run 'distrun stop' again",
+                         exit_code=1)
+
+
+def survivors(answer: dict) -> str:
+    """What the node program's stop says outlived its KILL, or "" when nothing did."""
+    left = [p for p in answer.get("survived") or [] if isinstance(p, dict)]
+    if not left:
+        return ""
+    named = ", ".join(f"{p['pid'] if isinstance(p.get('pid'), int) else '?'} ({printable(str(p.get('comm', '?')))[:32]})"
+                      for p in left[:5])
+    return f"{len(left)} process(es) of the run outlived SIGKILL: {named}"
+
+
+def stop_report(result: PlaybookResult, outputs: dict[str, str], run_id: str = "") -> StopReport:
+    """Per node: the count the stop step answered (``outputs``: host -> its stdout, the node
+    program's one JSON line), or the error of a node that failed, could not be reached or kept
+    processes of the run alive."""
+    report = StopReport(run_id)
+    for name in sorted(set(result.hosts) | set(outputs)):
+        h = result.hosts.get(name)
+        got = nodeprog.answer(outputs.get(name, ""), "stop")
+        if h is not None and (h.unreachable or h.failed):
+            report.missed[name] = ("unreachable: " if h.unreachable else "") + (h.last_error or "failed")
+        elif got is None or not isinstance(got.get("stopped"), int):
+            report.missed[name] = "no report from the stop step"
+        elif survivors(got):
+            report.missed[name] = survivors(got)
+        else:
+            report.stopped[name] = got["stopped"]
+    return report
+
+
+def container_stop(run: Run) -> list[str]:
+    """The removal of the run's containers on each node, for a run with an image ([] otherwise,
+    or for a record that never had a plan)."""
+    from distrun.run.liveness import recorded_plan
+
+    try:
+        return containers.stop_argv(recorded_plan(run))
+    except RecordError:
+        return []
+
+
+def stop_run(run_id: str) -> StopReport:
+    """Stop a train run everywhere and mark its record stopped; what was stopped where."""
+    run: Run = load_run(run_id, verb="train")
+    if run.meta.verb != "train":
+        raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs have processes to stop")
+    outputs: dict[str, str] = {}
+
+    def on_event(ev: PlaybookEvent) -> None:
+        out = str((ev.data or {}).get("stdout") or "") if ev.host else ""
+        if ev.host and nodeprog.answer(out, "stop") is not None:
+            outputs[ev.host] = out
+
+    extravars: dict[str, object] = {"distrun_run_id": run.id}
+    if argv := container_stop(run):
+        extravars["distrun_container_stop_argv"] = argv
+    result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir, extravars=extravars,
+                          on_event=on_event)
+    report = stop_report(result, outputs, run.id)
+    if run.meta.status == "running":
+        if report.missed:
+            run.finish(130, f"stop incomplete: {', '.join(report.missed)} not reached", status="stopped")
+        else:
+            run.finish(130, "stopped by 'distrun stop'", status="stopped")
+    return report

@@ -1,0 +1,64 @@
+"""Role job's node programs (``roles/job/files/node.py``, ``launch.py``, ``attempt.py``) as the
+runner calls them: the source sent (the programs' shared head, ``nodecommon.py``, in front of the
+program), the shell text that runs one of its verbs on a node, and its answer, one JSON object on
+one line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from functools import cache
+from typing import Any
+
+from distrun import paths
+
+# The protocol's names, as the node programs' shared head (nodecommon.py) writes them; a unit
+# test holds the two equal. A follower's log lines arrive as "| <line>", data whatever they say;
+# anything else on its stream is the node program's.
+LOG_PREFIX = "| "
+LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of one launcher
+RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py's evidence)
+
+# The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
+# launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
+PROGRAMS = ("node", "launch", "attempt")
+# Every program sent behind the head: stage.py too (the run's files unpacked), which role job's
+# stage step and role preflight's probe send themselves (the runner has no verb of it).
+SOURCES = (*PROGRAMS, "stage")
+# Sent in front of every node program: the names, config checks and answer they share.
+HEAD = "nodecommon"
+
+
+@cache
+def text(program: str = "node") -> str:
+    """A program's source, sent on the command line (it needs no file on the node): the shared
+    head, then the program, one namespace (role job's stop and stage steps and run.yml's stage
+files for the preflight's probe compose the same two files)."""
+    if program not in SOURCES:
+        raise ValueError(f"no node program {program!r}")
+    files = paths.project_dir() / "roles" / "job" / "files"
+    head = (files / f"{HEAD}.py").read_text()
+    return head + ("" if head.endswith("\n") else "\n") + (files / f"{program}.py").read_text()
+
+
+def command(verb: str, config: dict[str, Any], program: str = "node") -> str:
+    """Shell text that runs verb with config under the node's system Python, isolated (-I):
+    neither the working directory, PYTHON* variables nor the user's site folder, all of which a
+    job can write, reach its imports."""
+    return ('py=/usr/bin/python3; [ -x "$py" ] || py=python3; '
+            f'exec "$py" -I -c {shlex.quote(text(program))} {shlex.quote(verb)} {shlex.quote(json.dumps(config))}')
+
+
+def answer(output: str, verb: str) -> dict[str, Any] | None:
+    """The verb's answer in output (the last line that is one), or None when it gave none."""
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("verb") == verb:
+            return obj
+    return None

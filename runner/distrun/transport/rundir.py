@@ -1,0 +1,102 @@
+"""The run directory on the nodes: every entry's name, written once.
+
+A run directory holds what a run's attempts share (the hostfile, the rank wrapper, env.sh, the
+launcher's rendered files, the user's program) and, for each attempt, a folder of its own,
+``attempts/<n>/`` (n = the plan's ``restart``): its launch scripts, each launch host's pid,
+process group, log and exit code, the ranks' logs (mpirun's ``ranks/``, torchrun's
+``torchrun/<host>/``, srun's ``ranks/<rank>/``), Slurm's job output and the started-rank markers.
+Nothing is ever moved between attempts: a launcher of a failed attempt that ends late writes
+into its own attempt's folder, never into the next one's.
+
+Runs recorded before attempts had folders (their plan.json lacks ``attempt_dirs``) keep these
+files at the top of the run directory, and a restart there moved them to ``attempts/<n>/``:
+``attempt_folder`` answers "" for such a plan, and ``collected_attempt`` finds the last
+attempt's files in a collected copy of either layout.
+
+Names that take a host are plain text around it, so a shell line may pass ``"$h"``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distrun.planning.plan import JobPlan
+
+ATTEMPTS = "attempts"
+# Inside an attempt's folder.
+RANKS = "ranks"  # mpirun's --output-filename; srun's --output=ranks/<rank>/stdout
+TORCHRUN = "torchrun"  # torchrun's --log-dir, one folder per host
+STARTED = "started"  # one marker per started rank, written by the rank wrapper
+SLURM_OUTPUT = "slurm-%j.out"  # the batch step's output, %j: the job id
+SLURM_JOBIDS = "slurm-jobids"  # the driver's submitted jobs
+
+
+def launch_script(host: str) -> str:
+    return f"launch-{host}.sh"
+
+
+def launcher_pid(host: str) -> str:
+    return f"launcher-{host}.pid"
+
+
+def launcher_pgid(host: str) -> str:
+    return f"launcher-{host}.pgid"
+
+
+def launcher_log(host: str) -> str:
+    return f"launcher-{host}.log"
+
+
+def exit_code(host: str) -> str:
+    return f"exitcode-{host}"
+
+
+# What one attempt writes, as shell patterns inside its folder (the old layout: at the top).
+ATTEMPT_FILES = ("launch-*.sh", "launcher-*", "exitcode-*", RANKS, TORCHRUN, STARTED, "slurm-*.out", SLURM_JOBIDS)
+
+# What distrun itself writes at the top of a run directory on the nodes, under any launcher
+# (exact names, then shell patterns): a user's --script of such a name would replace distrun's
+# file or be replaced by it. The old layout's attempt files are kept: a run of that layout may
+# still be read. tests/unit/test_cli_args.py renders every launcher's files against this list.
+RUN_DIR_NAMES = ("hostfile", "rank-env.sh", "container-run.sh", "env.sh", "result.json", ATTEMPTS, RANKS, TORCHRUN, STARTED, "job.sbatch")
+RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "job-*.sbatch", "slurm-*")
+
+
+def clashes(name: str) -> bool:
+    """Whether a file of this name at the top of a run directory would collide with distrun's."""
+    return name in RUN_DIR_NAMES or any(fnmatch.fnmatchcase(name, p) for p in RUN_DIR_PATTERNS)
+
+
+def folder(restart: int, own: bool = True) -> str:
+    """An attempt's folder relative to the run directory ("" in the old layout)."""
+    return f"{ATTEMPTS}/{int(restart)}" if own else ""
+
+
+def attempt_folder(plan: JobPlan) -> str:
+    """The plan's attempt's folder relative to the run directory ("" in the old layout)."""
+    return folder(plan.restart, plan.attempt_dirs)
+
+
+def attempt_path(plan: JobPlan) -> str:
+    """The plan's attempt's folder on the nodes, absolute."""
+    rel = attempt_folder(plan)
+    return f"{plan.run_dir}/{rel}" if rel else plan.run_dir
+
+
+def in_attempt(plan: JobPlan, name: str) -> str:
+    """``name`` inside the plan's attempt's folder, relative to the run directory."""
+    rel = attempt_folder(plan)
+    return f"{rel}/{name}" if rel else name
+
+
+def collected_attempt(nodes_dir: Path) -> str:
+    """In a collected copy of a run directory (``nodes/<host>/...``), the last attempt's folder
+    relative to each host's copy: "attempts/<n>" with the highest n, or "" where the attempt's
+    files lie at the top (the old layout, whose last attempt stayed there)."""
+    if any(p.is_file() for p in nodes_dir.glob("*/launcher-*")):
+        return ""
+    numbers = [int(p.name) for p in nodes_dir.glob(f"*/{ATTEMPTS}/*") if p.is_dir() and p.name.isdigit()]
+    return folder(max(numbers)) if numbers else ""

@@ -1,0 +1,224 @@
+"""Terminal output for the CLI: live per-host progress and summaries (the CLI owns all output)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from distrun.printable import printable
+from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
+
+
+def _make(stderr: bool) -> Console:
+    """A terminal gets colour, live tables and wrapping; a pipe, a file or a CI log gets plain
+    lines that are never wrapped or cut, whatever COLUMNS says."""
+    console = Console(stderr=stderr, highlight=False)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+class _Console:
+    """The console the CLI prints on, made again by ``configure`` for each command from what its
+    stream is then (a terminal or not); anything else is Rich's Console's."""
+
+    def __init__(self, stderr: bool) -> None:
+        self.stderr = stderr
+        self._console: Console | None = None
+
+    def current(self) -> Console:
+        if self._console is None:
+            self._console = _make(self.stderr)
+        return self._console
+
+    def configure(self, stderr: bool) -> None:
+        self._console = _make(stderr)
+
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """Rich's print, each text first made printable (it may hold what a job printed)."""
+        self.current().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.current(), name)
+
+
+console = _Console(stderr=False)
+err_console = _Console(stderr=True)
+
+
+def _now(c: Console | _Console) -> Console:
+    return c.current() if isinstance(c, _Console) else c
+
+
+def configure(progress_to_stderr: bool = False) -> None:
+    """Set both consoles up for this command; ``progress_to_stderr``: stdout is kept for one JSON
+    object (``train --json``), so everything said as a run goes is said on stderr."""
+    console.configure(stderr=progress_to_stderr)
+    err_console.configure(stderr=True)
+
+
+def print_table(columns: list[str], rows: list[list[str]], title: str | None = None, *, keep: tuple[int, ...] = (0,),
+                drop: tuple[int, ...] | None = None, wrap: tuple[int, ...] = ()) -> None:
+    """A table on a terminal; elsewhere one plain line per row, columns two spaces apart, no cell
+    ever cut. Cells are text, never markup.
+
+    On a terminal no cell is cut: the ``wrap`` columns wrap; when the terminal is too narrow for
+    the rest, whole columns are dropped in the order ``drop`` gives (by default the last first),
+    never one of ``keep``; when even those do not fit, the rows are printed as plain lines."""
+    out = _now(console)
+    columns = [printable(c) for c in columns]
+    rows = [[printable(c) for c in row] for row in rows]
+    if out.is_terminal:
+        order = list(drop) if drop is not None else [i for i in reversed(range(len(columns))) if i not in keep]
+        shown = list(range(len(columns)))
+        while True:
+            if _least_width(columns, rows, shown, wrap) <= out.width:
+                out.print(_table(columns, rows, shown, wrap, title))
+                return
+            droppable = [i for i in order if i in shown and i not in keep]
+            if not droppable:
+                break
+            shown.remove(droppable[0])
+    if title:
+        out.print(title, markup=False, soft_wrap=True)
+    widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
+    for row in [columns, *rows]:
+        out.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), markup=False, soft_wrap=True)
+
+
+WRAP_MIN = 12  # a wrapping column narrower than this is dropped instead
+
+
+def _least_width(columns: list[str], rows: list[list[str]], shown: list[int], wrap: tuple[int, ...]) -> int:
+    """The narrowest the table can be with no cell cut: every column whole but the wrapping ones,
+    one space of padding each side, a rule between two columns."""
+    widths = [max(cell_len(r[i]) for r in [columns, *rows]) for i in shown]
+    least = sum(min(w, WRAP_MIN) if i in wrap else w for i, w in zip(shown, widths, strict=True))
+    return least + 2 * len(shown) + len(shown) - 1
+
+
+def _table(columns: list[str], rows: list[list[str]], shown: list[int], wrap: tuple[int, ...], title: str | None) -> Table:
+    table = Table(title=escape(title) if title else None, show_edge=False)
+    for i in shown:
+        whole = max(cell_len(r[i]) for r in [columns, *rows])
+        if i in wrap:
+            table.add_column(escape(columns[i]), overflow="fold", min_width=min(whole, WRAP_MIN))
+        else:  # shown whole or not at all
+            table.add_column(escape(columns[i]), no_wrap=True, overflow="ignore", min_width=whole)
+    for row in rows:
+        table.add_row(*(escape(row[i]) for i in shown))
+    return table
+
+
+class PlaybookProgress:
+    """Live table on a terminal; one line per finished host task elsewhere (CI logs, pipes)."""
+
+    def __init__(self, title: str, hosts: list[str]) -> None:
+        self.title = title
+        self.hosts = {h: HostProgress(h) for h in hosts}
+        self.started = time.monotonic()
+        self.live: Live | None = None
+        self.interactive = _now(console).is_terminal
+
+    def __enter__(self) -> PlaybookProgress:
+        console.print(f"[bold]{escape(self.title)}[/bold]")
+        if self.interactive:
+            self.live = Live(self._table(), console=_now(console), refresh_per_second=4, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("host", "ok", "changed", "failed", "task"):
+            table.add_column(col)
+        for h in self.hosts.values():
+            style = {"ok": "", "failed": "red", "unreachable": "red"}[h.state]
+            table.add_row(escape(printable(h.name)), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)),
+                          escape(printable(h.task)[:60]), style=style)
+        return table
+
+    def __call__(self, ev: PlaybookEvent) -> None:
+        if ev.host is not None:
+            h = self.hosts.setdefault(ev.host, HostProgress(ev.host))
+            if ev.kind == "start":
+                h.task = ev.task
+            elif ev.kind in ("ok", "changed"):
+                h.ok += 1
+                h.changed += ev.kind == "changed"
+            elif ev.kind == "failed":
+                h.failed += 1
+            elif ev.kind == "unreachable":
+                h.unreachable = True
+        if self.live is not None:
+            self.live.update(self._table())
+            return
+        elapsed = time.monotonic() - self.started
+        if ev.kind == "task":
+            console.print(f"  \\[{elapsed:6.1f}s] {escape(ev.task)}")
+        elif ev.kind == "changed":
+            console.print(f"           changed: {escape(str(ev.host))}")
+        elif ev.kind in ("failed", "unreachable"):
+            console.print(f"           [red]{ev.kind}: {escape(str(ev.host))}: {escape(ev.message)}[/red]")
+
+
+def print_summary(result: PlaybookResult, elapsed: float) -> None:
+    rows = [[h.name, str(h.ok), str(h.changed), str(h.failed), str(int(h.unreachable)), str(h.skipped)]
+            for h in sorted(result.hosts.values(), key=lambda x: x.name)]
+    print_table(["host", "ok", "changed", "failed", "unreachable", "skipped"], rows,
+                title=f"{result.playbook}: {result.status} in {elapsed:.1f}s")
+    # Parseable line: scripts and tests read it instead of the table.
+    console.print(
+        f"PLAY RECAP {result.playbook}: hosts={len(result.hosts)} changed={result.changed} "
+        f"failed={sum(h.failed for h in result.hosts.values())} "
+        f"unreachable={sum(int(h.unreachable) for h in result.hosts.values())} rc={result.rc}",
+        markup=False, soft_wrap=True,
+    )
+    for h in result.failures():
+        err_console.print(f"[red]{escape(h.name)}: {escape(h.last_error)}[/red]", soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    """A yellow line on stderr; the text is never read as markup (it may come from a node)."""
+    err_console.print(f"[yellow]{escape(message)}[/yellow]", soft_wrap=True)
+
+
+def fatal(message: str) -> None:
+    err_console.print(f"[red]distrun: error:[/red] {escape(message)}", soft_wrap=True)
+
+
+def print_check_report(report: dict) -> None:
+    """'distrun check': one row per check, one column per node (✓/✗, '-' not checked), then
+    what failed where and its fix."""
+    hosts = list(report.get("hosts") or {})
+    marks = {None: "-", True: "✓", False: "✗"}
+    rows = [[check, *(marks[None if items.get(h) is None else bool(items[h]["ok"])] for h in hosts)]
+            for check, items in report["checks"].items()]
+    if not _now(console).is_terminal:
+        print_table(["check", *hosts], rows)
+    else:
+        table = Table(show_edge=False, pad_edge=False)
+        table.add_column("check")
+        for h in hosts:
+            table.add_column(escape(printable(h)), justify="center")
+        colour = {"✓": "[green]✓[/green]", "✗": "[red]✗[/red]", "-": "-"}
+        for check, *cells in rows:
+            table.add_row(escape(printable(check)), *(colour[c] for c in cells))
+        console.print(table)
+    failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
+    for check, host, item in failures:
+        console.print(f"[red]✗ {escape(check)} on {escape(host)}:[/red] {escape(str(item['detail']))}", soft_wrap=True)
+        if item.get("fix"):
+            console.print(f"    fix: {escape(str(item['fix']))}", soft_wrap=True)
+    verdict = "[green]all checks passed[/green]" if report["ok"] else f"[red]{len(failures)} check(s) failed[/red]"
+    console.print(f"{verdict} in {report.get('elapsed_s', 0):.1f}s")
