@@ -17,6 +17,7 @@ from distrun.run import reconcile
 from distrun.run.liveness import ClusterState, HostState
 from distrun.run.reconcile import RunView
 from distrun.store.runs import new_run
+from distrun.transport.nodeprog import LauncherState
 
 from .conftest import REPO
 from .test_check import NODES, healthy, probe, report
@@ -55,7 +56,7 @@ def _status(monkeypatch, run, state: ClusterState) -> tuple[int, dict[str, Any]]
 
 def test_status_json_follows_the_schema_and_an_unreachable_run_exits_6(private_state, tmp_path, monkeypatch):
     run = new_run("train", tmp_path / "hosts.ini")
-    running = ClusterState("running", hosts={"w1": HostState("w1", launcher="running", procs=3, started=(0, 1))},
+    running = ClusterState("running", hosts={"w1": HostState("w1", launcher=LauncherState.RUNNING, procs=3, started=(0, 1))},
                            world_size=2)
     code, out = _status(monkeypatch, run, running)
     assert code == 0 and out["state"] == "running"

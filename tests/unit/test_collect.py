@@ -176,6 +176,6 @@ def test_collect_stops_at_a_file_count_and_says_where_the_rest_is(tmp_path, monk
                               **collect_limits())
     assert len(list((dest / "n1" / "many").iterdir())) == 20 and pulled.brought["n1"] == (20, 0)
     error = pulled.errors["n1"]
-    assert error.startswith(collect.CAPPED) and "the cap of 20 files" in error
-    assert f"the rest stays in {d} on n1" in error and "DISTRUN_COLLECT_MAX_FILES" in error
-    assert "distrun fetch" in error
+    assert error.kind == collect.Failure.CAPPED and error.final and "the cap of 20 files" in error.why
+    assert f"the rest stays in {d} on n1" in error.why and "DISTRUN_COLLECT_MAX_FILES" in error.why
+    assert "distrun fetch" in str(error)

@@ -379,7 +379,7 @@ def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
     dest = tmp_path / "dest"
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(runs_dir / "r1"), ["n1"], dest,
                               collect_rules.run_end_selection()).errors
-    assert failed["n1"].startswith(collect.REFUSED) and "is a link" in failed["n1"]
+    assert failed["n1"].kind == collect.Failure.REFUSED and "is a link" in failed["n1"].why
     assert not list(dest.rglob("*")) or all(p.is_dir() for p in dest.rglob("*"))
     # The runs folder replaced by a link moves every run dir elsewhere: refused too.
     real = tmp_path / "elsewhere" / "r2"
@@ -389,7 +389,7 @@ def test_collect_refuses_a_run_dir_replaced_by_a_link(tmp_path):
     (tmp_path / "shared2" / "runs").symlink_to(tmp_path / "elsewhere")
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(tmp_path / "shared2" / "runs" / "r2"), ["n1"], dest,
                               collect_rules.run_end_selection()).errors
-    assert failed["n1"].startswith(collect.REFUSED)
+    assert failed["n1"].kind == collect.Failure.REFUSED
     assert not (dest / "n1" / "f").exists()
 
 
@@ -403,8 +403,8 @@ def test_collect_stops_at_the_byte_cap_with_a_clear_line(tmp_path):
     dest = tmp_path / "dest"
     failed = collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], dest, collect_rules.run_end_selection(),
                               max_bytes=200_000).errors
-    assert failed["n1"].startswith(collect.CAPPED)
-    assert "stopped at the cap of 0.2 MiB" in failed["n1"] and str(run_dir) in failed["n1"]
+    assert failed["n1"].kind == collect.Failure.CAPPED
+    assert "stopped at the cap of 0.2 MiB" in failed["n1"].why and str(run_dir) in failed["n1"].why
     assert not (dest / "n1" / "ranks" / "big").exists()
     # Under the cap: everything arrives.
     assert collect.pull_run(_local_cluster(getpass.getuser()), str(run_dir), ["n1"], tmp_path / "d2",

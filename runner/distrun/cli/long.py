@@ -25,7 +25,8 @@ def status(run_id: str, as_json: bool) -> None:
     be going, and a script must not take the record's word for it.
 
     RUN_ID: an id from 'distrun runs', a unique prefix or suffix of one, or 'last'."""
-    from distrun.run.reconcile import UNREACHABLE, view
+    from distrun.run.liveness import UNREACHABLE
+    from distrun.run.reconcile import view
     from distrun.store.runs import load_run
     from distrun.ui.run import print_status
 

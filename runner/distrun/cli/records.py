@@ -10,6 +10,7 @@ import click
 from distrun import paths
 from distrun.cli import params as P
 from distrun.cli.parse import Command
+from distrun.store.runs import RunStatus
 from distrun.ui.console import console
 
 
@@ -48,7 +49,7 @@ def runs(prune: bool, older_than: float | None, as_json: bool) -> None:
     now = views(found)  # a running record whose distrun process is gone is checked on its nodes
     for entry in listing["runs"]:
         v = now[entry["run_id"]]
-        if v.state != entry["status"] or v.state == "running":
+        if v.state != entry["status"] or v.state == RunStatus.RUNNING:
             entry.update(status=v.state if as_json else state_text(v), rc=v.rc, summary=v.detail or entry["summary"])
     for exc in unreadable.values():
         warn(str(exc))

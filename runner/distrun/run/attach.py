@@ -15,9 +15,9 @@ from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import load_cluster
 from distrun.run.ending import RunEnd
 from distrun.run.listener import Listener
-from distrun.run.liveness import read, recorded_plan
+from distrun.run.liveness import UNREACHABLE, read, recorded_plan
 from distrun.store import controller
-from distrun.store.runs import load_run
+from distrun.store.runs import RunStatus, load_run
 
 
 def attach(run_ref: str, listener: Listener | None = None) -> int:
@@ -26,17 +26,17 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     run = load_run(run_ref, verb="train")
     if run.meta.verb != "train":
         raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs can be attached to")
-    if run.meta.status != "running" and run.meta.collected:
+    if run.meta.status != RunStatus.RUNNING and run.meta.collected:
         listener.already_ended(run)
         return 1 if run.meta.rc is None else run.meta.rc
-    if run.meta.status == "running" and controller.alive(run.meta.controller):
+    if run.meta.status == RunStatus.RUNNING and controller.alive(run.meta.controller):
         raise UserError(f"run {run.id} is followed by distrun ({controller.describe(run.meta.controller)}); "
                         f"read its output with 'distrun logs -f {run.id}'")
     plan = recorded_plan(run)
     inventory = Path(run.meta.inventory)
     cluster = load_cluster(inventory, paths.fact_cache_dir(inventory))
     state = read(cluster, plan)
-    if state.state == "unreachable":
+    if state.state == UNREACHABLE:
         raise UserError(f"run {run.id}: {state.reason}; the run may still be going: attach again when its nodes answer",
                         exit_code=ExitCode.CONTACT_LOST)
     run.follow_here()
@@ -45,10 +45,10 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     hosts = list(plan.watched_hosts)
     started = time.monotonic()
     lost: set[str] = set()
-    if state.state == "lost":
+    if state.state == RunStatus.LOST:
         # Nothing to follow: bring home what the nodes kept, and say so in the record.
         end.collect(cluster, plan, hosts, lost)
-        run.meta.status, run.meta.summary, run.meta.controller = "lost", f"lost: {state.reason}", None
+        run.meta.status, run.meta.summary, run.meta.controller = RunStatus.LOST, f"lost: {state.reason}", None
         run.save()
         raise UserError(f"run {run.id} is lost: {state.reason}; what its nodes kept is in {run.dir / 'nodes'}", exit_code=1)
     try:
@@ -59,7 +59,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     if outcome.lost and outcome.host:
         lost.add(outcome.host)
         after = read(cluster, plan, lost)
-        if after.state == "unreachable":
+        if after.state == UNREACHABLE:
             run.let_go()
             listener.contact_lost(run, after.reason)
             return ExitCode.CONTACT_LOST

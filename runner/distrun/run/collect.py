@@ -15,6 +15,7 @@ import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -28,13 +29,31 @@ COLLECT_MAX_BYTES = 2 << 30
 # Files per node: a job's thousands of empty files cost the controller inodes and time that
 # bytes do not count. The node's packer stops one past it, so the controller sees the cap hit.
 COLLECT_MAX_FILES = 10000
-# Prefixes of a node's error that another way in (the playbook) would not fix: a node ssh
-# could not reach (the playbook would wait for the same connect timeout), a run dir refused
-# as unsafe, a run dir over the cap or a pull over its time. Such a node is reported, not retried.
-UNREACHABLE = "unreachable: "
-REFUSED = "refused: "
-CAPPED = "capped: "
-FINAL = (UNREACHABLE, REFUSED, CAPPED)
+
+
+class Failure(StrEnum):
+    """Why a node's files did not all arrive. All but OTHER are final: another way in (the
+    playbook, file by file) would not fix them, so such a node is reported, not retried."""
+
+    UNREACHABLE = "unreachable"  # ssh could not reach it (the playbook would wait for the same timeout)
+    REFUSED = "refused"  # its run dir is a link or outside the runs folder
+    CAPPED = "capped"  # its run dir is over the cap of bytes or files, or the pull over its time
+    OTHER = "failed"  # anything else (an unpacking error, the node's command failing)
+
+
+@dataclass(frozen=True)
+class PullError:
+    """One node's failure: its kind and the line that says why."""
+
+    kind: Failure
+    why: str
+
+    @property
+    def final(self) -> bool:
+        return self.kind != Failure.OTHER
+
+    def __str__(self) -> str:
+        return self.why if self.kind == Failure.OTHER else f"{self.kind}: {self.why}"
 # The pull's shell on the node exits with this when the run dir is a link or outside the runs
 # folder: a code of that protocol, not one of distrun's own (those are errors.ExitCode).
 _REFUSED_RC = 3
@@ -49,14 +68,14 @@ class Pulled:
     """What pull_run did: host -> why its files did not all arrive, host -> what stays there,
     host -> (files, bytes) it brought."""
 
-    errors: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, PullError] = field(default_factory=dict)
     left: dict[str, Left] = field(default_factory=dict)
     brought: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
 class _NodePull:
-    error: str | None = None
+    error: PullError | None = None
     left: Left = field(default_factory=Left)
     files: int = 0
     bytes: int = 0
@@ -172,14 +191,14 @@ def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selecti
 
 
 def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
-            max_files: int, timeout_s: float, out: _NodePull) -> str | None:
+            max_files: int, timeout_s: float, out: _NodePull) -> PullError | None:
     """_pull's stream, counting into ``out``; why it failed, or None."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
     command = tar_command(run_dir, user, not _runs_as(node, user), selection, max_files)
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, UserError) as exc:
-        return str(exc)
+        return PullError(Failure.OTHER, str(exc))
     assert proc.stdout is not None
     timed_out = threading.Event()
 
@@ -214,29 +233,30 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
                 proc.kill()
                 proc.wait()
             if proc.returncode == _REFUSED_RC:
-                return REFUSED + _last_line(proc)
+                return PullError(Failure.REFUSED, _last_line(proc))
             if proc.returncode == _SSH_FAILED_RC and node.connection != "local":
-                return f"{UNREACHABLE}{_last_line(proc) or 'ssh failed'}"
-            return f"unpacking failed: {exc}"
+                return PullError(Failure.UNREACHABLE, _last_line(proc) or "ssh failed")
+            return PullError(Failure.OTHER, f"unpacking failed: {exc}")
     finally:
         timer.cancel()
     if capped:
         proc.kill()
         proc.wait()
         raise_var = "DISTRUN_COLLECT_MAX_MB" if "MiB" in capped else "DISTRUN_COLLECT_MAX_FILES"
-        return (f"{CAPPED}stopped at {capped} after {out.files} file(s) ({_size(out.bytes)}); "
-                f"the rest stays in {run_dir} on {node.name} (to bring it: raise {raise_var} and "
-                f"'distrun fetch RUN PATH')")
+        return PullError(Failure.CAPPED, f"stopped at {capped} after {out.files} file(s) ({_size(out.bytes)}); "
+                         f"the rest stays in {run_dir} on {node.name} (to bring it: raise {raise_var} and "
+                         f"'distrun fetch RUN PATH')")
     if timed_out.is_set():
         proc.wait()
-        return (f"{CAPPED}stopped after {timeout_s:.0f}s with {out.files} file(s) ({_size(out.bytes)}); "
-                f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_TIMEOUT_S to wait longer)")
+        return PullError(Failure.CAPPED, f"stopped after {timeout_s:.0f}s with {out.files} file(s) ({_size(out.bytes)}); "
+                         f"the rest stays in {run_dir} on {node.name} (raise DISTRUN_COLLECT_TIMEOUT_S to wait longer)")
     rc = proc.wait()
     if rc == _REFUSED_RC:
-        return REFUSED + _last_line(proc)
+        return PullError(Failure.REFUSED, _last_line(proc))
     if rc != 0:
         why = _last_line(proc) or f"exit {rc}"
-        return (f"{UNREACHABLE}{why}" if rc == _SSH_FAILED_RC and node.connection != "local" else why)
+        unreached = rc == _SSH_FAILED_RC and node.connection != "local"
+        return PullError(Failure.UNREACHABLE if unreached else Failure.OTHER, why)
     return None
 
 

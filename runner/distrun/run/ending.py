@@ -15,7 +15,7 @@ from distrun.launchers import launcher_named
 from distrun.planning import containers
 from distrun.planning.bundle import common_vars
 from distrun.planning.plan import JobPlan
-from distrun.run.collect import CAPPED, FINAL, REFUSED, UNREACHABLE, collect_hosts, pull_run
+from distrun.run.collect import Failure, collect_hosts, pull_run
 from distrun.run.collect_rules import LEFT_FILE, SMALL_BYTES, Left, left_record, run_end_selection
 from distrun.run.diagnosis import RunSummary, summarise
 from distrun.run.follow import Outcome, follow
@@ -93,13 +93,12 @@ class RunEnd:
         pulled = pull_run(cluster, plan.run_dir, hosts, dest, selection, **collect_limits())
         failed = pulled.errors
         for h, e in failed.items():
-            if e.startswith((REFUSED, CAPPED)):
-                what = "refused" if e.startswith(REFUSED) else "incomplete"
-                self.listener.warn(f"collect from {h} {what}: {e.split(': ', 1)[1]}")
-        unreachable = {h: e for h, e in failed.items() if e.startswith(UNREACHABLE)}
-        retry = [h for h in failed if not failed[h].startswith(FINAL)]
+            if e.kind in (Failure.REFUSED, Failure.CAPPED):
+                what = "refused" if e.kind == Failure.REFUSED else "incomplete"
+                self.listener.warn(f"collect from {h} {what}: {e.why}")
+        retry = [h for h in failed if not failed[h].final]
         lost_msgs = [f"{h} (lost during the run)" for h in sorted(lost)]
-        lost_msgs += [f"{h} ({e[len(UNREACHABLE):]})" for h, e in unreachable.items()]
+        lost_msgs += [f"{h} ({e.why})" for h, e in failed.items() if e.kind == Failure.UNREACHABLE]
         if retry:
             # Whatever a tar over ssh could not bring from a reachable node, the playbook tries file by file.
             result = run_playbook("playbooks/collect.yml", self.inventory, self.run.dir,

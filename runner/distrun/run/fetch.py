@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from distrun import paths
 from distrun.errors import UserError
 from distrun.inventory.cluster import load_cluster
-from distrun.run.collect import collect_hosts, pull_run
+from distrun.run.collect import PullError, collect_hosts, pull_run
 from distrun.run.collect_rules import LEFT_FILE, path_selection
 from distrun.run.ending import collect_limits
 from distrun.run.liveness import recorded_plan
@@ -29,7 +29,7 @@ class Fetched:
     run_id: str
     dest: Path
     brought: dict[str, tuple[int, int]] = field(default_factory=dict)  # host -> (files, bytes)
-    errors: dict[str, str] = field(default_factory=dict)  # host -> why not
+    errors: dict[str, PullError] = field(default_factory=dict)  # host -> why not
 
 
 def check_path(path: str) -> str:

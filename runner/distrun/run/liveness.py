@@ -21,11 +21,16 @@ from distrun.inventory.cluster import Cluster, Node
 from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.planning.containers import Container
 from distrun.planning.plan import JobPlan, RankHost
-from distrun.store.runs import RecordError, Run
+from distrun.store.runs import RecordError, Run, RunStatus
 from distrun.transport import nodeprog, rundir
+from distrun.transport.nodeprog import LauncherState
 from distrun.transport.remote import as_user, shell_argv
 
 PROBE_TIMEOUT_S = 30
+
+
+# A run's state when a launch host cannot be reached to tell it (beside a record's RunStatus).
+UNREACHABLE = "unreachable"
 
 
 @dataclass
@@ -36,8 +41,7 @@ class HostState:
     reached: bool = True
     error: str = ""
     run_dir: bool = True  # the run's directory exists there
-    # running; exited (with rc); gone (a pid file, no process, no exit code); none (no launcher here, or not yet)
-    launcher: str = "none"
+    launcher: LauncherState = LauncherState.NONE
     rc: int | None = None
     procs: int = 0  # live processes carrying the run's tag
     started: tuple[int, ...] = ()  # ranks whose wrapper ran here
@@ -47,8 +51,8 @@ class HostState:
             return f"unreachable: {self.error}"
         if not self.run_dir:
             return "no run directory"
-        launcher = {"running": "launcher running", "exited": f"launcher exited {self.rc}",
-                    "gone": "launcher gone without an exit code", "none": ""}[self.launcher]
+        launcher = {LauncherState.RUNNING: "launcher running", LauncherState.EXITED: f"launcher exited {self.rc}",
+                    LauncherState.GONE: "launcher gone without an exit code", LauncherState.NONE: ""}[self.launcher]
         ranks = f"ranks {','.join(map(str, self.started))} started" if self.started else "no rank started"
         return ", ".join(x for x in (launcher, f"{self.procs} process(es) of the run", ranks) if x)
 
@@ -57,7 +61,7 @@ class HostState:
 class ClusterState:
     """A run's state read from its nodes."""
 
-    state: str  # running, succeeded, failed, lost, unreachable
+    state: str  # a RunStatus (running, succeeded, failed, lost), or UNREACHABLE
     rc: int | None = None  # the launcher's exit code, once it exited
     reason: str = ""
     hosts: dict[str, HostState] = field(default_factory=dict)
@@ -69,7 +73,7 @@ class ClusterState:
 
     @property
     def final(self) -> bool:
-        return self.state in ("succeeded", "failed", "lost")
+        return self.state in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.LOST)
 
 
 def recorded_plan(run: Run) -> JobPlan:
@@ -113,11 +117,11 @@ def parse_probe(host: str, output: str) -> HostState:
         return HostState(host, reached=False, error=last[:200])
     state = HostState(host, run_dir=said.get("dir") is True)
     launcher = said.get("launcher")
-    state.launcher = launcher if launcher in nodeprog.LAUNCHER_STATES else "none"
+    state.launcher = LauncherState(launcher) if launcher in nodeprog.LAUNCHER_STATES else LauncherState.NONE
     rc = said.get("rc")
     state.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) and -9999 <= rc <= 9999 else None
-    if state.launcher == "exited" and state.rc is None:
-        state.launcher = "gone"  # an exit code file without a code in it
+    if state.launcher == LauncherState.EXITED and state.rc is None:
+        state.launcher = LauncherState.GONE  # an exit code file without a code in it
     procs = said.get("procs")
     state.procs = procs if isinstance(procs, int) and not isinstance(procs, bool) and procs >= 0 else 0
     started = said.get("started")
@@ -157,21 +161,21 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
     """The run's state from its hosts' answers: its launchers say whether it runs and how it ended."""
     launcher = launcher_named(plan.launcher)
     launch = [h.name for h in launcher.launch_hosts(plan)]
-    state = ClusterState("running", hosts=hosts, world_size=plan.world_size)
+    state = ClusterState(RunStatus.RUNNING, hosts=hosts, world_size=plan.world_size)
     unreached = [h for h in launch if not hosts[h].reached]
-    running = [h for h in launch if hosts[h].reached and hosts[h].launcher == "running"]
+    running = [h for h in launch if hosts[h].reached and hosts[h].launcher == LauncherState.RUNNING]
     if running:
         if unreached:
             state.reason = "; ".join(f"{h} unreachable: {hosts[h].error}" for h in unreached)
         return state
     if unreached:
-        state.state = "unreachable"
+        state.state = UNREACHABLE
         state.reason = "; ".join(f"cannot reach {h} ({hosts[h].error})" for h in unreached)
         return state
     no_dir = [h for h in launch if not hosts[h].run_dir]
-    gone = [h for h in launch if hosts[h].launcher in ("gone", "none")]
+    gone = [h for h in launch if hosts[h].launcher in (LauncherState.GONE, LauncherState.NONE)]
     if no_dir or gone:
-        state.state = "lost"
+        state.state = RunStatus.LOST
         if no_dir:
             state.reason = f"the run directory {plan.run_dir} is missing on {', '.join(no_dir)}"
         else:
@@ -183,7 +187,7 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
     bad = [h for h in launch if codes[h] != 0]
     rc = codes[head] if codes.get(head) else (codes[bad[0]] if bad else 0)
     state.rc = rc
-    state.state = "succeeded" if rc == 0 else "failed"
+    state.state = RunStatus.SUCCEEDED if rc == 0 else RunStatus.FAILED
     state.reason = f"the launcher exited {rc}" + (f" on {', '.join(bad)}" if bad else "")
     return state
 
@@ -215,6 +219,6 @@ def wait_started(cluster: Cluster, plan: JobPlan, timeout_s: float,
         state = read(cluster, plan)
         if on_state is not None:
             on_state(state)
-        if state.state != "running" or len(state.started) >= plan.world_size or time.monotonic() > deadline:
+        if state.state != RunStatus.RUNNING or len(state.started) >= plan.world_size or time.monotonic() > deadline:
             return state
         time.sleep(1)

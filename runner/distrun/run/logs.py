@@ -23,9 +23,9 @@ from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.launchers.base import fill
 from distrun.planning.plan import JobPlan
 from distrun.run.diagnosis import rank_logs
-from distrun.run.liveness import ClusterState, read, recorded_plan
+from distrun.run.liveness import UNREACHABLE, ClusterState, read, recorded_plan
 from distrun.store import controller
-from distrun.store.runs import Run, load_run
+from distrun.store.runs import Run, RunStatus, load_run
 from distrun.transport import rundir
 from distrun.transport.remote import as_user, shell_argv
 
@@ -79,21 +79,21 @@ class _Watch:
 
     def followed(self) -> bool:
         self.run.reload()
-        return self.run.meta.status == "running" and controller.alive(self.run.meta.controller) is True
+        return self.run.meta.status == RunStatus.RUNNING and controller.alive(self.run.meta.controller) is True
 
     def running(self) -> bool:
         self.run.reload()
-        if self.run.meta.status != "running":
+        if self.run.meta.status != RunStatus.RUNNING:
             return False
         if controller.alive(self.run.meta.controller):
             return True
         if time.monotonic() >= self.next_ask:
             self.next_ask = time.monotonic() + ASK_EVERY_S
             state = live_state(self.run)
-            if state.state == "unreachable":  # not an end: nothing can be said, and that is a failure
+            if state.state == UNREACHABLE:  # not an end: nothing can be said, and that is a failure
                 raise UserError(f"run {self.run.id}: {state.reason}; the run may still be going: 'distrun status "
                                 f"{self.run.id}' when its nodes answer", exit_code=ExitCode.CONTACT_LOST)
-            self.last = state.state == "running"
+            self.last = state.state == RunStatus.RUNNING
         return self.last
 
 
@@ -120,19 +120,19 @@ def log_text(run_id: str, rank: int | None, follow: bool) -> Iterator[str]:
         # The runner writes launcher.log as the run goes: following it is following the run,
         # while a distrun process follows it. Else the head's own log is followed.
         path = run.dir / "launcher.log"
-        if follow and run.meta.status == "running" and not watch.followed():
+        if follow and run.meta.status == RunStatus.RUNNING and not watch.followed():
             if path.is_file():
                 yield path.read_text(errors="replace")
             yield from _remote_launcher(run, _head_lines(path))
             return
     else:
         logs = rank_logs(run.dir / "nodes")
-        if rank not in logs and run.meta.status == "running" and follow:
+        if rank not in logs and run.meta.status == RunStatus.RUNNING and follow:
             yield from _remote_rank(run, rank, watch)
             return
         if rank not in logs:
             have = ", ".join(str(r) for r in sorted(logs)) or "none"
-            state = " (still running: add --follow to read it live from its node)" if run.meta.status == "running" else ""
+            state = " (still running: add --follow to read it live from its node)" if run.meta.status == RunStatus.RUNNING else ""
             raise UserError(f"run {run.id}: no log for rank {rank} (ranks with logs: {have}){state}")
         path = logs[rank]
     if not path.is_file():
@@ -146,7 +146,7 @@ def log_text(run_id: str, rank: int | None, follow: bool) -> Iterator[str]:
                 break
             if not watch.followed():
                 yield fh.read()  # what was written before the record changed
-                if rank is None and run.meta.status == "running":
+                if rank is None and run.meta.status == RunStatus.RUNNING:
                     # Its distrun process died while we followed: go on from the head.
                     yield from _remote_launcher(run, _head_lines(path))
                 break
@@ -182,10 +182,10 @@ def _remote_launcher(run: Run, skip: int) -> Iterator[str]:
     plan = recorded_plan(run)
     cluster = _cluster(run)
     state = read(cluster, plan)
-    if state.state == "unreachable":
+    if state.state == UNREACHABLE:
         raise UserError(f"run {run.id}: {state.reason}; the run may still be going: try again when its nodes answer",
                         exit_code=ExitCode.CONTACT_LOST)
-    if state.state == "lost":
+    if state.state == RunStatus.LOST:
         raise UserError(f"run {run.id} is lost: {state.reason}", exit_code=1)
     node = next(n for n in cluster.nodes if n.name == plan.head.name)
     proc = subprocess.Popen(shell_argv(node, remote_launcher_command(plan, skip)), stdout=subprocess.PIPE, text=True,

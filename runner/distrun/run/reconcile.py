@@ -20,12 +20,11 @@ from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster, load_cluster
 from distrun.launchers import launcher_named
 from distrun.planning.plan import JobPlan
-from distrun.run.liveness import ClusterState, read, recorded_plan
+from distrun.run.liveness import UNREACHABLE, ClusterState, read, recorded_plan
 from distrun.store import controller
-from distrun.store.runs import Run
+from distrun.store.runs import Run, RunStatus
 
 # The states a view can show besides the record's own (running, succeeded, failed, stopped, lost).
-UNREACHABLE = "unreachable"
 
 
 @dataclass
@@ -85,7 +84,7 @@ def view(run: Run, clusters: ClusterCache | None = None, *, ask_nodes: bool = Fa
     """The run now. A finished record is shown as it is; a running one whose controller lives is
     believed (unless ``ask_nodes``); otherwise its nodes are asked and the record corrected."""
     meta = run.meta
-    if meta.status != "running":
+    if meta.status != RunStatus.RUNNING:
         detail = meta.summary
         if not meta.collected:
             detail += f" (logs still on the nodes: 'distrun attach {run.id}' collects them)"
@@ -94,15 +93,15 @@ def view(run: Run, clusters: ClusterCache | None = None, *, ask_nodes: bool = Fa
     if meta.verb != "train":
         if followed is False:
             return _mark_lost(run, f"its distrun process ({controller.describe(meta.controller)}) ended before it finished")
-        return RunView(run, "running", f"followed by {controller.describe(meta.controller)}", followed)
+        return RunView(run, RunStatus.RUNNING, f"followed by {controller.describe(meta.controller)}", followed)
     if followed and not ask_nodes:
-        return RunView(run, "running", f"followed by {controller.describe(meta.controller)}", followed)
+        return RunView(run, RunStatus.RUNNING, f"followed by {controller.describe(meta.controller)}", followed)
     try:
         plan = recorded_plan(run)
     except UserError as exc:
         if followed is False:
             return _mark_lost(run, f"its distrun process ended before the run was launched ({exc})")
-        return RunView(run, "running", "being planned", followed)
+        return RunView(run, RunStatus.RUNNING, "being planned", followed)
     try:
         cluster = (clusters or ClusterCache()).get(meta.inventory)
     except UserError as exc:
@@ -111,15 +110,15 @@ def view(run: Run, clusters: ClusterCache | None = None, *, ask_nodes: bool = Fa
     who = (f"followed by {controller.describe(meta.controller)}" if followed
            else "no distrun process follows it" if followed is False
            else f"followed from another machine ({controller.describe(meta.controller)})")
-    if state.state == "running":
+    if state.state == RunStatus.RUNNING:
         started = f"{len(state.started)} of {plan.world_size} rank(s) started"
-        return RunView(run, "running", f"{started}; {who}" + (f"; {state.reason}" if state.reason else ""),
+        return RunView(run, RunStatus.RUNNING, f"{started}; {who}" + (f"; {state.reason}" if state.reason else ""),
                        followed, state)
     if state.state == UNREACHABLE:
         return RunView(run, UNREACHABLE, f"{state.reason}; the record says running ({who})", followed, state)
     if followed is not False:
         # Its controller is alive, or lives elsewhere: it will write the end itself.
-        return RunView(run, "running", f"ending: {state.reason}; {who}", followed, state)
+        return RunView(run, RunStatus.RUNNING, f"ending: {state.reason}; {who}", followed, state)
     return _correct(run, plan, state)
 
 
@@ -127,9 +126,9 @@ def _correct(run: Run, plan: JobPlan, state: ClusterState) -> RunView:
     """Write what the nodes said into a record nothing follows any more (read again first: a
     controller may have just taken the run over)."""
     run.reload()
-    if run.meta.status != "running" or controller.alive(run.meta.controller) is not False:
+    if run.meta.status != RunStatus.RUNNING or controller.alive(run.meta.controller) is not False:
         return view(run)
-    if state.state == "lost":
+    if state.state == RunStatus.LOST:
         return _mark_lost(run, state.reason, state)
     assert state.rc is not None
     run.meta.collected = False
@@ -142,18 +141,18 @@ def _correct(run: Run, plan: JobPlan, state: ClusterState) -> RunView:
 
 def _mark_lost(run: Run, reason: str, state: ClusterState | None = None) -> RunView:
     run.meta.rc = None
-    run.meta.status = "lost"
+    run.meta.status = RunStatus.LOST
     run.meta.summary = f"lost: {reason}"
     run.meta.controller = None
     run.save()
-    return RunView(run, "lost", run.meta.summary, False, state)
+    return RunView(run, RunStatus.LOST, run.meta.summary, False, state)
 
 
 def views(runs: list[Run]) -> dict[str, RunView]:
     """Every run now; the running ones are checked at once (their nodes asked where needed)."""
     clusters = ClusterCache()
-    out = {r.id: RunView(r, r.meta.status, r.meta.summary) for r in runs if r.meta.status != "running"}
-    pending = [r for r in runs if r.meta.status == "running"]
+    out = {r.id: RunView(r, r.meta.status, r.meta.summary) for r in runs if r.meta.status != RunStatus.RUNNING}
+    pending = [r for r in runs if r.meta.status == RunStatus.RUNNING]
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(pending)))) as pool:
         for r, v in zip(pending, pool.map(lambda run: view(run, clusters), pending), strict=True):
             out[r.id] = v

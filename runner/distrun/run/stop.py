@@ -8,7 +8,7 @@ from pathlib import Path
 from distrun.errors import UserError
 from distrun.planning import containers
 from distrun.printable import printable
-from distrun.store.runs import RecordError, Run, load_run
+from distrun.store.runs import RecordError, Run, RunStatus, load_run
 from distrun.transport import nodeprog
 from distrun.transport.ansible_bridge import run_playbook
 from distrun.transport.playbook_events import PlaybookEvent, PlaybookResult
@@ -91,9 +91,9 @@ def stop_run(run_id: str) -> StopReport:
     result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir, extravars=extravars,
                           on_event=on_event)
     report = stop_report(result, outputs, run.id)
-    if run.meta.status == "running":
+    if run.meta.status == RunStatus.RUNNING:
         if report.missed:
-            run.finish(130, f"stop incomplete: {', '.join(report.missed)} not reached", status="stopped")
+            run.finish(130, f"stop incomplete: {', '.join(report.missed)} not reached", status=RunStatus.STOPPED)
         else:
-            run.finish(130, "stopped by 'distrun stop'", status="stopped")
+            run.finish(130, "stopped by 'distrun stop'", status=RunStatus.STOPPED)
     return report

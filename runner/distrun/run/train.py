@@ -26,7 +26,7 @@ from distrun.run.listener import EventHandler, Listener
 from distrun.run.liveness import out_of_contact, probe, wait_started
 from distrun.run.restarts import decide
 from distrun.run.staging import Upload, discard
-from distrun.store.runs import Phases, new_run, new_run_id
+from distrun.store.runs import Phases, RunStatus, new_run, new_run_id
 from distrun.transport import handshake as hs
 from distrun.transport.early_playbook import EarlyPlaybook
 
@@ -57,7 +57,7 @@ class _Run(Launching):
         it ended before that (it is then followed to its end here, like any run)."""
         assert self.plan is not None
         state = wait_started(self.cluster, self.plan, DETACH_WAIT_S)
-        if state.state != "running":
+        if state.state != RunStatus.RUNNING:
             return False
         self.run.let_go()
         self.left_running = True
@@ -157,7 +157,7 @@ class _Run(Launching):
         if self.left_running:
             return 0
         if interrupted:  # Ctrl-C (130), or SIGTERM/SIGHUP taken the same way (143)
-            run.finish(terminating.exit_code(), terminating.word(), status="stopped")
+            run.finish(terminating.exit_code(), terminating.word(), status=RunStatus.STOPPED)
             return terminating.exit_code()
         assert rc is not None and self.plan is not None
         code = self.end.summarise(rc, time.monotonic() - started, self.plan)
@@ -200,11 +200,11 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
             if claim.refused:  # busy hosts leave no record: nothing ran, nothing was staged
                 shutil.rmtree(phases.run.dir, ignore_errors=True)
                 raise UserError(f"{exc} (run {run_id} did not start)", exit_code=exc.exit_code) from None
-            if phases.run.meta.status == "running":  # the record says why
+            if phases.run.meta.status == RunStatus.RUNNING:  # the record says why
                 phases.run.finish(exc.exit_code, str(exc))
             raise
         except Exception as exc:
-            if phases.run.meta.status == "running":
+            if phases.run.meta.status == RunStatus.RUNNING:
                 phases.run.finish(1, f"internal error: {type(exc).__name__}: {exc}")
             raise
         finally:
@@ -235,7 +235,7 @@ def run_partition_only(request: JobRequest, listener: Listener | None = None) ->
         if not result.ok:
             discard(cluster, [cluster.head.name], run.id)
     finally:
-        if run.meta.status == "running":
+        if run.meta.status == RunStatus.RUNNING:
             run.finish(1, "interrupted before the partition ended")
     run.finish(0 if result.ok else 1)
     return 0 if result.ok else 1

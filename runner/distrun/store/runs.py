@@ -10,6 +10,7 @@ import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,23 @@ from distrun.store import controller
 FORMAT = 1
 
 
+class RunStatus(StrEnum):
+    """A run record's status, as its ``meta.json`` keeps it (text, so older and newer readers agree)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # by 'distrun stop', Ctrl-C or a signal
+    LOST = "lost"  # nothing follows it and its nodes no longer tell its end
+
+
 @dataclass
 class RunMeta:
     run_id: str
     verb: str
     inventory: str
     started: float
-    status: str = "running"  # running, succeeded, failed, stopped, lost
+    status: str = RunStatus.RUNNING
     rc: int | None = None
     finished: float | None = None
     summary: str = ""
@@ -111,7 +122,7 @@ class Run:
 
     def finish(self, rc: int, summary: str = "", status: str | None = None) -> None:
         self.meta.rc = rc
-        self.meta.status = status or ("succeeded" if rc == 0 else "failed")
+        self.meta.status = status or (RunStatus.SUCCEEDED if rc == 0 else RunStatus.FAILED)
         self.meta.finished = time.time()
         self.meta.summary = summary
         self.meta.controller = None
@@ -252,7 +263,7 @@ def prune_runs(older_than_s: float, now: float | None = None) -> list[Run]:
     now = time.time() if now is None else now
     removed: list[Run] = []
     for r in list_runs():
-        if r.meta.status == "running" or now - r.meta.started < older_than_s:
+        if r.meta.status == RunStatus.RUNNING or now - r.meta.started < older_than_s:
             continue
         shutil.rmtree(r.dir)
         removed.append(r)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from enum import StrEnum
 from functools import cache
 from typing import Any
 
@@ -16,7 +17,18 @@ from distrun import paths
 # test holds the two equal. A follower's log lines arrive as "| <line>", data whatever they say;
 # anything else on its stream is the node program's.
 LOG_PREFIX = "| "
-LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of one launcher
+
+
+class LauncherState(StrEnum):
+    """attempt.py's state of one launcher on its node."""
+
+    RUNNING = "running"
+    EXITED = "exited"  # with the exit code its unit's record (or the older exit code file) holds
+    GONE = "gone"  # started, no process left, no exit code
+    NONE = "none"  # no launcher there, or not yet
+
+
+LAUNCHER_STATES = tuple(LauncherState)
 RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py's evidence)
 
 # The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's

@@ -22,7 +22,7 @@ from distrun.run.listener import EventHandler, Listener
 from distrun.run.liveness import ClusterState
 from distrun.run.reconcile import RunView
 from distrun.run.stop import StopReport
-from distrun.store.runs import Run
+from distrun.store.runs import Run, RunStatus
 from distrun.transport.playbook_events import PlaybookResult
 from distrun.ui.console import PlaybookProgress, console, err_console, print_summary, warn
 
@@ -126,7 +126,7 @@ class TrainView(Listener):
 
 def state_text(view: RunView) -> str:
     """One word or two for a run's state in 'distrun runs': live states say they were checked."""
-    if view.state == "running":
+    if view.state == RunStatus.RUNNING:
         return "running" if view.followed else "running (live)"
     return view.state
 
