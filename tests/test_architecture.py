@@ -111,3 +111,32 @@ def test_the_runner_uses_only_ansibles_public_interfaces():
                         or name in PRIVATE_ANSIBLE:
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
     assert not found, f"private Ansible in the runner: {found}"
+
+
+LAUNCHER_NAMES = {"mpirun", "torchrun", "slurm", "ssh"}
+
+
+def _names_a_launcher(node: ast.expr) -> bool:
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name == "launcher" or name.endswith("_launcher")
+
+
+def test_nothing_outside_the_launchers_and_the_cli_branches_on_a_launchers_name():
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("launchers", "cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            consts = set()
+            for side in sides:
+                if isinstance(side, ast.Constant) and isinstance(side.value, str):
+                    consts.add(side.value)
+                elif isinstance(side, (ast.Tuple, ast.List, ast.Set)):
+                    consts |= {e.value for e in side.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if consts & LAUNCHER_NAMES and any(_names_a_launcher(s) for s in sides):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, f"a launcher's name compared outside launchers/ (declare it on the Launcher instead): {found}"
