@@ -225,3 +225,24 @@ def test_a_bad_launch_is_one_line_before_root_does_anything(attempt, cfg, error)
     out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**good, **cfg})], capture_output=True,
                          text=True, timeout=20)
     assert (out.returncode, out.stdout, out.stderr) == (2, "", f"launch.py: {error}\n")
+
+
+def test_records_of_units_that_ended_long_ago_are_pruned_at_the_next_launch(attempt, tmp_path, monkeypatch):
+    """/run/distrun is memory: a unit's records go KEEP_S after its end, at the next launch on the
+    node; a unit still running (no .exit record) and one that ended lately keep theirs."""
+    _, cfg, _ = attempt
+    records = tmp_path / "records"
+    records.mkdir()
+    program = _program(monkeypatch, records)
+    old, recent, running = "distrun:old:0:h1.service", "distrun:recent:0:h1.service", "distrun:long:0:h1.service"
+    for unit in (old, recent, running):
+        (records / f"{unit}.launched").write_text(unit + "\n")
+    for unit in (old, recent):
+        (records / f"{unit}.exit").write_text("success 0 0\n")
+    long_ago = time.time() - program.KEEP_S - 60
+    os.utime(records / f"{old}.exit", (long_ago, long_ago))
+    os.utime(records / f"{running}.launched", (long_ago, long_ago))
+    said = program.launch(cfg)
+    left = sorted(p.name for p in records.iterdir())
+    assert said["launched"] is True
+    assert left == sorted([f"{recent}.launched", f"{recent}.exit", f"{running}.launched", f"{said['unit']}.launched"])

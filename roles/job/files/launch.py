@@ -25,6 +25,7 @@ import os
 import pwd
 import subprocess
 import sys
+import time
 
 if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
     _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
@@ -32,11 +33,42 @@ if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nod
         exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
 
 STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
+# How long a unit's records stay in /run/distrun after its end (its .exit record's age): a run
+# reconciled later than that ('distrun status' of a detached run nobody followed) reads as lost.
+KEEP_S = 30 * 24 * 3600
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _systemd() -> bool:
     return os.geteuid() == 0 and os.path.isdir("/run/systemd/system")
+
+
+def prune(folder: str, now: "float | None" = None) -> int:
+    """Remove the records of units that ended more than KEEP_S ago (their .exit record's age),
+    so /run/distrun (memory) does not grow with every attempt; a running unit (no .exit record
+    yet) keeps its own. How many units' records went."""
+    now = time.time() if now is None else now
+    gone = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.endswith(".exit"):
+            continue
+        unit = name[: -len(".exit")]
+        try:
+            if now - os.lstat(os.path.join(folder, name)).st_mtime <= KEEP_S:
+                continue
+        except OSError:
+            continue
+        for kind in ("launched", "exit"):
+            try:
+                os.unlink(os.path.join(folder, f"{unit}.{kind}"))
+            except OSError:
+                pass
+        gone += 1
+    return gone
 
 
 def launch(cfg: dict) -> dict:
@@ -61,6 +93,7 @@ def launch(cfg: dict) -> dict:
                 "-p", f"ExecStopPost={post}"]
         argv += [f"--setenv={k}={v}" for k, v in env.items()]
         argv += ["/bin/bash", script]
+        prune(RECORDS)
         # A unit's records from an earlier try of the same attempt would answer for this one.
         for kind in ("exit", "exit.tmp", "launched"):
             try:
