@@ -42,7 +42,7 @@ for _ in range(5):
     t = time.perf_counter(); hf = render_hostfile(plan); steps["render_hostfile"].append(time.perf_counter() - t)
     t = time.perf_counter(); argv = mpirun_argv(plan); steps["mpirun_argv"].append(time.perf_counter() - t)
 out = {k: statistics.median(v) for k, v in steps.items()}
-out.update(import_s=import_s, world_size=plan.world_size, hosts=len(plan.hosts), hostfile_bytes=len(hf),
+out.update(import_s=import_s, world_size=plan.placement.world_size, hosts=len(plan.placement.hosts), hostfile_bytes=len(hf),
            argv_words=len(argv), argv_bytes=len(" ".join(argv)),
            peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            rss_before_imports_mib=rss0 / 1024)

@@ -68,9 +68,9 @@ def test_sbatch_files_of_an_aliased_plan_name_nodes_as_the_inventory_does():
 def test_torchrun_agents_announce_their_cluster_address():
     plan = build_plan(cluster(), run_id="r1", launcher="torchrun", workload="ddp")
     launcher = LAUNCHERS["torchrun"]
-    said = {h.name: [w for w in launcher.command(plan, h) if w.startswith("--local-addr=")] for h in plan.hosts}
+    said = {h.name: [w for w in launcher.command(plan, h) if w.startswith("--local-addr=")] for h in plan.placement.hosts}
     assert said == {"alpha": ["--local-addr=10.0.0.11"], "w2": ["--local-addr=10.0.0.12"], "w3": ["--local-addr=10.0.0.13"]}
-    assert plan.master_addr == "10.0.0.11"
+    assert plan.placement.master_addr == "10.0.0.11"
 
 
 def test_the_driver_names_the_failing_node_as_srun_does(tmp_path):
@@ -122,7 +122,7 @@ def test_every_rank_learns_how_many_ranks_its_node_runs(tmp_path):
     # w2 has 2 slots, alpha and w3 one: LOCAL_WORLD_SIZE as torchrun would set it, under mpirun
     # and srun too (they do not set it), unless the launcher already did.
     plan = build_plan(cluster(), run_id="r1")
-    assert {h.name: h.slots for h in plan.hosts} == {"alpha": 1, "w2": 2, "w3": 1}
+    assert {h.name: h.slots for h in plan.placement.hosts} == {"alpha": 1, "w2": 2, "w3": 1}
     wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
     cases = {("node2", "10.0.0.12", ()): "2", ("node3", "10.0.0.13", ()): "1",
              ("node2", "10.0.0.12", (("OMPI_COMM_WORLD_LOCAL_SIZE", "5"),)): "5",

@@ -213,7 +213,7 @@ def test_train_refuses_a_gpu_slot_mismatch_with_host_slots_gpus_and_fix(gpu_clus
 
 def test_allow_gpu_mismatch_launches_anyway(gpu_cluster):
     plan = build_plan(gpu_cluster, run_id="T", allow_gpu_mismatch=True)
-    assert plan.world_size == 6
+    assert plan.placement.world_size == 6
     check_gpu_slots(gpu_cluster, allow=True)
 
 

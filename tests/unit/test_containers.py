@@ -10,7 +10,7 @@ import os
 import shlex
 import stat
 import subprocess
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from distrun.launchers import launcher_named, mpirun_argv, sbatch_script
 from distrun.launchers.slurm import multi_job_script
 from distrun.planning import containers
 from distrun.planning.containers import Container
+from distrun.planning.jobplan import to_json
 from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, plan_files
 from distrun.run.liveness import recorded_plan
@@ -64,21 +65,21 @@ def test_a_bad_inventory_value_names_the_variable_and_the_inventory():
 
 def test_the_plan_records_the_image_and_show_json_and_a_followed_record_read_it(tmp_path):
     plan = plan_for()
-    (tmp_path / "plan.json").write_text(json.dumps(asdict(plan), default=str))
+    (tmp_path / "plan.json").write_text(json.dumps(to_json(plan)))
 
     class Rec:
         id = "r1"
         dir = tmp_path
-    assert recorded_plan(Rec()).container == Container(IMAGE, "podman")  # type: ignore[arg-type]
+    assert recorded_plan(Rec()).launch.container == Container(IMAGE, "podman")  # type: ignore[arg-type]
     shown = records._plan(json.loads((tmp_path / "plan.json").read_text()))
     assert shown["container"] == {"image": IMAGE, "runtime": "podman"}
 
 
 def test_a_plan_without_an_image_runs_as_before():
     plan = build_plan(cluster(MIXED), run_id="r1", network=net(n1="eth0", n2="eth0", n3="eth0"))
-    assert plan.container is None
+    assert plan.launch.container is None
     assert "container-run.sh" not in " ".join(mpirun_argv(plan)) and "container-run.sh" not in plan_files(plan)
-    assert plan.program[0] == "/opt/distrun/venv/bin/python"
+    assert plan.program.argv[0] == "/opt/distrun/venv/bin/python"
     assert containers.stop_argv(plan) == []
 
 
@@ -91,7 +92,7 @@ def run_start(plan, tmp_path: Path, env: dict[str, str], args=("python3", "train
     script.write_text(text)
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    fake = bindir / plan.container.runtime
+    fake = bindir / plan.launch.container.runtime
     fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {shlex.quote(str(tmp_path / "argv"))}\n')
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     base = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -104,7 +105,8 @@ def pairs(argv: list[str], flag: str) -> list[str]:
 
 
 def test_mpirun_starts_each_rank_in_a_podman_container_as_the_user_with_variables_by_name(tmp_path):
-    plan = replace(plan_for(), user_env_keys=("HF_TOKEN",), workdir="/srv/distrun/projects/p")
+    plan = plan_for()
+    plan = replace(plan, program=replace(plan.program, user_env_keys=("HF_TOKEN",), workdir="/srv/distrun/projects/p"))
     argv = mpirun_argv(plan)
     # The host's mpirun starts the rank wrapper, which hands the program to the container start.
     w = argv.index(plan.wrapper)
@@ -142,7 +144,7 @@ def test_docker_runs_as_the_callers_uid_and_gets_gpus_only_on_gpu_nodes(tmp_path
 def test_torchrun_runs_one_agent_container_per_node_with_the_images_torchrun():
     plan = plan_for("torchrun")
     launcher = launcher_named("torchrun")
-    for host in plan.hosts:
+    for host in plan.placement.hosts:
         argv = launcher.command(plan, host)
         assert argv[0] == "/srv/distrun/runs/r1/container-run.sh" and argv[1] == "torchrun"
         assert argv[argv.index("--no-python") + 1:][:2] == [plan.wrapper, "python3"]
@@ -161,8 +163,8 @@ def test_slurm_single_renders_pyxis_and_multi_job_one_container_per_job():
     assert "--container-workdir=/srv/distrun/runs/r1" in words
     assert words.index(single.wrapper) > words.index(f"--container-image={IMAGE}")
     multi = plan_for("slurm", slurm={"mode": "multi-job", "mpi": "pmix"})
-    job = multi_job_script(multi, 1, multi.hosts[1])
-    assert f"export DISTRUN_HOST={multi.hosts[1].name}" in job
+    job = multi_job_script(multi, 1, multi.placement.hosts[1])
+    assert f"export DISTRUN_HOST={multi.placement.hosts[1].name}" in job
     assert "--ntasks=1 --kill-on-bad-exit=1 /srv/distrun/runs/r1/container-run.sh torchrun " in job
     assert containers.SCRIPT in plan_files(multi) and containers.SCRIPT not in plan_files(single)
 
@@ -204,6 +206,6 @@ def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop
         id = "r1"
         dir = tmp_path
     assert stop.container_stop(Rec()) == []  # type: ignore[arg-type]  # no plan.json: nothing to remove
-    (tmp_path / "plan.json").write_text(json.dumps(asdict(plan_for(runtime="podman")), default=str))
+    (tmp_path / "plan.json").write_text(json.dumps(to_json(plan_for(runtime="podman"))))
     assert stop.container_stop(Rec()) == ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]  # type: ignore[arg-type]
     assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1 >/dev/null"

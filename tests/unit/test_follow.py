@@ -32,7 +32,7 @@ def plan_in(tmp_path: Path, launcher: str = "torchrun"):
     }
     cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
     plan = build_plan(cluster, run_id="R1", launcher=launcher, workload="ddp")
-    return cluster, dataclasses.replace(plan, user=ME, shared_dir=str(tmp_path))
+    return cluster, dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=ME), shared_dir=str(tmp_path))
 
 
 def sh(command: str) -> subprocess.CompletedProcess[str]:

@@ -125,8 +125,8 @@ def hostile_plan(tmp_path: Path, launcher: str):
     # Relative: the scripts run in the run dir, and a name with "/" could not name a file there.
     canary = Path(plan.run_dir) / "pwned"
     bad = PAYLOAD.format(c="pwned")
-    hosts = (dataclasses.replace(plan.hosts[0], name="n1" + bad), *plan.hosts[1:])
-    plan = dataclasses.replace(plan, hosts=hosts, master_addr="10.0.0.1" + bad)
+    hosts = (dataclasses.replace(plan.placement.hosts[0], name="n1" + bad), *plan.placement.hosts[1:])
+    plan = dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, hosts=hosts, master_addr="10.0.0.1" + bad))
     Path(rundir.attempt_path(plan)).mkdir(parents=True)
     return plan, bad, canary
 
@@ -149,14 +149,14 @@ def test_launch_scripts_and_the_rank_wrapper_treat_a_hostile_name_as_a_word(tmp_
     wrapper = render_rank_wrapper(plan)
     out = bash(wrapper, run_dir, "printenv", "MASTER_ADDR")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n", 1)[1] == plan.master_addr + "\n"  # after the wrapper's DISTRUN_RANK line
+    assert out.stdout.split("\n", 1)[1] == plan.placement.master_addr + "\n"  # after the wrapper's DISTRUN_RANK line
     assert not canary.exists()
 
 
 def test_follow_commands_quote_the_host_name(tmp_path):
     plan, bad, canary = hostile_plan(tmp_path, "torchrun")
-    plan = dataclasses.replace(plan, user=getpass.getuser())  # the follower runs as the plan's user
-    host = plan.hosts[0].name
+    plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=getpass.getuser()))  # the follower runs as the plan's user
+    host = plan.placement.hosts[0].name
     run_dir = Path(rundir.attempt_path(plan))
     (run_dir / f"exitcode-{host}").write_text("7\n")
     out = bash(wait_command(plan, host), run_dir)
@@ -175,9 +175,10 @@ def test_sbatch_refuses_a_value_that_would_add_a_line(tmp_path):
     plan, _, _ = hostile_plan(tmp_path, "slurm")
     with pytest.raises(PlanError, match="#SBATCH --nodelist="):
         sbatch_files(plan)
-    ok = dataclasses.replace(plan, hosts=tuple(dataclasses.replace(h, name=f"n{i}") for i, h in enumerate(plan.hosts)))
+    hosts = tuple(dataclasses.replace(h, name=f"n{i}") for i, h in enumerate(plan.placement.hosts))
+    ok = dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, hosts=hosts))
     with pytest.raises(PlanError, match="#SBATCH --partition="):
-        sbatch_files(dataclasses.replace(ok, slurm={"partition": "gpu\ntouch /tmp/pwned"}))
+        sbatch_files(dataclasses.replace(ok, launch=dataclasses.replace(ok.launch, options={"partition": "gpu\ntouch /tmp/pwned"})))
     script = sbatch_files(ok)["job.sbatch"]
     assert all(line.startswith("#") for line in script.splitlines() if "SBATCH" in line)
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0

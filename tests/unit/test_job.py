@@ -8,6 +8,7 @@ import json
 import re
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -219,7 +220,7 @@ def _starter(monkeypatch, **kw) -> tuple[follow.Starter, list[list[str]]]:
         return {}
 
     monkeypatch.setattr(follow, "launch", start)
-    plan = type("P", (), {"launcher": "torchrun", "hosts": (), "run_id": "R1", "container": None})()
+    plan = SimpleNamespace(run_id="R1", launch=SimpleNamespace(launcher="torchrun", container=None), placement=SimpleNamespace(hosts=()))
     monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
         "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
     return follow.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
@@ -308,7 +309,7 @@ def test_only_a_first_attempt_without_steps_is_staged_by_the_probes(preflight, r
 def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
     from distrun.run.follow import Starter
 
-    starter = Starter(None, type("P", (), {"container": None})())  # type: ignore[arg-type]
+    starter = Starter(None, SimpleNamespace(launch=SimpleNamespace(container=None)))  # type: ignore[arg-type]
     starter.created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
     own = starter.made("/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1")
     assert own == {"node1": starter.created["node1"], "node2": []}

@@ -75,8 +75,8 @@ def test_mpirun_root_gpu_conda():
     # No facts about interfaces were given: no include list is invented.
     assert "btl_tcp_if_include" not in argv
     # Python ranks run under mpi4py's runner so a failing rank aborts the whole job at once.
-    assert plan.program[:3] == ("/opt/miniforge3/envs/jittor/bin/python", "-m", "mpi4py")
-    assert plan.program[3].endswith("/workloads/gcn_ddp.py")
+    assert plan.program.argv[:3] == ("/opt/miniforge3/envs/jittor/bin/python", "-m", "mpi4py")
+    assert plan.program.argv[3].endswith("/workloads/gcn_ddp.py")
 
 
 def test_np_fills_hosts_in_order_and_refuses_more_than_slots():
@@ -91,20 +91,20 @@ def test_np_fills_hosts_in_order_and_refuses_more_than_slots():
 
 def test_partition_parts_always_equal_the_world_size():
     plan = build_plan(cluster(MIXED), run_id="r3", np=4, workload="gcn", dataset="cora", data_dir="/data/cora")
-    assert plan.partition is not None
-    p = list(plan.partition)
+    assert plan.program.partition is not None
+    p = list(plan.program.partition)
     assert p[p.index("--num-parts") + 1] == "4"
-    prog = list(plan.program)
+    prog = list(plan.program.argv)
     assert prog[prog.index("--num-parts") + 1] == "4"
-    assert prog[prog.index("--part-dir") + 1] == p[p.index("--out") + 1] == plan.partition_dir
+    assert prog[prog.index("--part-dir") + 1] == p[p.index("--out") + 1] == plan.program.partition_dir
     assert prog[prog.index("--data-dir") + 1] == "/data/cora"
     # A workload without a partition step gets none.
-    assert build_plan(cluster(MIXED), run_id="r4", workload="gcn-tp").partition is None
+    assert build_plan(cluster(MIXED), run_id="r4", workload="gcn-tp").program.partition is None
 
 
 def test_torchrun_one_agent_per_node_with_its_own_slot_count():
     plan = build_plan(cluster(MIXED), run_id="r5", launcher="torchrun", workload="ddp", network=net(n1="eth0", n2="ens5", n3="eth1"))
-    cmds = {h.name: torchrun_argv(plan, h) for h in plan.hosts}
+    cmds = {h.name: torchrun_argv(plan, h) for h in plan.placement.hosts}
     assert cmds["n2"][1:3] == ["--nnodes=3", "--nproc-per-node=1"]
     assert cmds["n3"][2] == "--nproc-per-node=3"
     for argv in cmds.values():
@@ -114,20 +114,20 @@ def test_torchrun_one_agent_per_node_with_its_own_slot_count():
         assert "--max-restarts=0" in argv
     # The agent on the endpoint's host starts the store, every other agent joins it: torch is
     # not left to match the endpoint against the hostname (127.0.1.1 on installed machines).
-    assert [h.net_address for h in plan.hosts if "--rdzv-conf=is_host=1" in cmds[h.name]] == ["10.0.0.1"]
+    assert [h.net_address for h in plan.placement.hosts if "--rdzv-conf=is_host=1" in cmds[h.name]] == ["10.0.0.1"]
     assert sum("--rdzv-conf=is_host=0" in argv for argv in cmds.values()) == 2
     from distrun.launchers.torchrun import torchrun_env
-    assert torchrun_env(plan, plan.hosts[1])["GLOO_SOCKET_IFNAME"] == "ens5"
-    assert torchrun_env(plan, plan.hosts[1])["NCCL_SOCKET_IFNAME"] == "ens5"
+    assert torchrun_env(plan, plan.placement.hosts[1])["GLOO_SOCKET_IFNAME"] == "ens5"
+    assert torchrun_env(plan, plan.placement.hosts[1])["NCCL_SOCKET_IFNAME"] == "ens5"
 
 
 def test_user_script_runs_from_the_run_dir_with_its_arguments():
     plan = build_plan(cluster(MIXED), run_id="r6", script="/home/me/train.py", script_args=["--lr", "0.1"])
-    assert plan.program == ("/opt/distrun/venv/bin/python", "-m", "mpi4py", "/srv/distrun/runs/r6/train.py", "--lr", "0.1")
-    assert plan.partition is None
+    assert plan.program.argv == ("/opt/distrun/venv/bin/python", "-m", "mpi4py", "/srv/distrun/runs/r6/train.py", "--lr", "0.1")
+    assert plan.program.partition is None
     # torchrun starts plain Python: there is no MPI job to abort.
     plan = build_plan(cluster(MIXED), run_id="r6", launcher="torchrun", script="/home/me/train.py")
-    assert plan.program == ("/opt/distrun/venv/bin/python", "/srv/distrun/runs/r6/train.py")
+    assert plan.program.argv == ("/opt/distrun/venv/bin/python", "/srv/distrun/runs/r6/train.py")
 
 
 def test_bad_env_names_and_launchers_are_refused():
@@ -193,7 +193,7 @@ def test_a_fact_about_another_env_is_not_used_for_the_prefix(tmp_path):
     _facts(tmp_path, "n1", ansible_local={"distrun": {"provider": "venv", "env_prefix": "/opt/distrun/venv",
                                                       "mpi_prefix": "/usr"}})
     c = cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path, distrun_mpi_provider="conda")
-    assert build_plan(c, run_id="r1").mpi_prefix == "/opt/miniforge3/envs/jittor"
+    assert build_plan(c, run_id="r1").launch.mpi_prefix == "/opt/miniforge3/envs/jittor"
 
 
 def _rank_in_wrapper(plan, env: dict[str, str]) -> dict[str, str]:

@@ -18,6 +18,7 @@ import pytest
 from distrun.errors import UserError
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers.mpirun import Mpirun
+from distrun.planning.jobplan import to_json
 from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts
 from distrun.run import busy, liveness, reconcile, restarts
@@ -66,14 +67,14 @@ class LocalRun:
     def __init__(self, tmp_path: Path, monkeypatch, program: str, run_id: str = "20260101-000000-train-aaaa") -> None:
         self.cluster = local_cluster()
         plan = build_plan(self.cluster, run_id=run_id, launcher="mpirun", script="job.py")
-        self.plan = dataclasses.replace(plan, user=ME, shared_dir=str(tmp_path / "shared"))
+        self.plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=ME), shared_dir=str(tmp_path / "shared"))
         monkeypatch.setattr(Mpirun, "command", lambda self_, plan_, host: ["bash", "-c", program])
         self.dir = Path(rundir.attempt_path(self.plan))  # the attempt's own folder
         self.dir.mkdir(parents=True)
         for host, text in launch_scripts(self.plan).items():
             (self.dir / f"launch-{host}.sh").write_text(text)
         self.run = record(run_id)
-        self.run.write("plan.json", json.dumps(dataclasses.asdict(self.plan), default=str))
+        self.run.write("plan.json", json.dumps(to_json(self.plan)))
 
     def launch(self) -> None:
         # As the job role starts it: detached, in its own session.
@@ -430,8 +431,9 @@ def test_where_a_restart_runs(np, failed, lost, exclude_failed, expect):
 
 def test_ranks_see_the_restart_and_its_files_have_their_own_folder(tmp_path):
     cluster = local_cluster()
-    plan = dataclasses.replace(build_plan(cluster, run_id="R", workload="ddp", restart=2), user=ME, shared_dir=str(tmp_path))
-    env = dict(plan.env)
+    plan = build_plan(cluster, run_id="R", workload="ddp", restart=2)
+    plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=ME), shared_dir=str(tmp_path))
+    env = dict(plan.program.env)
     assert env["DISTRUN_RESTART"] == "2" and env["DISTRUN_CHECKPOINT_DIR"].endswith("/checkpoints/R")
     assert rundir.attempt_path(plan) == f"{plan.run_dir}/attempts/2"
     assert f"cd {plan.run_dir}/attempts/2 || exit 3\n" in launch_scripts(plan)["n1"]
@@ -442,8 +444,8 @@ def test_torchrun_restarts_its_workers_in_place_up_to_the_runs_budget():
 
     cluster = local_cluster(("n1", "n2"))
     plan = build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp", max_restarts=2)
-    assert "--max-restarts=2" in torchrun_argv(plan, plan.hosts[0])
-    assert "--max-restarts=0" in torchrun_argv(build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp"), plan.hosts[0])
+    assert "--max-restarts=2" in torchrun_argv(plan, plan.placement.hosts[0])
+    assert "--max-restarts=0" in torchrun_argv(build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp"), plan.placement.hosts[0])
 
 
 @pytest.mark.parametrize(("args", "said"), [

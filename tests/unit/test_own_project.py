@@ -53,12 +53,12 @@ def project_plan(c=None, *, launcher="mpirun", command=("python", "-m", "pkg.tra
 def test_the_command_runs_exactly_as_given_with_the_run_variables_filled_in():
     plan = project_plan()
     # Not rewritten (no interpreter path, no mpi4py runner), only {np} filled in; {x} is no variable.
-    assert plan.program == ("python", "-m", "pkg.train", "--parts", "4", "--cfg", "{x}")
-    assert plan.prepare == ("python", "part.py", "--num_parts", "4", "--out", "/srv/distrun/workdirs/p-1/parts")
-    assert ("DISTRUN_WORKDIR", "/srv/distrun/workdirs/p-1") in plan.env
+    assert plan.program.argv == ("python", "-m", "pkg.train", "--parts", "4", "--cfg", "{x}")
+    assert plan.program.prepare == ("python", "part.py", "--num_parts", "4", "--out", "/srv/distrun/workdirs/p-1/parts")
+    assert ("DISTRUN_WORKDIR", "/srv/distrun/workdirs/p-1") in plan.program.env
     wrapper = render_rank_wrapper(plan)
     assert wrapper.endswith('export PATH=/opt/distrun/venv/bin:"$PATH"\ncd /srv/distrun/workdirs/p-1\nexec "$@"\n')
-    assert mpirun_argv(plan)[-8:] == [plan.wrapper, *plan.program]
+    assert mpirun_argv(plan)[-8:] == [plan.wrapper, *plan.program.argv]
 
 
 def test_every_variable_has_a_value_and_unknown_ones_are_refused_in_prepare():
@@ -69,7 +69,7 @@ def test_every_variable_has_a_value_and_unknown_ones_are_refused_in_prepare():
     assert substitute(["{nparts}", "{np}", '{"a": 1}'], values) == ("{nparts}", "<np>", '{"a": 1}')
     plan = project_plan(command=("echo", "{np}", "{nodes}", "{hosts}", "{head}", "{run_id}", "{run_dir}", "{workdir}",
                                  "{shared_dir}"))
-    assert plan.program[1:] == ("4", "3", "n1,n2,n3", "n1", "r1", "/srv/distrun/runs/r1", "/srv/distrun/workdirs/p-1",
+    assert plan.program.argv[1:] == ("4", "3", "n1,n2,n3", "n1", "r1", "/srv/distrun/runs/r1", "/srv/distrun/workdirs/p-1",
                                 "/srv/distrun")
     with pytest.raises(PlanError, match="needs --workdir"):
         build_plan(cluster(), run_id="r1", command=("python", "x.py"))
@@ -91,7 +91,7 @@ def test_launcher_args_follow_distruns_own_options_in_every_launcher():
     assert argv[argv.index(plan.wrapper) - 3:argv.index(plan.wrapper)] == list(extra)
 
     t = project_plan(launcher="torchrun", launcher_args=("--rdzv-conf", "join_timeout=120", "--max-restarts=2"))
-    targv = torchrun_argv(t, t.hosts[1])
+    targv = torchrun_argv(t, t.placement.hosts[1])
     assert targv.index("--max-restarts=0") < targv.index("--max-restarts=2") < targv.index("--no-python")
     assert targv[targv.index("--no-python") - 3:targv.index("--no-python")] == ["--rdzv-conf", "join_timeout=120", "--max-restarts=2"]
 
@@ -100,7 +100,7 @@ def test_launcher_args_follow_distruns_own_options_in_every_launcher():
     words = shlex.split(srun)
     assert words[words.index(s.wrapper) - 2:words.index(s.wrapper) + 2] == ["--cpu-bind=cores", "--label", s.wrapper, "python"]
     m = project_plan(launcher="slurm", launcher_args=("--label",), slurm={"mode": "multi-job"})
-    line = [ln for ln in multi_job_script(m, 1, m.hosts[1]).splitlines() if ln.startswith("srun ")][0]
+    line = [ln for ln in multi_job_script(m, 1, m.placement.hosts[1]).splitlines() if ln.startswith("srun ")][0]
     assert line.startswith("srun --ntasks=1 --kill-on-bad-exit=1 --label ")
     assert line.count("--label") == 1  # srun's, not torchrun's
     assert "python -m pkg.train" in line  # the exact command, even where distrun's own Python loses mpi4py
@@ -118,16 +118,16 @@ def test_launcher_args_are_quoted_where_a_shell_reads_them():
 def test_exclude_and_hosts_choose_the_workers_and_everything_follows():
     c = select(cluster(), exclude=["n3"])
     plan = build_plan(c, run_id="r1")
-    assert [h.name for h in plan.hosts] == ["n1", "n2"] and plan.world_size == 3
+    assert [h.name for h in plan.placement.hosts] == ["n1", "n2"] and plan.placement.world_size == 3
     assert render_hostfile(plan).splitlines()[1:] == ["n1 slots=2", "n2 slots=1"]
     assert [n.name for n in c.nodes] == ["n1", "n2"]  # the preflight's hosts: n3 is not contacted
     only = select(cluster(), hosts=["n2,n3"])
     plan = build_plan(only, run_id="r1", launcher="torchrun")
-    assert [h.name for h in plan.hosts] == ["n2", "n3"]
+    assert [h.name for h in plan.placement.hosts] == ["n2", "n3"]
     assert [n.name for n in only.nodes] == ["n1", "n2", "n3"]  # the head still stages and prepares
     # Rank 0 is on n2, so torch's store and torchrun's rendezvous are there.
-    assert plan.master_addr == "10.0.0.2"
-    assert "--rdzv-endpoint=10.0.0.2:29500" in torchrun_argv(plan, plan.hosts[1])
+    assert plan.placement.master_addr == "10.0.0.2"
+    assert "--rdzv-endpoint=10.0.0.2:29500" in torchrun_argv(plan, plan.placement.hosts[1])
     assert host_names(["a,b", "b", " c "]) == ("a", "b", "c")
 
 
@@ -169,7 +169,7 @@ def test_values_never_reach_the_plan_the_scripts_or_the_commands(tmp_path, priva
     c = cluster()
     plan = build_plan(c, run_id="r1", command=("python", "t.py"), workdir="/w", prepare=("python", "p.py"),
                       extra_env={"TOKEN": "s3cr3t"})
-    assert plan.user_env_keys == ("TOKEN",)
+    assert plan.program.user_env_keys == ("TOKEN",)
     run = new_run("train", Path("/inv/prod"))
     from distrun.planning.run_files import launch_scripts, plan_files
     record_plan(run, plan, plan_files(plan), launch_scripts(plan), {"prepare": shlex.join(prepare_argv(c.head, plan))})

@@ -16,6 +16,7 @@ from distrun.launchers import launcher_named
 from distrun.launchers.torchrun import Torchrun
 from distrun.planning import run_files
 from distrun.planning.containers import Container
+from distrun.planning.jobplan import to_json
 from distrun.planning.plan import build_plan
 from distrun.run import attempt_shell, follow, liveness
 from distrun.run.diagnosis import rank_logs
@@ -40,7 +41,7 @@ def test_every_path_an_attempt_writes_lies_in_its_own_folder(launcher, mode, ima
     for text in scripts.values():
         assert f"cd {plan.run_dir}/attempts/2 || exit 3\n" in text
     texts = [*scripts.values(), *run_files.plan_files(plan).values(),
-             *(" ".join(launcher_named(launcher).command(plan, h)) for h in plan.hosts)]
+             *(" ".join(launcher_named(launcher).command(plan, h)) for h in plan.placement.hosts)]
     # Every path into the run dir names a shared file or this attempt's folder, never another.
     for text in texts:
         for rest in re.findall(re.escape(plan.run_dir) + r"/([^\s'\"]*)", text):
@@ -52,7 +53,7 @@ def test_every_path_an_attempt_writes_lies_in_its_own_folder(launcher, mode, ima
 
 def _launcher_does(monkeypatch, programs: dict[int, str]) -> None:
     """torchrun replaced by a shell line per attempt (its restart number), in distrun's own launch script."""
-    monkeypatch.setattr(Torchrun, "command", lambda self, plan, host: ["bash", "-c", programs[plan.restart]])
+    monkeypatch.setattr(Torchrun, "command", lambda self, plan, host: ["bash", "-c", programs[plan.attempt.restart]])
 
 
 def _stage(plan) -> None:
@@ -66,7 +67,7 @@ def test_a_failed_attempts_launcher_ending_late_writes_only_into_its_own_folder(
     """The restart begins while the failed attempt's launcher still shuts its workers down: its
     exit code (1) comes after the next attempt started, which still reports its own (0)."""
     cluster_, first = plan_in(tmp_path)
-    second = dataclasses.replace(first, restart=1)
+    second = dataclasses.replace(first, attempt=dataclasses.replace(first.attempt, restart=1))
     _launcher_does(monkeypatch, {0: "trap '' TERM; sleep 1.5; exit 1", 1: "sleep 3; exit 0"})
     _stage(first)
     assert follow.launch(cluster_, first, ["n2"]) == {}
@@ -115,11 +116,11 @@ def test_a_run_recorded_before_attempt_folders_is_read_at_the_top_of_its_run_dir
     _, plan = plan_in(tmp_path)
     record = tmp_path / "record"
     record.mkdir()
-    data = dataclasses.asdict(plan)
+    data = to_json(plan)
     del data["attempt_dirs"]
     (record / "plan.json").write_text(json.dumps(data, default=str))
     old = liveness.recorded_plan(Run(record, RunMeta("R1", "train", "inv", 0.0)))
-    assert not old.attempt_dirs and rundir.attempt_path(old) == old.run_dir
+    assert not old.attempt.attempt_dirs and rundir.attempt_path(old) == old.run_dir
     run_dir = Path(plan.run_dir)
     run_dir.mkdir(parents=True)
     (run_dir / "exitcode-n1").write_text("5\n")

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.planning import bundle, run_files
 from distrun.planning.envnames import check_env_key
+from distrun.planning.jobplan import to_json
 from distrun.planning.plan import build_plan
 from distrun.planning.run_files import render_env_file, render_rank_wrapper
 from distrun.run import collect, collect_rules, stop, train
@@ -189,11 +189,11 @@ def test_reserved_env_key_is_refused_at_parse_time(cli_env):
 def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
     plan = build_plan(cluster(), run_id="r1", launcher=launcher, workload="ddp", extra_env={"TOKEN": SECRET},
                       slurm={"partition": "p", "time_limit": "10", "mode": "single"} if launcher == "slurm" else None)
-    assert plan.user_env_keys == ("TOKEN",)
-    assert SECRET not in json.dumps(asdict(plan), default=str)
+    assert plan.program.user_env_keys == ("TOKEN",)
+    assert SECRET not in json.dumps(to_json(plan))
     texts = [*run_files.launch_scripts(plan).values(), *run_files.plan_files(plan).values(), render_rank_wrapper(plan)]
     texts += [" ".join(mpirun_argv(plan))] if launcher == "mpirun" else []
-    texts += [" ".join(torchrun_argv(plan, h)) for h in plan.hosts] if launcher == "torchrun" else []
+    texts += [" ".join(torchrun_argv(plan, h)) for h in plan.placement.hosts] if launcher == "torchrun" else []
     texts += [sbatch_script(plan)] if launcher == "slurm" else []
     assert not [t for t in texts if SECRET in t]
     assert ". ./env.sh" in render_rank_wrapper(plan)
@@ -445,7 +445,7 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
 
     def parts(**kw):
         plan = build_plan(uneven, run_id=run.id, **kw)
-        assert plan.partition_dir
+        assert plan.program.partition_dir
         return bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_partition_parts"]
 
     # mpirun: the hostfile's order, each host its slots.

@@ -93,7 +93,7 @@ def test_gpu_nodes_get_gres_from_the_distrun_fact(tmp_path):
     script = sbatch_script(plan)
     assert "#SBATCH --gres=gpu:4" in script
     assert "#SBATCH --ntasks-per-node=4" in script  # slots from the GPUs
-    multi = multi_job_script(plan_for(c, "multi-job"), 1, plan.hosts[1])
+    multi = multi_job_script(plan_for(c, "multi-job"), 1, plan.placement.hosts[1])
     assert "#SBATCH --gres=gpu:4" in multi
 
 

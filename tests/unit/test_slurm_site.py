@@ -56,7 +56,7 @@ def test_login_only_inventory_reaches_the_login_node_alone_and_asks_slurm_for_no
     assert [n.name for n in cluster.nodes] == ["login1"]
     assert len(cluster.workers) == 3 and cluster.total_slots == 3
     plan = plan_for(cluster)
-    assert plan.head.name == "login1" and plan.reached_hosts == ()
+    assert plan.placement.head.name == "login1" and plan.placement.reached_hosts == ()
     script = slurm.sbatch_script(plan)
     assert "#SBATCH --nodes=3" in script and "#SBATCH --ntasks=3" in script and "#SBATCH --ntasks-per-node=1" in script
     assert "--nodelist" not in script  # Slurm picks the nodes

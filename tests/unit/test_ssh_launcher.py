@@ -15,7 +15,8 @@ from pathlib import Path
 
 from distrun.launchers import LAUNCHERS
 from distrun.planning import run_files
-from distrun.planning.plan import JobPlan, build_plan
+from distrun.planning.jobplan import JobPlan
+from distrun.planning.plan import build_plan
 from distrun.run.diagnosis import first_failure
 from distrun.transport import rundir
 
@@ -37,7 +38,7 @@ def _plan(tmp_path: Path, program: tuple[str, ...], **kw) -> JobPlan:
     hosts = {name: dict(h) for name, h in MIXED.items()}
     hosts["n1"]["distrun_shared_dir"] = str(tmp_path)
     plan = build_plan(cluster(hosts), run_id="r1", launcher="ssh", np=4, **kw)
-    return replace(plan, program=program)
+    return replace(plan, program=replace(plan.program, argv=program))
 
 
 def _stage(plan: JobPlan, env: dict[str, str] | None = None) -> dict[str, Path]:
@@ -69,7 +70,7 @@ def _run(plan: JobPlan, how: dict[str, list[float]], user_env: dict[str, str] | 
 def _vars(plan: JobPlan) -> dict[int, dict]:
     out = {}
     attempt = Path(rundir.attempt_path(plan))
-    for rank in range(plan.world_size):
+    for rank in range(plan.placement.world_size):
         log = attempt / LAUNCHERS["ssh"].rank_log(rank, "", 0)
         line = next(x for x in log.read_text().splitlines() if x.startswith("VARS "))
         out[rank] = json.loads(line[5:])
@@ -78,13 +79,13 @@ def _vars(plan: JobPlan) -> dict[int, dict]:
 
 def test_each_host_starts_its_slots_with_torchs_variables(tmp_path):
     plan = _plan(tmp_path, (sys.executable, "-c", PROGRAM, "a b"))
-    assert [(h.name, h.slots) for h in plan.hosts] == [("n1", 2), ("n2", 1), ("n3", 1)]
+    assert [(h.name, h.slots) for h in plan.placement.hosts] == [("n1", 2), ("n2", 1), ("n3", 1)]
     assert _run(plan, {}) == {"n1": 0, "n2": 0, "n3": 0}
     got = _vars(plan)
     want = {0: ("0", "2", "0"), 1: ("1", "2", "0"), 2: ("0", "1", "1"), 3: ("0", "1", "2")}
     for rank, (local, local_size, node) in want.items():
         assert got[rank] == {"RANK": str(rank), "LOCAL_RANK": local, "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": local_size,
-                             "NODE_RANK": node, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(plan.master_port),
+                             "NODE_RANK": node, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(plan.placement.master_port),
                              "argv": ["a b"]}
     attempt = Path(rundir.attempt_path(plan))
     # The wrapper's header line opens every rank's log (collect and 'distrun logs' match on it),
@@ -123,7 +124,7 @@ def test_term_reaches_the_ranks(tmp_path):
     _stage(plan)
     attempt = Path(rundir.attempt_path(plan))
     env = {**os.environ, "HOW": json.dumps({"0": [0, 60], "1": [0, 60]})}
-    script = ["/bin/bash", f"{plan.run_dir}/ssh-ranks.sh", "0", "2", plan.wrapper, *plan.program]
+    script = ["/bin/bash", f"{plan.run_dir}/ssh-ranks.sh", "0", "2", plan.wrapper, *plan.program.argv]
     with (attempt / "term.log").open("w") as log:
         proc = subprocess.Popen(script, cwd=attempt, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -197,7 +198,7 @@ def test_with_an_image_each_rank_starts_in_its_own_container():
 
     plan = build_plan(cluster(MIXED), run_id="r1", launcher="ssh", np=4, container=Container(IMAGE, "podman"))
     launcher = LAUNCHERS["ssh"]
-    argv = launcher.command(plan, plan.hosts[1])
+    argv = launcher.command(plan, plan.placement.hosts[1])
     # The rank wrapper runs on the node and hands the program to the container's start.
     assert argv[2:6] == ["2", "1", plan.wrapper, f"{plan.run_dir}/container-run.sh"]
     files = run_files.plan_files(plan)

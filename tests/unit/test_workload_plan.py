@@ -13,15 +13,15 @@ from .test_launchers import MIXED, cluster
 
 def test_gdc_reaches_the_partitioner_and_the_trainer_in_its_own_folder():
     plan = build_plan(cluster(MIXED), run_id="g1", workload="gcn-torch", dataset="cora", gdc=(0.1, 64))
-    assert plan.partition is not None
-    part, prog = list(plan.partition), list(plan.program)
+    assert plan.program.partition is not None
+    part, prog = list(plan.program.partition), list(plan.program.argv)
     for argv in (part, prog):
         i = argv.index("--use-gdc")
         assert argv[i:i + 5] == ["--use-gdc", "--gdc-alpha", "0.1", "--gdc-topk", "64"]
-    assert prog[prog.index("--part-dir") + 1] == plan.partition_dir == "/srv/distrun/partitions/cora-6parts-gdc"
+    assert prog[prog.index("--part-dir") + 1] == plan.program.partition_dir == "/srv/distrun/partitions/cora-6parts-gdc"
     assert prog[prog.index("-m") + 2].endswith("/workloads/gcn_torch.py")
     plain = build_plan(cluster(MIXED), run_id="g2", workload="gcn-torch", dataset="cora")
-    assert "--use-gdc" not in plain.program and plain.partition_dir == "/srv/distrun/partitions/cora-6parts"
+    assert "--use-gdc" not in plain.program.argv and plain.program.partition_dir == "/srv/distrun/partitions/cora-6parts"
     assert {"torch", "pymetis"} <= set(preflight_needs(plain)["preflight_modules"])
 
 

@@ -20,7 +20,7 @@ from distrun.transport.nodeprog import RUN_TAG
 
 if TYPE_CHECKING:
     from distrun.inventory.cluster import Cluster
-    from distrun.planning.plan import JobPlan, RankHost
+    from distrun.planning.jobplan import JobPlan, RankHost
 
 # What the launchers and Open MPI print about the rank that failed first.
 MPI_ABORT = r"MPI_ABORT was invoked on rank (\d+)"
@@ -81,7 +81,7 @@ class Launcher(ABC):
     # --- before planning: the cluster and the CLI's choices ---------------------------------
 
     def settings(self, cluster: Cluster, given: Mapping[str, str] | None = None) -> dict[str, str]:
-        """What this launcher takes from the inventory and the CLI (``plan.slurm``): its options'
+        """What this launcher takes from the inventory and the CLI (``plan.launch.options``): its options'
         values (``given`` holds those of --launcher-opt), the unset ones left out."""
         resolved = resolve(self, given or {}, cluster.group_vars, cluster.source)
         return {name: r.value for name, r in resolved.items() if r.value is not None}

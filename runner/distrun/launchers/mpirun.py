@@ -10,7 +10,7 @@ from distrun.planning import containers
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan, RankHost
+    from distrun.planning.jobplan import JobPlan, RankHost
 
 # Variables forwarded to every rank from the launcher's environment. --prefix already sets
 # LD_LIBRARY_PATH for remote daemons; forwarding an unset one only makes mpirun warn.
@@ -19,32 +19,32 @@ _FORWARD = ("PATH",)
 
 def mpirun_argv(plan: JobPlan) -> list[str]:
     argv = [
-        f"{plan.mpi_prefix.rstrip('/')}/bin/mpirun",
-        "-np", str(plan.world_size),
+        f"{plan.launch.mpi_prefix.rstrip('/')}/bin/mpirun",
+        "-np", str(plan.placement.world_size),
         "--hostfile", plan.hostfile,
         # --prefix makes remote orted start from the same installation: without it a conda
         # prefix that non-interactive ssh does not put on PATH fails with "orted: command not found".
-        "--prefix", plan.mpi_prefix,
+        "--prefix", plan.launch.mpi_prefix,
         # Ranks go where the hostfile says, in order; never more than the slots.
         "--map-by", "slot",
         "--output-filename", f"{rundir.attempt_path(plan)}/{rundir.RANKS}",
     ]
-    if plan.run_as_root:
+    if plan.launch.run_as_root:
         argv.append("--allow-run-as-root")
-    if plan.cidr:
+    if plan.placement.cidr:
         # A subnet rather than interface names: names may differ between nodes.
-        argv += ["--mca", "btl_tcp_if_include", plan.cidr, "--mca", "oob_tcp_if_include", plan.cidr]
-    if plan.has_gpus:
+        argv += ["--mca", "btl_tcp_if_include", plan.placement.cidr, "--mca", "oob_tcp_if_include", plan.placement.cidr]
+    if plan.placement.has_gpus:
         argv += ["--mca", "opal_cuda_support", "1"]
-    for key, value in plan.env:
+    for key, value in plan.program.env:
         argv += ["-x", f"{key}={value}"]
     for key in _FORWARD:
         argv += ["-x", key]
     # --launcher-args last among the options: mpirun reads them after distrun's own. With an
     # image, the rank wrapper runs on the node and hands the program to the container's start
     # (one container per rank, the host's mpirun and orted outside: the hybrid model).
-    inside = [containers.script_path(plan)] if plan.container else []
-    argv += [*plan.launcher_args, plan.wrapper, *inside, *plan.program]
+    inside = [containers.script_path(plan)] if plan.launch.container else []
+    argv += [*plan.launch.launcher_args, plan.wrapper, *inside, *plan.program.argv]
     return argv
 
 
@@ -62,7 +62,7 @@ class Mpirun(Launcher):
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
-        return [plan.head]
+        return [plan.placement.head]
 
     def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
         # The hostfile lists the plan's hosts in order and --map-by slot fills each in turn.
@@ -75,11 +75,11 @@ class Mpirun(Launcher):
         return containers.files(plan, per_rank=True, prefixes=self.env_prefixes)
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        mpi_bin = f"{plan.mpi_prefix.rstrip('/')}/bin"
+        mpi_bin = f"{plan.launch.mpi_prefix.rstrip('/')}/bin"
         # orted: Open MPI 4; prted: Open MPI 5.
         nodes = {"orted": [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]}
-        if plan.container:
-            nodes[plan.container.runtime] = [plan.container.runtime]
+        if plan.launch.container:
+            nodes[plan.launch.container.runtime] = [plan.launch.container.runtime]
         return nodes, {"mpirun": [f"{mpi_bin}/mpirun"]}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:

@@ -21,7 +21,7 @@ from distrun.planning import containers
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan, RankHost
+    from distrun.planning.jobplan import JobPlan, RankHost
 
 SCRIPT = "ssh-ranks.sh"
 FAILED_RANK = r"distrun ssh: rank (\d+) ended with exit code [1-9]"
@@ -82,7 +82,7 @@ def first_ranks(plan: JobPlan) -> dict[str, tuple[int, int]]:
     """Host name -> (its node rank, its first rank): ranks fill the plan's hosts in order."""
     out: dict[str, tuple[int, int]] = {}
     first = 0
-    for node_rank, host in enumerate(plan.hosts):
+    for node_rank, host in enumerate(plan.placement.hosts):
         out[host.name] = (node_rank, first)
         first += int(host.slots)
     return out
@@ -103,7 +103,7 @@ class Ssh(Launcher):
         return {SCRIPT: script, **containers.files(plan, per_rank=True, prefixes=self.env_prefixes)}
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
-        return list(plan.hosts)
+        return list(plan.placement.hosts)
 
     def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
         return list(hosts)
@@ -111,19 +111,20 @@ class Ssh(Launcher):
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
         _, first = first_ranks(plan)[host.name]
         script = f"{plan.run_dir.rstrip('/')}/{SCRIPT}"
-        inside = [containers.script_path(plan)] if plan.container else []
-        return ["/bin/bash", script, str(first), str(int(host.slots)), plan.wrapper, *inside, *plan.program]
+        inside = [containers.script_path(plan)] if plan.launch.container else []
+        return ["/bin/bash", script, str(first), str(int(host.slots)), plan.wrapper, *inside, *plan.program.argv]
 
     def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
         # The plan's env holds DISTRUN_RUN_ID, which tags the script and its ranks for 'distrun stop'.
         node_rank, _ = first_ranks(plan)[host.name]
-        env = {**dict(plan.env), "MASTER_ADDR": str(plan.master_addr), "MASTER_PORT": str(int(plan.master_port)),
-               "WORLD_SIZE": str(sum(int(h.slots) for h in plan.hosts)), "NODE_RANK": str(node_rank),
+        placed = plan.placement
+        env = {**dict(plan.program.env), "MASTER_ADDR": str(placed.master_addr), "MASTER_PORT": str(int(placed.master_port)),
+               "WORLD_SIZE": str(sum(int(h.slots) for h in placed.hosts)), "NODE_RANK": str(node_rank),
                "LOCAL_WORLD_SIZE": str(int(host.slots))}
         return sorted(env.items())
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        return ({plan.container.runtime: [plan.container.runtime]} if plan.container else {}), {}
+        return ({plan.launch.container.runtime: [plan.launch.container.runtime]} if plan.launch.container else {}), {}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:
         return f"{rundir.RANKS}/{int(rank)}/stdout"

@@ -11,7 +11,7 @@ from distrun.planning import containers
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan, RankHost
+    from distrun.planning.jobplan import JobPlan, RankHost
 
 
 def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None, store_host: bool | None = None,
@@ -25,15 +25,15 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
     come after distrun's options, so a repeated option such as --max-restarts takes the user's value).
     """
     if store_host is None:
-        store_host = host.name == plan.hosts[0].name
+        store_host = host.name == plan.placement.hosts[0].name
     # In a container: the image's torchrun, on its PATH.
-    torchrun = "torchrun" if plan.container else f"{plan.env_prefix.rstrip('/')}/bin/torchrun"
+    torchrun = "torchrun" if plan.launch.container else f"{plan.launch.env_prefix.rstrip('/')}/bin/torchrun"
     return [
         torchrun,
-        f"--nnodes={len(plan.hosts)}",
+        f"--nnodes={len(plan.placement.hosts)}",
         f"--nproc-per-node={host.slots}",
         "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint_host or plan.master_addr}:{plan.master_port}",
+        f"--rdzv-endpoint={endpoint_host or plan.placement.master_addr}:{plan.placement.master_port}",
         f"--rdzv-id={plan.run_id}",
         # Which agent starts the c10d store. Left to itself, torch decides by matching the
         # endpoint against the addresses of the machine's hostname, and Debian's and Ubuntu's
@@ -45,21 +45,21 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         f"--local-addr={host.net_address or host.address}",
         # In-node restarts: torchrun's agents restart every worker at once up to this many
         # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost.
-        f"--max-restarts={int(plan.max_restarts)}",
+        f"--max-restarts={int(plan.attempt.max_restarts)}",
         f"--log-dir={rundir.attempt_path(plan)}/{rundir.TORCHRUN}/{host.name}",
         "--redirects=3",
         "--tee=3",
-        *(plan.launcher_args if launcher_args is None else launcher_args),
+        *(plan.launch.launcher_args if launcher_args is None else launcher_args),
         # The rank wrapper is a shell script, so torchrun must not prepend the interpreter.
         "--no-python",
         plan.wrapper,
-        *(plan.program if program is None else program),
+        *(plan.program.argv if program is None else program),
     ]
 
 
 def torchrun_env(plan: JobPlan, host: RankHost) -> dict[str, str]:
-    env = dict(plan.env)
-    if plan.container:
+    env = dict(plan.program.env)
+    if plan.launch.container:
         env["DISTRUN_HOST"] = host.name  # which node the container starts on: its GPUs
     if host.iface:
         env["GLOO_SOCKET_IFNAME"] = host.iface
@@ -82,11 +82,11 @@ class Torchrun(Launcher):
         return sorted(hosts, key=lambda h: str(h.get("net_address") or h.get("address") or ""))
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
-        return list(plan.hosts)
+        return list(plan.placement.hosts)
 
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
         # With an image: the agent and its workers in one container on the node.
-        inside = [containers.script_path(plan)] if plan.container else []
+        inside = [containers.script_path(plan)] if plan.launch.container else []
         return [*inside, *torchrun_argv(plan, host)]
 
     def files(self, plan: JobPlan) -> dict[str, str]:
@@ -100,9 +100,9 @@ class Torchrun(Launcher):
         return ("torch",)  # the image's own torchrun (torch's) starts the workers in it
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        if plan.container:
-            return {plan.container.runtime: [plan.container.runtime]}, {}
-        return {"torchrun": [f"{plan.env_prefix.rstrip('/')}/bin/torchrun"]}, {}
+        if plan.launch.container:
+            return {plan.launch.container.runtime: [plan.launch.container.runtime]}, {}
+        return {"torchrun": [f"{plan.launch.env_prefix.rstrip('/')}/bin/torchrun"]}, {}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:
         # --log-dir DIR/torchrun/HOST: <run id>_<random>/attempt_0/<local rank>/stdout.log

@@ -19,9 +19,10 @@ from typing import Any
 from distrun import paths
 from distrun.launchers import launcher_named
 from distrun.launchers.base import fill
+from distrun.planning.jobplan import JobPlan, to_json
 from distrun.planning.needs import preflight_needs
 from distrun.planning.network import NetworkChoice
-from distrun.planning.plan import WORKLOADS, JobPlan
+from distrun.planning.plan import WORKLOADS
 from distrun.planning.run_files import launch_files, render_env_file
 from distrun.store.runs import Run
 
@@ -60,7 +61,7 @@ def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_worklo
 
 
 def needs_jittor(plan: JobPlan) -> bool:
-    return plan.workload is not None and WORKLOADS[plan.workload].framework == "jittor"
+    return plan.program.workload is not None and WORKLOADS[plan.program.workload].framework == "jittor"
 
 
 def common_vars(plan: JobPlan) -> dict[str, Any]:
@@ -68,7 +69,7 @@ def common_vars(plan: JobPlan) -> dict[str, Any]:
     return {
         "distrun_run_id": plan.run_id,
         "distrun_run_dir": plan.run_dir,
-        "distrun_rank_hosts": list(plan.reached_hosts),
+        "distrun_rank_hosts": list(plan.placement.reached_hosts),
     }
 
 
@@ -88,8 +89,8 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
         "distrun_run_bundle": bundle,
         "distrun_workloads_digest": digest,
         "distrun_jittor_warm": jittor_warm,
-        "distrun_partition_argv": list(plan.partition or []),
-        "distrun_partition_dir": plan.partition_dir or "",
+        "distrun_partition_argv": list(plan.program.partition or []),
+        "distrun_partition_dir": plan.program.partition_dir or "",
         # Sync mode: a node pulls only the parts its own ranks read (part p is rank p's), where
         # the launcher's rank order is known before launch; elsewhere every node pulls every part.
         "distrun_partition_parts": partition_parts(plan),
@@ -101,7 +102,8 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
 def partition_parts(plan: JobPlan) -> dict[str, list[int]]:
     """Host -> the parts its ranks read; {} without a partition or where the launcher's scheduler
     orders the ranks once the job starts."""
-    order = launcher_named(plan.launcher).rank_order([asdict(h) for h in plan.hosts]) if plan.partition_dir else None
+    hosts = [asdict(h) for h in plan.placement.hosts]
+    order = launcher_named(plan.launch.launcher).rank_order(hosts) if plan.program.partition_dir else None
     return fill(order) if order is not None else {}
 
 
@@ -109,7 +111,7 @@ def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, d
     """What run.yml verifies before staging: each rank host's interface still has its address."""
     if network is None:
         return {}
-    rank_hosts = set(plan.reached_hosts)
+    rank_hosts = set(plan.placement.reached_hosts)
     return {h: {"iface": c.name, "address": c.address} for h, c in network.per_host.items() if h in rank_hosts}
 
 
@@ -123,7 +125,7 @@ def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, 
         "distrun_skip_preflight": not preflight,
         "distrun_checkpoint_dir": plan.checkpoint_dir,
         # A restart resumes from the head's checkpoints: in sync mode every node pulls them first.
-        "distrun_pull_checkpoints": plan.restart > 0,
+        "distrun_pull_checkpoints": plan.attempt.restart > 0,
         **preflight_needs(plan),
     }
 
@@ -147,15 +149,15 @@ def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[st
     """plan.json, commands.txt and commands.json (the argv of the partition and of each host's
     launch): exactly what this run executes, readable before it starts. ``before``: title -> text
     of the steps that run before the launch (the workdir's sync)."""
-    run.write("plan.json", json.dumps(asdict(plan), indent=2, default=str) + "\n")
+    run.write("plan.json", json.dumps(to_json(plan), indent=2) + "\n")
     commands = [f"# {name}\n{text}" for name, text in {**files, **launch_files(plan, scripts)}.items()]
-    if plan.partition:
-        commands.insert(0, "# partition\n" + shlex.join(plan.partition) + "\n")
-    if plan.prepare:
-        commands.insert(0, "# prepare (on the head, in the workdir)\n" + shlex.join(plan.prepare) + "\n")
+    if plan.program.partition:
+        commands.insert(0, "# partition\n" + shlex.join(plan.program.partition) + "\n")
+    if plan.program.prepare:
+        commands.insert(0, "# prepare (on the head, in the workdir)\n" + shlex.join(plan.program.prepare) + "\n")
     commands[:0] = [f"# {title}\n{text.rstrip()}\n" for title, text in (before or {}).items()]
     run.write("commands.txt", "\n".join(commands))
-    launcher = launcher_named(plan.launcher)
-    argv = {"partition": list(plan.partition) if plan.partition else None,
+    launcher = launcher_named(plan.launch.launcher)
+    argv = {"partition": list(plan.program.partition) if plan.program.partition else None,
             "launch": {h.name: launcher.command(plan, h) for h in launcher.launch_hosts(plan)}}
     run.write("commands.json", json.dumps(argv, indent=2) + "\n")

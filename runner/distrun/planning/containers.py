@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from distrun.errors import PlanError
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan
+    from distrun.planning.jobplan import JobPlan
 
 RUNTIMES = ("podman", "docker")
 DEFAULT_RUNTIME = "podman"
@@ -84,14 +84,14 @@ def choose(source: object, group_vars: Mapping[str, Any], image: str | None,
 
 def env_names(plan: JobPlan) -> list[str]:
     """Every variable a container gets, by name: the ranks' own, the plan's and the user's --env."""
-    names = [*RANK_NAMES, *(k for k, _ in plan.env), *plan.user_env_keys]
+    names = [*RANK_NAMES, *(k for k, _ in plan.program.env), *plan.program.user_env_keys]
     return list(dict.fromkeys(names))
 
 
 def mounts(plan: JobPlan) -> list[str]:
     """The folders a container sees at their own paths: the shared folder, the run directory
     (inside it unless the plan says otherwise) and the workdir."""
-    paths = [plan.shared_dir.rstrip("/") or "/", plan.run_dir, *([plan.workdir] if plan.workdir else [])]
+    paths = [plan.shared_dir.rstrip("/") or "/", plan.run_dir, *([plan.program.workdir] if plan.program.workdir else [])]
     return list(dict.fromkeys(paths))
 
 
@@ -104,8 +104,8 @@ def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
     namespace (``--pid=host``), and finds its peers' segments and the PMIx server of the host's
     orted in the session folder under /tmp (bound at /tmp).
     """
-    assert plan.container is not None
-    c = plan.container
+    assert plan.launch.container is not None
+    c = plan.launch.container
     argv = [c.runtime, "run", "--rm", "--network=host", "--ipc=host"]
     if per_rank:
         argv += ["--pid=host", "--volume", "/tmp:/tmp"]
@@ -133,9 +133,9 @@ def script(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> str:
     user (the caller's uid and gid: docker's daemon would start it as root), and the GPUs of a
     node the plan gives GPUs (by DISTRUN_HOST, which the rank wrapper or the launch sets).
     """
-    assert plan.container is not None
-    c = plan.container
-    gpu_hosts = "|".join(shlex.quote(h.name) for h in plan.hosts if h.gpus > 0)
+    assert plan.launch.container is not None
+    c = plan.launch.container
+    gpu_hosts = "|".join(shlex.quote(h.name) for h in plan.placement.hosts if h.gpus > 0)
     lines = [
         "#!/bin/bash",
         f"# Container start for distrun run {' '.join(plan.run_id.split())}. Generated; do not edit.",
@@ -160,16 +160,16 @@ def script_path(plan: JobPlan) -> str:
 def files(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> dict[str, str]:
     """The run-directory file a launcher adds for a containerised plan ({} without an image);
     ``prefixes``: the launcher's own variables its ranks need (``Launcher.env_prefixes``)."""
-    return {SCRIPT: script(plan, per_rank=per_rank, prefixes=prefixes)} if plan.container else {}
+    return {SCRIPT: script(plan, per_rank=per_rank, prefixes=prefixes)} if plan.launch.container else {}
 
 
 def pyxis_args(plan: JobPlan) -> list[str]:
     """srun's options under Slurm's pyxis plugin: every task in a container of the image, as the
     submitting user, on the host's network, with the run's folders at their own paths; the job's
     environment passes through as it is (enroot's default), so no value is written here."""
-    assert plan.container is not None
+    assert plan.launch.container is not None
     binds = ",".join(f"{p}:{p}" for p in mounts(plan))
-    return [f"--container-image={plan.container.image}", f"--container-mounts={binds}",
+    return [f"--container-image={plan.launch.container.image}", f"--container-mounts={binds}",
             f"--container-workdir={plan.start_dir}"]
 
 
@@ -184,9 +184,9 @@ def stop_shell(plan: JobPlan) -> str:
 def stop_argv(plan: JobPlan) -> list[str]:
     """Remove every container of the run on the node this runs on ([] for a run without an image).
     None there: exit 0. Run as the training user: rootless podman's containers are that user's."""
-    if plan.container is None:
+    if plan.launch.container is None:
         return []
-    runtime = plan.container.runtime
+    runtime = plan.launch.container.runtime
     ids = f"$({shlex.quote(runtime)} ps -aq --filter label={shlex.quote(f'{LABEL}={plan.run_id}')})"
     if runtime == "podman":
         return ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"]
@@ -197,7 +197,7 @@ def stop_argv(plan: JobPlan) -> list[str]:
 def image_record(plan: JobPlan, ids: Mapping[str, str]) -> str:
     """The run record's image.json: the image asked for and the id each node's probe found (none
     where the preflight was skipped: nothing was looked at)."""
-    assert plan.container is not None
-    nodes = {h.name: ids.get(h.name) for h in plan.hosts}
-    return json.dumps({"ref": plan.container.image, "runtime": plan.container.runtime, "nodes": nodes,
+    assert plan.launch.container is not None
+    nodes = {h.name: ids.get(h.name) for h in plan.placement.hosts}
+    return json.dumps({"ref": plan.launch.container.image, "runtime": plan.launch.container.runtime, "nodes": nodes,
                        "same": len(set(nodes.values()) - {None}) == 1 and None not in nodes.values()}, indent=2) + "\n"

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distrun.launchers import launcher_named
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 
 # Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
 WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
@@ -18,15 +18,15 @@ WORKLOAD_MODULES: Mapping[str, tuple[str, ...]] = {
 
 def preflight_needs(plan: JobPlan) -> dict[str, Any]:
     """What this run needs on its nodes, as the preflight role's variables: checked before staging."""
-    programs, head_programs = launcher_named(plan.launcher).needs(plan)
+    programs, head_programs = launcher_named(plan.launch.launcher).needs(plan)
     # With an image the workload's modules are the image's, not the node env's.
-    modules = [] if plan.container else list(WORKLOAD_MODULES.get(plan.workload or "", ()))
+    modules = [] if plan.launch.container else list(WORKLOAD_MODULES.get(plan.program.workload or "", ()))
     image: dict[str, Any] = {}
-    if plan.container:
-        launcher = launcher_named(plan.launcher)
+    if plan.launch.container:
+        launcher = launcher_named(plan.launch.launcher)
         # The partitioner runs on the head in the node's env (pymetis there), the ranks in the image.
-        inside = {*WORKLOAD_MODULES.get(plan.workload or "", ()), *launcher.image_modules(plan)} - {"pymetis"}
-        image = {"ref": plan.container.image, "runtime": plan.container.runtime, "modules": sorted(inside),
+        inside = {*WORKLOAD_MODULES.get(plan.program.workload or "", ()), *launcher.image_modules(plan)} - {"pymetis"}
+        image = {"ref": plan.launch.container.image, "runtime": plan.launch.container.runtime, "modules": sorted(inside),
                  "mpi": launcher.image_uses_node_mpi}
     return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs,
             "preflight_image": image}

@@ -1,9 +1,11 @@
-"""The job plan: one object saying what runs where. Launchers are pure functions of it."""
+"""The job plan built from the inventory and what the user asked: the reference workloads, the program
+each rank runs, the ranks' variables, and the run's hostfile. Its records are in jobplan.py;
+launchers are pure functions of them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from distrun.errors import PlanError
@@ -12,6 +14,7 @@ from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
 from distrun.planning.containers import Container
 from distrun.planning.envnames import check_env_key
+from distrun.planning.jobplan import AttemptInfo, JobPlan, Launch, Placement, Program, RankHost
 from distrun.planning.network import NetworkChoice
 from distrun.planning.placement import allocate, check_gpu_slots
 from distrun.planning.variables import run_values, substitute, substitute_strict
@@ -33,107 +36,6 @@ WORKLOADS: Mapping[str, Workload] = {
     "ddp": Workload("ddp", "gcn_ddp.py", False, "torch", "2-layer GCN, PyTorch DistributedDataParallel"),
     "gcn-torch": Workload("gcn-torch", "gcn_torch.py", True, "torch", "2-layer GCN, PyTorch, all-to-all halo exchange over Metis parts"),
 }
-
-
-@dataclass(frozen=True)
-class RankHost:
-    name: str
-    address: str
-    slots: int  # ranks placed on this host by this job
-    gpus: int
-    iface: str | None
-    # The address of the interface the ranks use (the cluster network), where known; torchrun's
-    # agents announce it to their peers instead of the machine's hostname, which the other
-    # nodes may not resolve.
-    net_address: str = ""
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    run_id: str
-    launcher: str
-    hosts: tuple[RankHost, ...]
-    world_size: int
-    user: str
-    run_as_root: bool
-    mpi_prefix: str
-    env_prefix: str
-    shared_dir: str
-    program: tuple[str, ...]  # argv after the interpreter wrapper, e.g. (python, script, args...)
-    env: tuple[tuple[str, str], ...]
-    master_addr: str
-    master_port: int
-    cidr: str | None
-    workload: str | None = None
-    partition: tuple[str, ...] | None = None  # the partitioner's argv, when the workload needs one
-    partition_dir: str | None = None
-    slurm: Mapping[str, str] = field(default_factory=dict)
-    # Names of the user's --env variables. Their values never enter the plan (which is
-    # recorded, and rendered into argv and launch scripts): they travel in env.sh, 0600.
-    user_env_keys: tuple[str, ...] = ()
-    restart: int = 0  # how many times distrun restarted the run before this attempt
-    max_restarts: int = 0  # distrun's budget; torchrun also restarts its workers in place up to it
-
-    @property
-    def checkpoint_dir(self) -> str:
-        """Per run, in the shared folder, outside the run directory: it survives restarts and
-        is not collected with the logs."""
-        return f"{self.shared_dir.rstrip('/')}/checkpoints/{self.run_id}"
-    # --workdir: the project folder on the nodes, where ranks start (else the run dir).
-    workdir: str | None = None
-    # --prepare: its argv, run once on the head in the workdir before the launch.
-    prepare: tuple[str, ...] = ()
-    # --launcher-args: appended as given to mpirun, torchrun or srun.
-    launcher_args: tuple[str, ...] = ()
-    # The login node of a Slurm cluster distrun does not administer (slurm_site): it launches
-    # (submits) and is the only host distrun reaches; the rank hosts are Slurm's. None elsewhere.
-    login: RankHost | None = None
-    # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a plan
-    # recorded before that (no such key in its plan.json) kept them at the top of the run dir.
-    attempt_dirs: bool = True
-    # --image / distrun_image: every rank runs inside a container of this image (containers.py).
-    container: Container | None = None
-
-    @property
-    def reached_hosts(self) -> tuple[str, ...]:
-        """The rank hosts distrun itself contacts (stage, follow, stop, collect), besides the head."""
-        return () if self.login else tuple(h.name for h in self.hosts)
-
-    @property
-    def watched_hosts(self) -> tuple[str, ...]:
-        """The hosts whose answers tell the run's state: its rank hosts, or the login node of a
-        site's Slurm (its driver follows the job there)."""
-        return (self.login.name,) if self.login else tuple(h.name for h in self.hosts)
-
-    @property
-    def run_dir(self) -> str:
-        return f"{self.shared_dir.rstrip('/')}/runs/{self.run_id}"
-
-    @property
-    def hostfile(self) -> str:
-        return f"{self.run_dir}/hostfile"
-
-    @property
-    def env_file(self) -> str:
-        return f"{self.run_dir}/env.sh"
-
-    @property
-    def wrapper(self) -> str:
-        return f"{self.run_dir}/rank-env.sh"
-
-    @property
-    def start_dir(self) -> str:
-        """Where every rank starts: the workdir, else the run directory."""
-        return self.workdir or self.run_dir
-
-    @property
-    def has_gpus(self) -> bool:
-        return any(h.gpus > 0 for h in self.hosts)
-
-    @property
-    def head(self) -> RankHost:
-        """The host that launches: the first rank host, or the login node of a site's Slurm."""
-        return self.login or self.hosts[0]
 
 
 def gdc_args(gdc: tuple[float, int] | None) -> list[str]:
@@ -252,34 +154,23 @@ def build_plan(
         check_env_key(key)
     return JobPlan(
         run_id=run_id,
-        launcher=launcher,
-        hosts=hosts,
-        world_size=world,
-        user=cluster.user,
-        run_as_root=cluster.user == "root",
-        mpi_prefix=cluster.mpi_prefix,
-        env_prefix=cluster.env_prefix,
         shared_dir=cluster.shared_dir,
-        program=program,
-        env=tuple(sorted(env.items())),
-        master_addr=master_addr,
-        master_port=master_port,
-        cidr=network.cidr if network else None,
-        workload=workload_name,
-        partition=partition,
-        partition_dir=part_dir,
-        slurm=dict(slurm or {}),
-        user_env_keys=tuple(sorted(extra_env or {})),
-        restart=restart,
-        max_restarts=max_restarts,
-        workdir=workdir,
-        prepare=substitute_strict(prepare, values, "--prepare") if prepare else (),
-        launcher_args=tuple(launcher_args),
-        login=RankHost(cluster.head.name, cluster.head.address, 0, 0, None) if cluster.slurm_existing else None,
-        container=container,
+        placement=Placement(
+            hosts=hosts, world_size=world, master_addr=master_addr, master_port=master_port,
+            cidr=network.cidr if network else None,
+            login=RankHost(cluster.head.name, cluster.head.address, 0, 0, None) if cluster.slurm_existing else None),
+        program=Program(
+            argv=program, env=tuple(sorted(env.items())), user_env_keys=tuple(sorted(extra_env or {})),
+            workload=workload_name, partition=partition, partition_dir=part_dir, workdir=workdir,
+            prepare=substitute_strict(prepare, values, "--prepare") if prepare else ()),
+        launch=Launch(
+            launcher=launcher, user=cluster.user, run_as_root=cluster.user == "root", mpi_prefix=cluster.mpi_prefix,
+            env_prefix=cluster.env_prefix, launcher_args=tuple(launcher_args), options=dict(slurm or {}),
+            container=container),
+        attempt=AttemptInfo(restart=restart, max_restarts=max_restarts),
     )
 
 
 def render_hostfile(plan: JobPlan) -> str:
     """The run's hostfile: the hosts this run places ranks on, with the ranks each takes."""
-    return rules.hostfile(((h.name, h.slots) for h in plan.hosts), f"# Generated by distrun for run {plan.run_id}")
+    return rules.hostfile(((h.name, h.slots) for h in plan.placement.hosts), f"# Generated by distrun for run {plan.run_id}")

@@ -14,8 +14,9 @@ from distrun.launchers import launcher_named
 from distrun.launchers.options import Resolved, resolve
 from distrun.planning import containers
 from distrun.planning.jobenv import run_env
+from distrun.planning.jobplan import JobPlan
 from distrun.planning.network import NetworkChoice, choose_interfaces, ifaces_from_facts
-from distrun.planning.plan import JobPlan, build_plan
+from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, plan_files
 from distrun.planning.selection import select
 from distrun.project.ready import Project, commands, load_project
@@ -150,7 +151,7 @@ def dry_run(request: JobRequest) -> DryRun:
     cluster = load(request)
     plan = make_plan(request, cluster, "DRYRUN", network(cluster))
     project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
-    launcher = launcher_named(plan.launcher)
+    launcher = launcher_named(plan.launch.launcher)
     return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher.unready(cluster),
                   project, commands(cluster, plan, project) if project else {},
                   resolve(launcher, request.launcher_options, cluster.group_vars, cluster.source))

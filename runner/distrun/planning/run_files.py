@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.planning.envnames import check_env_key
-from distrun.planning.plan import JobPlan, render_hostfile
+from distrun.planning.jobplan import JobPlan
+from distrun.planning.plan import render_hostfile
 from distrun.transport import rundir
 
 
@@ -29,7 +30,7 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
     Files carry the host's name: on a shared folder every node writes into the same run dir.
     Each script lives in its attempt's folder and writes only there (rundir.py).
     """
-    launcher = launcher_named(plan.launcher)
+    launcher = launcher_named(plan.launch.launcher)
     scripts: dict[str, str] = {}
     for host in launcher.launch_hosts(plan):
         # Host names are checked when the inventory is loaded; quoted here all the same.
@@ -79,11 +80,11 @@ def _host_block(plan: JobPlan) -> str:
     first, then by its hostname; a node found neither way is named by its hostname.
     """
     by_address = "\n".join(f"  *{shlex.quote(f' {h.address} ')}*) DISTRUN_HOST={shlex.quote(h.name)} ;;"
-                           for h in plan.hosts if h.address and h.address != h.name)
-    by_name = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_HOST={shlex.quote(h.name)} ;;" for h in plan.hosts)
-    ifaces = "\n".join(f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.hosts if h.iface)
+                           for h in plan.placement.hosts if h.address and h.address != h.name)
+    by_name = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_HOST={shlex.quote(h.name)} ;;" for h in plan.placement.hosts)
+    ifaces = "\n".join(f"  {shlex.quote(h.name)}) IFACE={shlex.quote(h.iface)} ;;" for h in plan.placement.hosts if h.iface)
     # The ranks this node runs, as placed: mpirun and srun do not say so in torch's words.
-    local = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_LOCAL_SIZE={int(h.slots)} ;;" for h in plan.hosts)
+    local = "\n".join(f"  {shlex.quote(h.name)}) DISTRUN_LOCAL_SIZE={int(h.slots)} ;;" for h in plan.placement.hosts)
     block = "DISTRUN_HOST=\n"
     if by_address:
         block += f'case " $(hostname -I 2>/dev/null || true) " in\n{by_address}\nesac\n'
@@ -100,7 +101,7 @@ def _rank_variable(plan: JobPlan, name: str, default: str) -> str:
     """``export NAME=...``: its own value, else the first of the launcher's variables it is
     declared from (``Launcher.rank_variables``) that is set, else ``default``."""
     value = default
-    for source in reversed(launcher_named(plan.launcher).rank_variables.get(name, ())):
+    for source in reversed(launcher_named(plan.launch.launcher).rank_variables.get(name, ())):
         value = f"${{{source}:-{value}}}"
     return f'export {name}="${{{name}:-{value}}}"'
 
@@ -113,18 +114,18 @@ def render_rank_wrapper(plan: JobPlan) -> str:
     prints one header line so per-rank logs can be matched to ranks afterwards.
     """
     iface_block = _host_block(plan)
-    if plan.cidr:
+    if plan.placement.cidr:
         iface_block += (
             'if [ -z "$IFACE" ]; then\n'
-            f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
+            f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.placement.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
             "fi\n"
         )
-    source_env = ". ./env.sh\n" if plan.user_env_keys else ""
-    if plan.workdir:
+    source_env = ". ./env.sh\n" if plan.program.user_env_keys else ""
+    if plan.program.workdir:
         # A project's command names its tools as on a workstation ("python", "torchrun"): the
         # env's bin comes first on PATH, and the rank starts in the project folder.
-        source_env += (f"export PATH={shlex.quote(plan.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"\n"
-                       f"cd {shlex.quote(plan.workdir)}\n")
+        source_env += (f"export PATH={shlex.quote(plan.launch.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"\n"
+                       f"cd {shlex.quote(plan.program.workdir)}\n")
     started = shlex.quote(rundir.in_attempt(plan, rundir.STARTED))
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
@@ -132,9 +133,9 @@ set -euo pipefail
 {_rank_variable(plan, "RANK", "0")}
 {_rank_variable(plan, "WORLD_SIZE", "1")}
 {_rank_variable(plan, "LOCAL_RANK", "0")}
-if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.master_addr))}; fi
+if [ -z "${{MASTER_ADDR:-}}" ]; then MASTER_ADDR={shlex.quote(str(plan.placement.master_addr))}; fi
 export MASTER_ADDR
-export MASTER_PORT="${{MASTER_PORT:-{int(plan.master_port)}}}"
+export MASTER_PORT="${{MASTER_PORT:-{int(plan.placement.master_port)}}}"
 {iface_block}if [ -z "$IFACE" ]; then
   # No planned interface (a Slurm distrun does not administer): Gloo and NCCL would find this
   # node by its hostname, which Debian's installer puts on 127.0.1.1, where no other node can
@@ -159,6 +160,6 @@ cd {shlex.quote(plan.run_dir)}
 
 def plan_files(plan: JobPlan) -> dict[str, str]:
     """Run-directory file name -> content: the hostfile, the rank wrapper and the launcher's own.
-    A site's Slurm (plan.login) places the ranks itself: no hostfile there."""
-    hostfile = {} if plan.login else {"hostfile": render_hostfile(plan)}
-    return {**hostfile, "rank-env.sh": render_rank_wrapper(plan), **launcher_named(plan.launcher).files(plan)}
+    A site's Slurm (plan.placement.login) places the ranks itself: no hostfile there."""
+    hostfile = {} if plan.placement.login else {"hostfile": render_hostfile(plan)}
+    return {**hostfile, "rank-env.sh": render_rank_wrapper(plan), **launcher_named(plan.launch.launcher).files(plan)}

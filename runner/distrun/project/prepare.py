@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 
 from distrun.inventory.cluster import Node
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.transport.remote import as_user, shell_argv
 
 
@@ -21,19 +21,19 @@ def prepare_script(plan: JobPlan) -> str:
     """What the training user's shell on the head runs: the env from stdin, the run's own
     variables (DISTRUN_RUN_ID tags the process for 'distrun stop'), the env's bin first on PATH,
     the run directory made, then the prepare command itself, from the workdir."""
-    assert plan.workdir and plan.prepare
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in plan.env)
+    assert plan.program.workdir and plan.program.prepare
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in plan.program.env)
     run_dir = shlex.quote(plan.run_dir)
     return (
         'set -e; eval "$(cat)"; ' + exports
-        + f"export PATH={shlex.quote(plan.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"; "
-        + f"mkdir -p {run_dir}; chmod 0750 {run_dir}; cd {shlex.quote(plan.workdir)}; "
-        + f"exec {shlex.join(plan.prepare)} < /dev/null 2>&1"
+        + f"export PATH={shlex.quote(plan.launch.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"; "
+        + f"mkdir -p {run_dir}; chmod 0750 {run_dir}; cd {shlex.quote(plan.program.workdir)}; "
+        + f"exec {shlex.join(plan.program.prepare)} < /dev/null 2>&1"
     )
 
 
 def prepare_argv(node: Node, plan: JobPlan) -> list[str]:
-    return shell_argv(node, as_user(plan.user, prepare_script(plan)))
+    return shell_argv(node, as_user(plan.launch.user, prepare_script(plan)))
 
 
 def run_prepare(node: Node, plan: JobPlan, env_text: str, on_line: Callable[[str], None]) -> int:

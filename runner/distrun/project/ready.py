@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.project.prepare import prepare_argv, run_prepare
 from distrun.project.workdir import Scan, SyncStats, node_path, parse_stats, pull_argv, push, push_argv, read_rules, rsync_filters
 from distrun.store.runs import Run
@@ -44,7 +44,7 @@ def pull_hosts(cluster: Cluster, plan: JobPlan) -> list[str]:
     """Rank hosts that keep their own copy and pull it from the head: sync mode only."""
     if cluster.shared_fs_mode != "sync":
         return []
-    return [h for h in plan.reached_hosts if h != cluster.head.name]
+    return [h for h in plan.placement.reached_hosts if h != cluster.head.name]
 
 
 def pull_command(cluster: Cluster, plan: JobPlan, project: Project) -> list[str]:
@@ -70,12 +70,12 @@ def large_warning(project: Project) -> str | None:
 def commands(cluster: Cluster, plan: JobPlan, project: Project) -> dict[str, str]:
     """What runs before the launch, for commands.txt and --dry-run: title -> command."""
     out = {f"workdir sync: {project.local} -> {cluster.head.name}:{project.node_path} (on the controller)":
-           shlex.join(push_argv(cluster.head, plan.user, project.local, project.node_path, project.filters))}
+           shlex.join(push_argv(cluster.head, plan.launch.user, project.local, project.node_path, project.filters))}
     pull = pull_command(cluster, plan, project)
     if pull:
         out[f"workdir pull from the head (on {', '.join(pull_hosts(cluster, plan))}, in the stage step)"] = shlex.join(pull)
-    if plan.prepare:
-        out[f"prepare (on {cluster.head.name} as {plan.user}, in {project.node_path})"] = shlex.join(
+    if plan.program.prepare:
+        out[f"prepare (on {cluster.head.name} as {plan.launch.user}, in {project.node_path})"] = shlex.join(
             prepare_argv(cluster.head, plan))
     return out
 
@@ -99,15 +99,15 @@ def make_ready(cluster: Cluster, plan: JobPlan, project: Project, env_text: str,
     if warning:
         listener.warn(warning)
     head = cluster.head
-    stats = push(head, plan.user, project.local, project.node_path, project.filters)
+    stats = push(head, plan.launch.user, project.local, project.node_path, project.filters)
     listener.workdir_synced(head.name, project.scan, stats)
     record = {"local": str(project.local), "node_path": project.node_path, "files": project.scan.files,
               "bytes": project.scan.bytes, "ignore_files": list(project.scan.ignore_files),
               "push": {"host": head.name, **stats.as_dict()}, "pulls": {}}
     run.write("workdir.json", json.dumps(record, indent=2) + "\n")
-    if not plan.prepare:
+    if not plan.program.prepare:
         return
-    listener.prepare_started(head.name, plan.prepare)
+    listener.prepare_started(head.name, plan.program.prepare)
     with (run.dir / "prepare.log").open("w") as log:
 
         def on_line(text: str) -> None:
@@ -118,7 +118,7 @@ def make_ready(cluster: Cluster, plan: JobPlan, project: Project, env_text: str,
         rc = run_prepare(head, plan, env_text, on_line)
     if rc != 0:
         why = f"lost contact with {head.name} (ssh failed)" if rc == 255 and head.connection != "local" else f"exited {rc}"
-        raise UserError(f"--prepare {shlex.join(plan.prepare)} {why} on {head.name}: nothing was launched "
+        raise UserError(f"--prepare {shlex.join(plan.program.prepare)} {why} on {head.name}: nothing was launched "
                         f"(its output: {run.dir / 'prepare.log'})", exit_code=4)
 
 

@@ -42,7 +42,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     run.follow_here()
     listener.attached(run)
     end = RunEnd(run, inventory, listener)
-    hosts = list(plan.watched_hosts)
+    hosts = list(plan.placement.watched_hosts)
     started = time.monotonic()
     lost: set[str] = set()
     if state.state == RunStatus.LOST:
@@ -67,7 +67,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
         if outcome.host:
             listener.node_failed(outcome.reason)
             end.lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
-        head = plan.head.name
+        head = plan.placement.head.name
         lost |= end.stop(plan, [h for h in dict.fromkeys([head, *hosts]) if h not in lost])
     end.collect(cluster, plan, hosts, lost)
     return end.summarise(outcome.rc, time.monotonic() - started, plan)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from distrun.planning.containers import stop_shell
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.transport import nodeprog, rundir
 from distrun.transport.remote import as_root_or_user, as_user
 
@@ -23,27 +23,27 @@ START_WAIT_S = 60
 
 def _attempt(plan: JobPlan, host: str) -> dict[str, Any]:
     """The node program's config for host's launcher in the plan's attempt."""
-    return {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.restart), "dir": rundir.attempt_path(plan),
-            "script": rundir.launch_script(host), "log": rundir.launcher_log(host),
-            "exit_file": rundir.exit_code(host), "pid_file": rundir.launcher_pid(host), "user": plan.user,
+    return {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.attempt.restart),
+            "dir": rundir.attempt_path(plan), "script": rundir.launch_script(host), "log": rundir.launcher_log(host),
+            "exit_file": rundir.exit_code(host), "pid_file": rundir.launcher_pid(host), "user": plan.launch.user,
             "start_wait_s": START_WAIT_S}
 
 
 def launch_command(plan: JobPlan, host: str) -> str:
     """Start host's launch script detached, in a unit where the connection can be root."""
-    return as_root_or_user(plan.user, nodeprog.command("launch", _attempt(plan, host), program="launch"))
+    return as_root_or_user(plan.launch.user, nodeprog.command("launch", _attempt(plan, host), program="launch"))
 
 
 def tail_command(plan: JobPlan, host: str) -> str:
     """The head's session: the launcher's log as it grows, then how the launcher ended."""
     cfg = _attempt(plan, host)
-    return as_user(plan.user, nodeprog.command("follow", cfg, program="attempt"))
+    return as_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
 
 
 def wait_command(plan: JobPlan, host: str) -> str:
     """Another launch host's session (torchrun): how its launcher ended, once it has."""
     cfg = {**_attempt(plan, host), "log": ""}
-    return as_user(plan.user, nodeprog.command("follow", cfg, program="attempt"))
+    return as_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
 
 
 STOP_GRACE_S = 8  # TERM, then KILL to what outlives it: within run_each's 15 s for the stop
@@ -54,7 +54,7 @@ def stop_command(plan: JobPlan) -> str:
     the node program finds to be the run's by evidence the job cannot point at another run's
     (never a pid file the job could have rewritten); then, for a run with an image, its
     containers, as the training user whose (rootless) containers they are."""
-    stop = as_root_or_user(plan.user, nodeprog.command(
-        "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S, "user": plan.user}))
+    stop = as_root_or_user(plan.launch.user, nodeprog.command(
+        "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S, "user": plan.launch.user}))
     containers = stop_shell(plan)
-    return f"( {stop} ); {as_user(plan.user, containers)}" if containers else stop
+    return f"( {stop} ); {as_user(plan.launch.user, containers)}" if containers else stop

@@ -173,7 +173,7 @@ def claim_hosts(request: JobRequest, cluster: Cluster, run_id: str) -> list[str]
     """The hosts a request's run would hold: the head and the rank hosts of its plan. A plan
     error is refused here, before any record."""
     plan = make_plan(request, cluster, run_id, None)
-    return list(dict.fromkeys([cluster.head.name, *plan.reached_hosts]))
+    return list(dict.fromkeys([cluster.head.name, *plan.placement.reached_hosts]))
 
 
 class Pending:

@@ -14,7 +14,7 @@ from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
 from distrun.planning import containers
 from distrun.planning.bundle import common_vars
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.run.collect import Failure, collect_hosts, pull_run
 from distrun.run.collect_rules import LEFT_FILE, SMALL_BYTES, Left, left_record, run_end_selection
 from distrun.run.diagnosis import RunSummary, summarise
@@ -55,10 +55,10 @@ class RunEnd:
 
     def follow(self, cluster: Cluster, plan: JobPlan) -> Outcome:
         """Follow the launchers until the head's exits or a node fails; launcher.log gets every line."""
-        launch_hosts = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan)]
+        launch_hosts = [h.name for h in launcher_named(plan.launch.launcher).launch_hosts(plan)]
         with (self.run.dir / "launcher.log").open("a" if self.followed else "w") as log:
             if self.followed:
-                log.write(f"DISTRUN_RESTART {plan.restart}\n")
+                log.write(f"DISTRUN_RESTART {plan.attempt.restart}\n")
             self.followed += 1
 
             def on_line(text: str) -> None:
@@ -118,10 +118,10 @@ class RunEnd:
     def forget_env(self, cluster: Cluster, plan: JobPlan, hosts: list[str]) -> None:
         """The run has ended: its --env values leave the nodes (another run of the training
         account could read them there); the record keeps its own 0600 copy on this machine."""
-        if not plan.user_env_keys:
+        if not plan.program.user_env_keys:
             return
         nodes = {n.name: n for n in cluster.nodes if n.name in hosts}
-        done = run_each(nodes, dict.fromkeys(nodes, as_user(plan.user, f"rm -f -- {shlex.quote(plan.env_file)}")), 30)
+        done = run_each(nodes, dict.fromkeys(nodes, as_user(plan.launch.user, f"rm -f -- {shlex.quote(plan.env_file)}")), 30)
         kept = sorted(h for h, d in done.items() if d.rc != 0)
         if kept:
             self.listener.warn(f"the run's env.sh (its --env values) could not be removed on {', '.join(kept)}: "
@@ -129,8 +129,8 @@ class RunEnd:
 
     def summarise(self, rc: int, elapsed: float, plan: JobPlan) -> int:
         """Read what the run printed and what was collected; the record's last word; distrun's exit code."""
-        summary: RunSummary = summarise(self.run.id, rc, elapsed, self.lines, launcher_named(plan.launcher),
-                                        plan.world_size, self.run.dir / "nodes")
+        summary: RunSummary = summarise(self.run.id, rc, elapsed, self.lines, launcher_named(plan.launch.launcher),
+                                        plan.placement.world_size, self.run.dir / "nodes")
         summary.left_files = sum(len(e.files) for e in self.left.values())
         summary.left_bytes = sum(e.size for e in self.left.values())
         if summary.result is not None:

@@ -66,7 +66,7 @@ def fetch(run_ref: str, raw_paths: tuple[str, ...], host: str | None = None) -> 
     inventory = Path(run.meta.inventory)
     cluster = load_cluster(inventory, paths.fact_cache_dir(inventory))
     names = {n.name for n in cluster.nodes}
-    candidates = [h for h in collect_hosts(cluster, list(plan.reached_hosts)) if h in names]
+    candidates = [h for h in collect_hosts(cluster, list(plan.placement.reached_hosts)) if h in names]
     if not candidates:
         raise UserError(f"run {run.id}: none of its hosts is in {inventory} any more; "
                         "fetch it with the inventory it ran with")

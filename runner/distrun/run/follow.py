@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from distrun.inventory.cluster import Cluster, Node
 from distrun.launchers import launcher_named
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.printable import printable
 from distrun.run.attempt_shell import launch_command, stop_command, tail_command, wait_command
 from distrun.transport import nodeprog
@@ -90,7 +90,7 @@ def _stop_launchers(nodes: dict[str, Node], plan: JobPlan, hosts: list[str]) -> 
 def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Callable[[str], None]) -> Outcome:
     """Block until the head's launcher exits or any node fails; return what ended the job."""
     nodes: dict[str, Node] = {n.name: n for n in cluster.nodes}
-    head = plan.head.name
+    head = plan.placement.head.name
     events: queue.Queue[tuple[str, str, str | int]] = queue.Queue()
     procs: dict[str, subprocess.Popen[str]] = {}
 
@@ -117,7 +117,7 @@ def follow(cluster: Cluster, plan: JobPlan, launch_hosts: list[str], on_line: Ca
                 kept.append(text)
         events.put((host, "closed", proc.wait()))
 
-    for h in dict.fromkeys([head, *plan.reached_hosts]):
+    for h in dict.fromkeys([head, *plan.placement.reached_hosts]):
         if h == head:
             command = tail_command(plan, h)
         elif h in launch_hosts:
@@ -240,7 +240,7 @@ class Starter:
             self.judging = False
         if PREFLIGHT_FACT in (event.data.get("ansible_facts") or {}):  # passed, or failing the nodes it blames
             self.attempt.reach(State.JUDGED)
-        if self.plan.container and (image := probed_image(event)) and image.get("id"):
+        if self.plan.launch.container and (image := probed_image(event)) and image.get("id"):
             self.images[str(event.host)] = str(image["id"])
         said = _answer(event)
         if said.get("stage_created"):
@@ -265,7 +265,7 @@ class Starter:
     def start(self) -> None:
         if self.thread is None:
             self.attempt.reach(State.STAGED)
-            hosts = [h.name for h in launcher_named(self.plan.launcher).launch_hosts(self.plan)]
+            hosts = [h.name for h in launcher_named(self.plan.launch.launcher).launch_hosts(self.plan)]
             self.thread = threading.Thread(target=self._launch, args=(hosts,), daemon=True)
             self.thread.start()
 

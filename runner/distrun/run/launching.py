@@ -14,7 +14,7 @@ from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster
 from distrun.planning import containers
 from distrun.planning.bundle import needs_stage_steps, record_plan, run_vars
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.planning.request import JobRequest, environment, load, make_plan, network, without
 from distrun.planning.run_files import launch_scripts, plan_files, render_env_file
 from distrun.preflight import sshmesh
@@ -187,7 +187,7 @@ class Launching:
         project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
         record_plan(run, plan, files, scripts, commands(cluster, plan, project) if project else None)
         self.plan, self.stopped, self.attempt = plan, False, hs.Attempt(self.restart)
-        self.limit = list(dict.fromkeys([cluster.head.name, *plan.reached_hosts]))
+        self.limit = list(dict.fromkeys([cluster.head.name, *plan.placement.reached_hosts]))
         self.used = list(dict.fromkeys([*self.used, *self.limit]))
         env = environment(request, cluster)
         extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=env, network=net,
@@ -223,7 +223,8 @@ class Launching:
         """run.yml: probed and judged, staged, launched (by the Starter, on the facts it publishes);
         the claim's and the upload's answers noted when it returned."""
         plan = planned.plan
-        title = f"{'preflight, ' if self.request.preflight else ''}stage, launch {plan.world_size} rank(s) with {plan.launcher}"
+        ranks = f"{plan.placement.world_size} rank(s) with {plan.launch.launcher}"
+        title = f"{'preflight, ' if self.request.preflight else ''}stage, launch {ranks}"
         # No fact gathering: the plan was made from the cached facts, and the probe checks the
         # addresses it relies on.
         starter = self.starter = Starter(self.cluster, plan, planned.staged_on, after_steps=planned.steps,
@@ -256,7 +257,7 @@ class Launching:
         if planned.project:
             record_pulls(run, result)
         self.launched = starter.started or (result.ok and not unstaged)
-        if planned.plan.container:  # which image every node had, as its probe found it
+        if planned.plan.launch.container:  # which image every node had, as its probe found it
             run.write(containers.RECORD, containers.image_record(planned.plan, starter.images))
         if interrupted:
             self.unstaged = not starter.started

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster, Node
 from distrun.launchers import LAUNCHERS, launcher_named
-from distrun.planning.containers import Container
-from distrun.planning.plan import JobPlan, RankHost
+from distrun.planning.jobplan import JobPlan, from_json
 from distrun.store.runs import RecordError, Run, RunStatus
 from distrun.transport import nodeprog, rundir
 from distrun.transport.nodeprog import LauncherState
@@ -82,31 +81,21 @@ def recorded_plan(run: Run) -> JobPlan:
     if not path.is_file():
         raise RecordError(f"run {run.id} has no plan.json: it ended before it was planned")
     try:
-        data = json.loads(path.read_text())
-        data["hosts"] = tuple(RankHost(**h) for h in data["hosts"])
-        data.setdefault("attempt_dirs", False)  # recorded before attempts had folders
-        if data.get("login"):
-            data["login"] = RankHost(**data["login"])
-        if data.get("container"):
-            data["container"] = Container(**data["container"])
-        for key in ("program", "env", "partition"):
-            if data.get(key) is not None:
-                data[key] = tuple(tuple(x) if isinstance(x, list) else x for x in data[key])
-        plan = JobPlan(**data)
+        plan = from_json(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise RecordError(f"run {run.id}: {path} is unreadable ({type(exc).__name__}); this record cannot be followed") from None
-    if plan.launcher not in LAUNCHERS:
-        raise RecordError(f"run {run.id}: launcher {plan.launcher!r} is unknown to this distrun")
+    if plan.launch.launcher not in LAUNCHERS:
+        raise RecordError(f"run {run.id}: launcher {plan.launch.launcher!r} is unknown to this distrun")
     return plan
 
 
 def probe_command(plan: JobPlan, host: str) -> str:
     """The remote check of one host, as the training user: the node program's state of the
     attempt there, one JSON line (attempt.py; what a node sends back is checked, not trusted)."""
-    cfg = {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.restart),
+    cfg = {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.attempt.restart),
            "dir": rundir.attempt_path(plan), "script": rundir.launch_script(host), "exit_file": rundir.exit_code(host),
-           "pid_file": rundir.launcher_pid(host), "user": plan.user, "started": rundir.STARTED}
-    return as_user(plan.user, nodeprog.command("state", cfg, program="attempt"))
+           "pid_file": rundir.launcher_pid(host), "user": plan.launch.user, "started": rundir.STARTED}
+    return as_user(plan.launch.user, nodeprog.command("state", cfg, program="attempt"))
 
 
 def parse_probe(host: str, output: str) -> HostState:
@@ -145,7 +134,7 @@ def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
           lost: set[str] | frozenset[str] = frozenset()) -> dict[str, HostState]:
     """Every rank host of the plan, all at once; hosts known ``lost`` are not asked again."""
     nodes = {n.name: n for n in cluster.nodes}
-    hosts = list(plan.watched_hosts)
+    hosts = list(plan.placement.watched_hosts)
     ask = [h for h in hosts if h in nodes and h not in lost]
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(ask)))) as pool:
         futures = {h: pool.submit(_probe_one, nodes[h], plan, timeout_s) for h in ask}
@@ -159,9 +148,9 @@ def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
 
 def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
     """The run's state from its hosts' answers: its launchers say whether it runs and how it ended."""
-    launcher = launcher_named(plan.launcher)
+    launcher = launcher_named(plan.launch.launcher)
     launch = [h.name for h in launcher.launch_hosts(plan)]
-    state = ClusterState(RunStatus.RUNNING, hosts=hosts, world_size=plan.world_size)
+    state = ClusterState(RunStatus.RUNNING, hosts=hosts, world_size=plan.placement.world_size)
     unreached = [h for h in launch if not hosts[h].reached]
     running = [h for h in launch if hosts[h].reached and hosts[h].launcher == LauncherState.RUNNING]
     if running:
@@ -183,7 +172,7 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
                             "(killed, stopped, or its node restarted)")
         return state
     codes = {h: int(hosts[h].rc or 0) for h in launch}
-    head = plan.head.name
+    head = plan.placement.head.name
     bad = [h for h in launch if codes[h] != 0]
     rc = codes[head] if codes.get(head) else (codes[bad[0]] if bad else 0)
     state.rc = rc
@@ -197,7 +186,7 @@ def out_of_contact(plan: JobPlan, hosts: dict[str, HostState], lost: set[str] | 
     launch host that is not lost still answers (the nodes left can be stopped, collected and
     restarted on). With torchrun every rank host is a launch host: one lost node must not make
     the whole run look out of reach."""
-    launch = [h.name for h in launcher_named(plan.launcher).launch_hosts(plan)]
+    launch = [h.name for h in launcher_named(plan.launch.launcher).launch_hosts(plan)]
     left = [h for h in launch if h not in lost]
     if any(hosts[h].reached for h in left if h in hosts):
         return None
@@ -219,6 +208,6 @@ def wait_started(cluster: Cluster, plan: JobPlan, timeout_s: float,
         state = read(cluster, plan)
         if on_state is not None:
             on_state(state)
-        if state.state != RunStatus.RUNNING or len(state.started) >= plan.world_size or time.monotonic() > deadline:
+        if state.state != RunStatus.RUNNING or len(state.started) >= plan.placement.world_size or time.monotonic() > deadline:
             return state
         time.sleep(1)

@@ -21,7 +21,7 @@ from distrun.inventory import contract
 from distrun.inventory.cluster import Cluster, load_cluster
 from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.launchers.base import fill
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.run.diagnosis import rank_logs
 from distrun.run.liveness import UNREACHABLE, ClusterState, read, recorded_plan
 from distrun.store import controller
@@ -164,8 +164,8 @@ def _head_lines(path: Path) -> int:
 
 def remote_launcher_command(plan: JobPlan, skip: int) -> str:
     """Follow the head launcher's log from line skip + 1 until the launcher exits."""
-    head = plan.head.name
-    return as_user(plan.user, (
+    head = plan.placement.head.name
+    return as_user(plan.launch.user, (
         f"h={shlex.quote(head)}; d={shlex.quote(rundir.attempt_path(plan))}; "
         f"p={shlex.quote(rundir.launcher_pid(head))}; l={shlex.quote(rundir.launcher_log(head))}; "
         'cd "$d" 2>/dev/null || { echo "$h: cannot enter $d" >&2; exit 3; }; '
@@ -187,7 +187,7 @@ def _remote_launcher(run: Run, skip: int) -> Iterator[str]:
                         exit_code=ExitCode.CONTACT_LOST)
     if state.state == RunStatus.LOST:
         raise UserError(f"run {run.id} is lost: {state.reason}", exit_code=1)
-    node = next(n for n in cluster.nodes if n.name == plan.head.name)
+    node = next(n for n in cluster.nodes if n.name == plan.placement.head.name)
     proc = subprocess.Popen(shell_argv(node, remote_launcher_command(plan, skip)), stdout=subprocess.PIPE, text=True,
                             bufsize=1, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None

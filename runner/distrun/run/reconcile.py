@@ -19,12 +19,11 @@ from distrun import paths
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster, load_cluster
 from distrun.launchers import launcher_named
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 from distrun.run.liveness import UNREACHABLE, ClusterState, read, recorded_plan
 from distrun.store import controller
 from distrun.store.runs import Run, RunStatus
 
-# The states a view can show besides the record's own (running, succeeded, failed, stopped, lost).
 
 
 @dataclass
@@ -111,7 +110,7 @@ def view(run: Run, clusters: ClusterCache | None = None, *, ask_nodes: bool = Fa
            else "no distrun process follows it" if followed is False
            else f"followed from another machine ({controller.describe(meta.controller)})")
     if state.state == RunStatus.RUNNING:
-        started = f"{len(state.started)} of {plan.world_size} rank(s) started"
+        started = f"{len(state.started)} of {plan.placement.world_size} rank(s) started"
         return RunView(run, RunStatus.RUNNING, f"{started}; {who}" + (f"; {state.reason}" if state.reason else ""),
                        followed, state)
     if state.state == UNREACHABLE:
@@ -133,7 +132,7 @@ def _correct(run: Run, plan: JobPlan, state: ClusterState) -> RunView:
     assert state.rc is not None
     run.meta.collected = False
     # The record keeps distrun's exit code, as 'distrun train' would have; the summary the launcher's.
-    run.finish(launcher_named(plan.launcher).exit_code(state.rc),
+    run.finish(launcher_named(plan.launch.launcher).exit_code(state.rc),
                f"{'ok' if state.rc == 0 else f'failed rc={state.rc}'}: ended while no distrun process followed it")
     return RunView(run, run.meta.status, run.meta.summary + f" (logs still on the nodes: 'distrun attach {run.id}' collects them)",
                    False, state)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from distrun.inventory.cluster import Cluster
-from distrun.planning.plan import JobPlan
+from distrun.planning.jobplan import JobPlan
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,13 @@ def decide(cluster: Cluster, plan: JobPlan, np: int | None, *, failed: str | Non
     if lost and not exclude_failed:
         return Decision(refused=f"{', '.join(sorted(lost))} cannot be reached; restart with --exclude-failed "
                                 "to go on without it, or bring it back and run the job again")
-    used = {h.name for h in plan.hosts}
+    used = {h.name for h in plan.placement.hosts}
     drop = set(lost)
     if exclude_failed and failed and failed != head and failed in used:
         drop.add(failed)
     left = [n for n in cluster.workers if n.name not in drop]
     slots = sum(n.slots for n in left)
-    need = plan.world_size if np is not None else 1
+    need = plan.placement.world_size if np is not None else 1
     if slots >= need and left:
         return Decision(frozenset(drop))
     if drop - lost and slots + sum(n.slots for n in cluster.workers if n.name in drop - lost) >= need:

@@ -85,7 +85,7 @@ class _Run(Launching):
         if self.restart >= request.max_restarts:
             return False
         self.stop()
-        failed = outcome.host if outcome.lost else (failed_host(self.end.lines, launcher_named(plan.launcher)) or outcome.host)
+        failed = outcome.host if outcome.lost else (failed_host(self.end.lines, launcher_named(plan.launch.launcher)) or outcome.host)
         decision = decide(self.cluster, plan, request.np, failed=failed, lost=self.lost, exclude_failed=request.exclude_failed)
         if not decision.ok:
             self.listener.not_restarting(decision.refused)
@@ -223,7 +223,7 @@ def run_partition_only(request: JobRequest, listener: Listener | None = None) ->
     run_id = new_run_id("partition")
     # A bad --np is refused before the record exists: no record is left saying "running".
     plan = make_plan(JobRequest(**{**asdict(request), "workload": "gcn", "script": None}), cluster, run_id, network(cluster))
-    assert plan.partition is not None
+    assert plan.program.partition is not None
     run = new_run("partition", request.inventory, run_id)
     try:
         steps = _Run(request, listener or Listener(), Phases(run), cluster)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan
+    from distrun.planning.jobplan import JobPlan
 
 ATTEMPTS = "attempts"
 # Inside an attempt's folder.
@@ -77,7 +77,7 @@ def folder(restart: int, own: bool = True) -> str:
 
 def attempt_folder(plan: JobPlan) -> str:
     """The plan's attempt's folder relative to the run directory ("" in the old layout)."""
-    return folder(plan.restart, plan.attempt_dirs)
+    return folder(plan.attempt.restart, plan.attempt.attempt_dirs)
 
 
 def attempt_path(plan: JobPlan) -> str:

@@ -3,17 +3,16 @@ hints, stop counts per node, and the dry run's text."""
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from contextlib import AbstractContextManager
-from dataclasses import asdict
 from typing import Any
 
 from rich.markup import escape
 
 from distrun.launchers import launcher_named
 from distrun.launchers.options import option_lines
+from distrun.planning.jobplan import to_json
 from distrun.planning.request import DryRun
 from distrun.project.ready import size_text
 from distrun.project.workdir import Scan, SyncStats
@@ -157,10 +156,10 @@ def print_stop_report(report: StopReport) -> None:
 
 def dry_run_json(dry: DryRun) -> dict[str, Any]:
     """--dry-run --json: the plan, every file the run renders and every launch script."""
-    plan = json.loads(json.dumps(asdict(dry.plan), default=str))
+    plan = to_json(dry.plan)
     options = {name: {"value": r.value, "from": r.origin} for name, r in dry.options.items()}
     return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
-            "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.user_env_keys), "note": dry.note,
+            "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.program.user_env_keys), "note": dry.note,
             "launcher_options": options}
 
 
@@ -170,44 +169,44 @@ def dry_run_text(dry: DryRun) -> str:
     source = str(cluster.source)
     shown = os.path.relpath(source) if source.startswith(os.getcwd()) else source
     out: list[str] = [f"# distrun train --dry-run  (inventory: {shown})"]
-    out.append(f"launcher:    {plan.launcher}")
+    out.append(f"launcher:    {plan.launch.launcher}")
     if dry.options:
         out.append("launcher options:")
-        out += option_lines(dry.options, launcher_named(plan.launcher).options)
-    out.append(f"world size:  {plan.world_size} rank(s) on {len(plan.hosts)} host(s)")
-    out.append(f"training user: {plan.user}    env prefix: {plan.env_prefix}    mpi prefix: {plan.mpi_prefix}")
+        out += option_lines(dry.options, launcher_named(plan.launch.launcher).options)
+    out.append(f"world size:  {plan.placement.world_size} rank(s) on {len(plan.placement.hosts)} host(s)")
+    out.append(f"training user: {plan.launch.user}    env prefix: {plan.launch.env_prefix}    mpi prefix: {plan.launch.mpi_prefix}")
     out.append(f"run dir:     {plan.run_dir}")
-    if plan.container:
-        out.append(f"container:   {plan.container.runtime} image {plan.container.image} (every rank inside it)")
-    net = plan.cidr or ("the site's: distrun contacts only the login node" if plan.login
+    if plan.launch.container:
+        out.append(f"container:   {plan.launch.container.runtime} image {plan.launch.container.image} (every rank inside it)")
+    net = plan.placement.cidr or ("the site's: distrun contacts only the login node" if plan.placement.login
                         else "not detected yet (run 'distrun check' or 'distrun setup' to gather facts)")
     out.append(f"network:     {net}")
     if dry.note:
         out.append(f"note:        {dry.note}")
     out.append("hosts:")
-    for h in plan.hosts:
+    for h in plan.placement.hosts:
         node = next(n for n in cluster.workers if n.name == h.name)
         address = h.address or "(Slurm picks)"
         out.append(f"  {h.name:<16} {address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
     if dry.project is not None:
         s = dry.project.scan
-        out.append(f"workdir:     {dry.project.local} -> {plan.workdir} ({s.files} files, {size_text(s.bytes)}; "
+        out.append(f"workdir:     {dry.project.local} -> {plan.program.workdir} ({s.files} files, {size_text(s.bytes)}; "
                    f"ignore files: {', '.join(s.ignore_files) or 'none'})")
     for title, command in dry.before.items():
         out.append("")
         out.append(f"# {title}")
         out.append(command)
-    if plan.partition:
+    if plan.program.partition:
         out.append("")
         out.append("# partition (on the head node, skipped when its manifest already matches)")
-        out.append(shlex.join(plan.partition))
+        out.append(shlex.join(plan.program.partition))
     for name, text in dry.files.items():
         out.append("")
         out.append(f"# {plan.run_dir}/{name}")
         out.append(text.rstrip("\n"))
-    if plan.user_env_keys:
+    if plan.program.user_env_keys:
         out.append("")
-        out.append(f"# {plan.env_file} (0600, values not shown): {' '.join(plan.user_env_keys)}")
+        out.append(f"# {plan.env_file} (0600, values not shown): {' '.join(plan.program.user_env_keys)}")
     for host, text in dry.scripts.items():
         out.append("")
         out.append(f"# launch on {host}")

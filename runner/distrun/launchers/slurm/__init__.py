@@ -30,7 +30,7 @@ from distrun.launchers.slurm.sbatch import (
 
 if TYPE_CHECKING:
     from distrun.inventory.cluster import Cluster
-    from distrun.planning.plan import JobPlan, RankHost
+    from distrun.planning.jobplan import JobPlan, RankHost
 
 __all__ = [
     "STATE_EXIT", "Slurm", "driver_files", "driver_script", "exit_code", "job_name", "mode", "multi_job_script",
@@ -98,15 +98,15 @@ class Slurm(Launcher):
         return {**sbatch_files(plan), **driver_files(plan)}
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
-        return [plan.head]
+        return [plan.placement.head]
 
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
         # The driver submits, follows and maps the final state (driver.py).
         return ["bash", f"{plan.run_dir}/slurm-driver.sh"]
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-        if plan.container and mode(plan) == "multi-job":
-            return {plan.container.runtime: [plan.container.runtime]}, {"sbatch": ["sbatch"], "srun": ["srun"]}
+        if plan.launch.container and mode(plan) == "multi-job":
+            return {plan.launch.container.runtime: [plan.launch.container.runtime]}, {"sbatch": ["sbatch"], "srun": ["srun"]}
         return {}, {"sbatch": ["sbatch"], "srun": ["srun"]}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:

@@ -25,7 +25,7 @@ from distrun.launchers.slurm.sbatch import mode, placed_by_hostfile
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan
+    from distrun.planning.jobplan import JobPlan
 
 # Final Slurm job state -> (distrun's exit code, what it means). The codes follow the shell's
 # conventions a user already knows: 124 like timeout(1), 130 like Ctrl-C, 137 like a SIGKILL
@@ -92,7 +92,7 @@ def _state_case() -> str:
 def driver_script(plan: JobPlan) -> str:
     """The head's launcher for a Slurm run (run as the training user from the run directory)."""
     multi = mode(plan) == "multi-job"
-    count = len(plan.hosts) if multi else 1
+    count = len(plan.placement.hosts) if multi else 1
     scripts = [f"job-{i}.sbatch" for i in range(count)] if multi else ["job.sbatch"]
     waiting = "|".join(WAITING_STATES)
     running = "|".join(RUNNING_STATES)

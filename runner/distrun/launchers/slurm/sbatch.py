@@ -1,6 +1,6 @@
 """sbatch scripts for a plan: pure functions, no host contacted.
 
-Two modes (``plan.slurm["mode"]``):
+Two modes (``plan.launch.options["mode"]``):
 
 * ``single`` (default): one multi-node job; ``srun --mpi=pmix`` starts every rank, so MPI
   programs (mpi4py under Open MPI's PMIx) and torch programs (env:// from the rank wrapper's
@@ -23,14 +23,14 @@ from distrun.planning import containers
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
-    from distrun.planning.plan import JobPlan, RankHost
+    from distrun.planning.jobplan import JobPlan, RankHost
 
 MODES = ("single", "multi-job")
 DEFAULT_MPI = "pmix"
 
 
 def mode(plan: JobPlan) -> str:
-    return plan.slurm.get("mode") or "single"
+    return plan.launch.options.get("mode") or "single"
 
 
 def job_name(plan: JobPlan, index: int | None = None) -> str:
@@ -39,7 +39,7 @@ def job_name(plan: JobPlan, index: int | None = None) -> str:
 
 
 def _uneven(plan: JobPlan) -> bool:
-    return len({h.slots for h in plan.hosts}) != 1
+    return len({h.slots for h in plan.placement.hosts}) != 1
 
 
 def placed_by_hostfile(plan: JobPlan) -> bool:
@@ -49,7 +49,7 @@ def placed_by_hostfile(plan: JobPlan) -> bool:
 
 def slurm_hostfile(plan: JobPlan) -> str:
     """One line per rank, for ``--distribution=arbitrary``: uneven slots land where the plan says."""
-    return "".join(f"{slurm_node_name(h.name)}\n" for h in plan.hosts for _ in range(h.slots))
+    return "".join(f"{slurm_node_name(h.name)}\n" for h in plan.placement.hosts for _ in range(h.slots))
 
 
 # What an #SBATCH value may hold: sbatch reads the line itself, and a newline would end the
@@ -72,30 +72,30 @@ def _header(plan: JobPlan, name: str) -> list[str]:
         sbatch_line("output", f"{rundir.attempt_path(plan)}/{rundir.SLURM_OUTPUT}"),
         sbatch_line("chdir", plan.run_dir),
     ]
-    if plan.slurm.get("partition"):
-        lines.append(sbatch_line("partition", plan.slurm["partition"]))
-    if plan.slurm.get("time"):
-        lines.append(sbatch_line("time", plan.slurm["time"]))
+    if plan.launch.options.get("partition"):
+        lines.append(sbatch_line("partition", plan.launch.options["partition"]))
+    if plan.launch.options.get("time"):
+        lines.append(sbatch_line("time", plan.launch.options["time"]))
     return lines
 
 
 def _exports(plan: JobPlan) -> list[str]:
-    return [f"export {key}={shlex.quote(value)}" for key, value in plan.env]
+    return [f"export {key}={shlex.quote(value)}" for key, value in plan.program.env]
 
 
 def _site(plan: JobPlan) -> bool:
     """A Slurm distrun does not administer (slurm_site): Slurm places the ranks, on the nodes
     the inventory names (nodelist) or on any it picks."""
-    return plan.login is not None
+    return plan.placement.login is not None
 
 
 def _site_allocation(plan: JobPlan, nodes: int) -> list[str]:
     lines = [f"#SBATCH --nodes={nodes}"]
-    if plan.slurm.get("nodelist"):
-        lines.append(sbatch_line("nodelist", ",".join(h.name for h in plan.hosts)))
-    lines += [f"#SBATCH --ntasks={plan.world_size}", f"#SBATCH --ntasks-per-node={max(h.slots for h in plan.hosts)}"]
-    if plan.slurm.get("cpus_per_task"):
-        lines.append(sbatch_line("cpus-per-task", plan.slurm["cpus_per_task"]))
+    if plan.launch.options.get("nodelist"):
+        lines.append(sbatch_line("nodelist", ",".join(h.name for h in plan.placement.hosts)))
+    lines += [f"#SBATCH --ntasks={plan.placement.world_size}", f"#SBATCH --ntasks-per-node={max(h.slots for h in plan.placement.hosts)}"]
+    if plan.launch.options.get("cpus_per_task"):
+        lines.append(sbatch_line("cpus-per-task", plan.launch.options["cpus_per_task"]))
     return lines
 
 
@@ -110,50 +110,50 @@ def _site_node_check(plan: JobPlan) -> str:
         'the compute nodes mount, or create the env there"; exit 1; }'
     )
     # In a container the program's interpreter is the image's: nothing to find on the node.
-    interpreter = "/bin/sh" if plan.container else plan.program[0]
-    return shlex.join(["srun", "--ntasks-per-node=1", f"--ntasks={len(plan.hosts)}", "bash", "-c", check,
+    interpreter = "/bin/sh" if plan.launch.container else plan.program.argv[0]
+    return shlex.join(["srun", "--ntasks-per-node=1", f"--ntasks={len(plan.placement.hosts)}", "bash", "-c", check,
                        "distrun-node-check", plan.wrapper, plan.run_dir, interpreter])
 
 
 def sbatch_script(plan: JobPlan) -> str:
     """The one multi-node job of single mode."""
-    nodes = len(plan.hosts)
+    nodes = len(plan.placement.hosts)
     lines = _header(plan, job_name(plan))
     if _site(plan):
         lines += _site_allocation(plan, nodes)
     else:
-        lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(slurm_node_name(h.name) for h in plan.hosts))]
+        lines += [f"#SBATCH --nodes={nodes}", sbatch_line("nodelist", ",".join(slurm_node_name(h.name) for h in plan.placement.hosts))]
         if _uneven(plan):
             # --ntasks-per-node is one number; uneven slots need the task count and an explicit
             # placement (SLURM_HOSTFILE, exported by the driver at submission and read by srun).
-            lines += [f"#SBATCH --ntasks={plan.world_size}", "#SBATCH --distribution=arbitrary"]
+            lines += [f"#SBATCH --ntasks={plan.placement.world_size}", "#SBATCH --distribution=arbitrary"]
         else:
-            lines.append(f"#SBATCH --ntasks-per-node={plan.hosts[0].slots}")
-    gpus = {h.gpus for h in plan.hosts}
+            lines.append(f"#SBATCH --ntasks-per-node={plan.placement.hosts[0].slots}")
+    gpus = {h.gpus for h in plan.placement.hosts}
     if max(gpus) > 0:
         lines.append(f"#SBATCH --gres=gpu:{min(gpus)}")
     lines.append("set -euo pipefail")
     lines += _exports(plan)
     lines.append('export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
-    lines.append(f"export MASTER_PORT={plan.master_port}")
+    lines.append(f"export MASTER_PORT={plan.placement.master_port}")
     if _site(plan):
         lines.append(_site_node_check(plan))
-    rank_dirs = " ".join(rundir.in_attempt(plan, f"{rundir.RANKS}/{r}") for r in range(plan.world_size))
+    rank_dirs = " ".join(rundir.in_attempt(plan, f"{rundir.RANKS}/{r}") for r in range(plan.placement.world_size))
     # srun opens each rank's output file on that rank's node: the folders must exist there
     # (in sync mode every node has its own copy of the run directory). One task per node, in
     # block distribution and without the job's SLURM_HOSTFILE (the submission's, where slots are
     # uneven): srun would place these tasks on its first lines and leave the last nodes out.
     unset = "env -u SLURM_HOSTFILE " if placed_by_hostfile(plan) else ""
     lines.append(f"{unset}srun --ntasks-per-node=1 --ntasks={nodes} --distribution=block mkdir -p {rank_dirs}")
-    srun = ["srun", f"--mpi={plan.slurm.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
+    srun = ["srun", f"--mpi={plan.launch.options.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
             f"--output={rundir.attempt_path(plan)}/{rundir.RANKS}/%t/stdout"]
     if placed_by_hostfile(plan):
         lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
         srun.append("--distribution=arbitrary")
-    if plan.container:
+    if plan.launch.container:
         srun += containers.pyxis_args(plan)  # each task in the image, through pyxis
     # --launcher-args go to srun, after distrun's own options.
-    lines.append(shlex.join([*srun, *plan.launcher_args, plan.wrapper, *plan.program]))
+    lines.append(shlex.join([*srun, *plan.launch.launcher_args, plan.wrapper, *plan.program.argv]))
     return "\n".join(lines) + "\n"
 
 
@@ -168,7 +168,7 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     """Job ``index`` of multi-job mode: one node, one torchrun agent with that node's slots."""
     lines = _header(plan, job_name(plan, index))
     lines.append("#SBATCH --nodes=1")
-    if not _site(plan) or plan.slurm.get("nodelist"):
+    if not _site(plan) or plan.launch.options.get("nodelist"):
         lines.append(sbatch_line("nodelist", slurm_node_name(host.name)))
     lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={host.slots}"]
     if host.gpus > 0:
@@ -182,19 +182,19 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
         lines.append('echo "DISTRUN_SLURM_MASTER $MASTER_ADDR"')
     else:
         lines.append(': "${MASTER_ADDR:?submit worker jobs with --export=ALL,MASTER_ADDR=<the master job node>}"')
-    lines.append(f"export MASTER_PORT={plan.master_port}")
+    lines.append(f"export MASTER_PORT={plan.placement.master_port}")
     # The endpoint is known only when the job runs: the one word left to the shell.
     mark = "DISTRUN_MASTER_ADDR"
     # A --workdir command is the user's exact command; distrun's own Python gets no MPI world here.
-    program = plan.program if plan.workdir else _without_mpi4py_runner(plan.program)
+    program = plan.program.argv if plan.program.workdir else _without_mpi4py_runner(plan.program.argv)
     torchrun = shlex.join(torchrun_argv(plan, host, endpoint_host=mark, store_host=index == 0, program=program, launcher_args=()))
     torchrun = torchrun.replace(f"--rdzv-endpoint={mark}:", '--rdzv-endpoint="$MASTER_ADDR":', 1)
-    if plan.container:
+    if plan.launch.container:
         # The agent and its workers in one container on the job's node.
         lines.append(f"export DISTRUN_HOST={shlex.quote(host.name)}")
         torchrun = f"{shlex.quote(containers.script_path(plan))} {torchrun}"
     # --launcher-args go to srun here too: Slurm starts the ranks' agent.
-    lines.append(shlex.join(["srun", "--ntasks=1", "--kill-on-bad-exit=1", *plan.launcher_args]) + f" {torchrun}")
+    lines.append(shlex.join(["srun", "--ntasks=1", "--kill-on-bad-exit=1", *plan.launch.launcher_args]) + f" {torchrun}")
     return "\n".join(lines) + "\n"
 
 
@@ -206,7 +206,7 @@ ENV_PREFIXES = ("SLURM_", "PMIX_", "PMI_")
 def sbatch_files(plan: JobPlan) -> dict[str, str]:
     """Run-directory file name -> content: the sbatch script(s) of the plan's mode."""
     if mode(plan) == "multi-job":
-        return {**{f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.hosts)},
+        return {**{f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.placement.hosts)},
                 **containers.files(plan, per_rank=False, prefixes=ENV_PREFIXES)}
     files = {"job.sbatch": sbatch_script(plan)}
     if placed_by_hostfile(plan):
