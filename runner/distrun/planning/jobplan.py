@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from distrun.planning.containers import Container
+from distrun.transport import rundir
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class JobPlan:
 
     @property
     def run_dir(self) -> str:
-        return f"{self.shared_dir.rstrip('/')}/runs/{self.run_id}"
+        return rundir.run_dir(self.shared_dir, self.run_id)
 
     @property
     def hostfile(self) -> str:
@@ -140,7 +141,7 @@ class JobPlan:
     def checkpoint_dir(self) -> str:
         """Per run, in the shared folder, outside the run directory: it survives restarts and
         is not collected with the logs."""
-        return f"{self.shared_dir.rstrip('/')}/checkpoints/{self.run_id}"
+        return rundir.checkpoint_dir(self.shared_dir, self.run_id)
 
     @property
     def start_dir(self) -> str:

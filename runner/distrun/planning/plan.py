@@ -18,7 +18,7 @@ from distrun.planning.jobplan import AttemptInfo, JobPlan, Launch, Placement, Pr
 from distrun.planning.network import NetworkChoice
 from distrun.planning.placement import allocate, check_gpu_slots
 from distrun.planning.variables import run_values, substitute, substitute_strict
-from distrun.transport import nodeprog
+from distrun.transport import nodeprog, rundir
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def build_plan(
     placed = allocate(cluster, np)
     world = sum(n for _, n in placed)
     by_name = {n.name: n for n in cluster.workers}
-    run_dir = f"{cluster.shared_dir.rstrip('/')}/runs/{run_id}"
+    run_dir = rundir.run_dir(cluster.shared_dir, run_id)
     # In a container the image's Python runs the program, found on the image's PATH.
     host_python = f"{cluster.env_prefix.rstrip('/')}/bin/python"
     python = "python3" if container else host_python
@@ -147,7 +147,7 @@ def build_plan(
         program = (program[0], "-m", "mpi4py", *program[1:])
     env = {nodeprog.RUN_TAG: run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
            "DISTRUN_RESTART": str(restart),
-           "DISTRUN_CHECKPOINT_DIR": f"{cluster.shared_dir.rstrip('/')}/checkpoints/{run_id}"}
+           "DISTRUN_CHECKPOINT_DIR": rundir.checkpoint_dir(cluster.shared_dir, run_id)}
     if workdir:
         env["DISTRUN_WORKDIR"] = workdir
     for key in extra_env or {}:

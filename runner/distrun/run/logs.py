@@ -56,7 +56,7 @@ def remote_log_command(plan: dict[str, Any], rank: int) -> str | None:
     # The recorded plan's attempt's folder (a plan recorded before attempts had folders: the top).
     attempt = rundir.folder(int(plan.get("restart") or 0), bool(plan.get("attempt_dirs", False)))
     pattern = f"{attempt}/{launcher.rank_log(rank, host, local)}" if attempt else launcher.rank_log(rank, host, local)
-    run_dir = f"{str(plan['shared_dir']).rstrip('/')}/runs/{plan['run_id']}"
+    run_dir = rundir.run_dir(str(plan["shared_dir"]), str(plan["run_id"]))
     user = str(plan.get("user") or contract.default("distrun_user"))
     d = shlex.quote(run_dir)
     # As the training user, as the launchers: the run dir may be open to that user only (sshfs).

@@ -25,7 +25,6 @@ from distrun.store import controller
 from distrun.store.runs import Run, RunStatus
 
 
-
 @dataclass
 class RunView:
     """A run as it is now: the record, corrected by what its controller or its nodes say."""

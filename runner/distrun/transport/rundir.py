@@ -25,6 +25,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan
 
+
+
+def run_dir(shared_dir: str, run_id: str) -> str:
+    """Where a run's directory is on the nodes: the one rule, for plans and recorded plan.json alike."""
+    return f"{shared_dir.rstrip('/')}/runs/{run_id}"
+
+
+def checkpoint_dir(shared_dir: str, run_id: str) -> str:
+    """A run's checkpoints, in the shared folder outside its run directory: they survive restarts
+    and are not collected with the logs."""
+    return f"{shared_dir.rstrip('/')}/checkpoints/{run_id}"
+
+
 ATTEMPTS = "attempts"
 # Inside an attempt's folder.
 RANKS = "ranks"  # mpirun's --output-filename; srun's --output=ranks/<rank>/stdout

@@ -16,6 +16,7 @@ from distrun.planning import containers
 from distrun.run.collect_rules import LEFT_FILE
 from distrun.run.diagnosis import rank_logs
 from distrun.store.runs import Run
+from distrun.transport import rundir
 
 SCHEMA = 1
 
@@ -102,7 +103,7 @@ def _plan(plan: dict[str, Any]) -> dict[str, Any]:
         "hosts": hosts,
         "workload": plan.get("workload"),
         "program": plan.get("program"),
-        "run_dir": f"{shared}/runs/{plan.get('run_id')}" if shared else None,
+        "run_dir": rundir.run_dir(shared, str(plan.get("run_id"))) if shared else None,
         "container": plan.get("container") if isinstance(plan.get("container"), dict) else None,
     }
 
