@@ -244,10 +244,11 @@ class Bench(CliHome):
         t0 = time.monotonic()
         for k in range(1, 4):
             inner = (f"cd {shlex.quote(remote_dir)} && /opt/distrun/venv/bin/torchrun --nnodes=3 --nproc-per-node=1 "
-                     f"--rdzv-backend=c10d --rdzv-endpoint=node1:{29520 + rep} --rdzv-id=hand{rep} --max-restarts=0 "
-                     # Nodes installed the Debian way (hostname on 127.0.1.1): torch cannot tell
-                     # which agent hosts the store, so the hand run says so, as distrun does.
-                     f"--rdzv-conf=is_host={1 if k == 1 else 0} "
+                     f"--rdzv-backend=c10d --rdzv-endpoint={cluster.ip(1)}:{29520 + rep} --rdzv-id=hand{rep} "
+                     # Nodes installed the Debian way (hostname on 127.0.1.1): torch can tell neither
+                     # which agent hosts the store nor the address its peers reach an agent at, so
+                     # the hand run says both, as distrun does.
+                     f"--max-restarts=0 --rdzv-conf=is_host={1 if k == 1 else 0} --local-addr={cluster.ip(k)} "
                      f"{shlex.quote(remote_dir)}/sleep_torch.py")
             procs.append(subprocess.Popen(["ssh", *cluster.ssh_options(), f"root@{cluster.ip(k)}",
                                            f"su - distrun -c {shlex.quote(inner)}"],
