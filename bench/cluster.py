@@ -238,12 +238,16 @@ class Bench(CliHome):
         say(f"by hand: ssh + su + mpirun -np 3 sleep10.py   {wall:6.2f} s (mpirun alone {row['mpirun_s']} s) rc={proc.returncode}")
         return row
 
-    def torch_by_hand(self, cluster: podcluster.Cluster, remote_dir: str, rep: int) -> dict:
+    def torch_by_hand(self, cluster: podcluster.Cluster, remote_dir: str, rep: int, cidr: str | None) -> dict:
         """torchrun started by hand on every node at once (one ssh each), c10d rendezvous on node1."""
         procs = []
         t0 = time.monotonic()
+        # Gloo finds its interface by the hostname, which is on 127.0.1.1 here: name the one on the
+        # cluster's network, as a user sets GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME on GPUs).
+        iface = (f"export GLOO_SOCKET_IFNAME=$(ip -o -4 addr show to {shlex.quote(cidr)} | awk '{{print $2; exit}}') && "
+                 if cidr else "")
         for k in range(1, 4):
-            inner = (f"cd {shlex.quote(remote_dir)} && /opt/distrun/venv/bin/torchrun --nnodes=3 --nproc-per-node=1 "
+            inner = (f"cd {shlex.quote(remote_dir)} && {iface}/opt/distrun/venv/bin/torchrun --nnodes=3 --nproc-per-node=1 "
                      f"--rdzv-backend=c10d --rdzv-endpoint={cluster.ip(1)}:{29520 + rep} --rdzv-id=hand{rep} "
                      # Nodes installed the Debian way (hostname on 127.0.1.1): torch can tell neither
                      # which agent hosts the store nor the address its peers reach an agent at, so
@@ -270,7 +274,7 @@ class Bench(CliHome):
             return {"cold": cold}
         warm, hand = [], []
         for rep in range(2):
-            hand.append(self.torch_by_hand(cluster, cold["remote_run_dir"], rep))
+            hand.append(self.torch_by_hand(cluster, cold["remote_run_dir"], rep, cold.get("cidr")))
             warm.append(self.distrun_train(script, ("--launcher", "torchrun")))
         ok_w = [r["wall_s"] for r in warm if r["rc"] == 0]
         ok_h = [r["wall_s"] for r in hand if r["rc"] == 0]

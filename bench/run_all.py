@@ -248,7 +248,7 @@ def render_torchrun(c: dict) -> list[str]:
         return out + [f"Not measured: `{str(err)[-500:]}`", ""]
     ok = lambda rows: [r["wall_s"] for r in rows if r.get("rc") == 0]  # noqa: E731
     out += ["Program: torch.distributed (gloo) init, barrier, sleep 10 s, barrier. By hand: three ssh sessions "
-            "started at once, one per node, each `su - distrun -c 'torchrun --nnodes=3 --nproc-per-node=1 "
+            "started at once, one per node, each `su - distrun -c 'GLOO_SOCKET_IFNAME=<its interface> torchrun --nnodes=3 --nproc-per-node=1 "
             "--rdzv-backend=c10d --rdzv-endpoint=NODE1_ADDRESS:PORT --rdzv-conf=is_host=1 (0 on the other two) --local-addr=NODE_ADDRESS ... sleep_torch.py'`; wall time until all three exit.", "",
             "| what | runs | wall s (each) | median s |", "|---|---:|---|---:|",
             f"| torchrun by hand (3 ssh) | {len(ok(T['hand']))} | {', '.join(f(x, 2) for x in ok(T['hand']))} | {f(T['hand_median_s'], 2)} |",
