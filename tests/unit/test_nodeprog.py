@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distrun.transport import nodeprog
+from distrun.transport import nodeprog, rundir
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "job" / "files"
 
@@ -28,8 +28,8 @@ def head() -> dict:
 
 def test_the_runner_reads_the_answers_by_the_names_the_programs_write(capsys):
     ns = head()
-    assert (ns["LOG_PREFIX"], ns["LAUNCHER_STATES"], ns["TAG"]) == \
-        (nodeprog.LOG_PREFIX, nodeprog.LAUNCHER_STATES, nodeprog.RUN_TAG)
+    assert (ns["LOG_PREFIX"], ns["LAUNCHER_STATES"], ns["TAG"], ns["ATTEMPTS"], ns["ENV_FILE"]) == \
+        (nodeprog.LOG_PREFIX, nodeprog.LAUNCHER_STATES, nodeprog.RUN_TAG, rundir.ATTEMPTS, rundir.ENV_FILE)
     ns["answer"]({"verb": "state", "launcher": ns["LAUNCHER_STATES"][0], "rc": None})
     line = capsys.readouterr().out
     assert line.count("\n") == 1

@@ -59,7 +59,6 @@ if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nod
         exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
 
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
-ATTEMPTS = "attempts"  # the run directory's folder of attempt folders (runner/distrun/transport/rundir.py)
 
 
 def _read(path: str, limit: int = 4 << 20) -> bytes | None:

@@ -32,6 +32,9 @@ RECORDS = "/run/distrun"
 TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes with its id
 LOG_PREFIX = "| "  # a line of the launcher's log as attempt.py's follow prints it: data, never an answer
 LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of a launcher
+# The run directory's entries the node programs touch (the runner's transport/rundir.py names them too).
+ATTEMPTS = "attempts"  # the folder of attempt folders
+ENV_FILE = "env.sh"  # the user's --env values, 0600
 
 
 class CallError(Exception):

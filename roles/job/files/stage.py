@@ -126,7 +126,7 @@ def stage(p: dict, created: list | None = None) -> bool:
             fh.write(p["workloads_digest"] + "\n")
         updated = True
     if p["env"]:
-        _write_env(os.path.join(p["run_dir"], "env.sh"), p["env"])
+        _write_env(os.path.join(p["run_dir"], ENV_FILE), p["env"])
     return updated
 
 

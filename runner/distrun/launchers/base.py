@@ -8,6 +8,7 @@ exit code, and how to find which rank failed. Everything here is a pure function
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -52,6 +53,8 @@ class Launcher(ABC):
     # Names this launcher's files() writes at the top of a run directory: a user's --script of
     # such a name would replace it (rundir.RUN_DIR_NAMES holds the names every launcher shares).
     run_dir_files: tuple[str, ...] = ()
+    # The same as shell patterns, for names that take a number or a host (job-<n>.sbatch).
+    run_dir_patterns: tuple[str, ...] = ()
     # The ranks form one MPI world, so Python runs under mpi4py's runner: a rank that raises
     # then calls MPI_Abort and the whole job ends at once.
     mpi_world: bool = False
@@ -72,6 +75,10 @@ class Launcher(ABC):
     # Its own settings (options.py): what 'distrun train --launcher-opt KEY=VALUE' may set, and
     # the inventory key each also reads; the CLI's checks and help come from them.
     options: tuple[LauncherOption, ...] = ()
+
+    def owns_run_dir_file(self, name: str) -> bool:
+        """Whether this launcher writes a file of that name at the top of a run directory."""
+        return name in self.run_dir_files or any(fnmatch.fnmatchcase(name, p) for p in self.run_dir_patterns)
 
     def image_modules(self, plan: JobPlan) -> tuple[str, ...]:
         """With --image: what the image's python3 must import for this launcher to start ranks

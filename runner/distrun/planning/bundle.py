@@ -25,6 +25,7 @@ from distrun.planning.network import NetworkChoice
 from distrun.planning.plan import WORKLOADS
 from distrun.planning.run_files import launch_files, render_env_file
 from distrun.store.runs import Run
+from distrun.transport import rundir
 
 
 def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_workloads: bool = True) -> tuple[str, str]:
@@ -82,7 +83,7 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
     extravar: ansible-runner records extravars, and the bundle is a logged task's stdin.
     """
     bundle, digest = run_bundle(run, {**files, **launch_files(plan, scripts)}, script.resolve() if script else None)
-    env_file = str(run.write("env.sh", render_env_file(env), mode=0o600)) if env else ""
+    env_file = str(run.write(rundir.ENV_FILE, render_env_file(env), mode=0o600)) if env else ""
     return {
         "distrun_env_file": env_file,
         **common_vars(plan),

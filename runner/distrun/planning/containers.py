@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from distrun.errors import PlanError
+from distrun.transport import rundir
 
 if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan
 
 RUNTIMES = ("podman", "docker")
 DEFAULT_RUNTIME = "podman"
-SCRIPT = "container-run.sh"  # in the run directory, beside the rank wrapper
+SCRIPT = rundir.CONTAINER_SCRIPT  # in the run directory, beside the rank wrapper
 RECORD = "image.json"  # in the run's record: the image every node's probe found
 LABEL = "distrun.run"
 

@@ -127,15 +127,15 @@ class JobPlan:
 
     @property
     def hostfile(self) -> str:
-        return f"{self.run_dir}/hostfile"
+        return f"{self.run_dir}/{rundir.HOSTFILE}"
 
     @property
     def env_file(self) -> str:
-        return f"{self.run_dir}/env.sh"
+        return f"{self.run_dir}/{rundir.ENV_FILE}"
 
     @property
     def wrapper(self) -> str:
-        return f"{self.run_dir}/rank-env.sh"
+        return f"{self.run_dir}/{rundir.WRAPPER}"
 
     @property
     def checkpoint_dir(self) -> str:

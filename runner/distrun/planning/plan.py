@@ -136,7 +136,7 @@ def build_plan(
             program_args += ["--part-dir", part_dir, "--num-parts", str(world)]
         if epochs is not None:
             program_args += ["--epochs", str(epochs)]
-        program_args += ["--result-file", f"{run_dir}/result.json"]
+        program_args += ["--result-file", f"{run_dir}/{rundir.RESULT}"]
         program = (python, f"{workloads_dir}/{wl.program}", *program_args, *script_args)
         workload_name = wl.name
 

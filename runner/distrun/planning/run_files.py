@@ -16,7 +16,7 @@ from distrun.transport import rundir
 
 def clashes_with_run_dir(name: str) -> bool:
     """Whether a file of this name in a run directory would collide with one distrun or a launcher writes."""
-    return rundir.clashes(name) or any(name in launcher.run_dir_files for launcher in LAUNCHERS.values())
+    return rundir.clashes(name) or any(launcher.owns_run_dir_file(name) for launcher in LAUNCHERS.values())
 
 
 def _comment(text: str) -> str:
@@ -120,7 +120,7 @@ def render_rank_wrapper(plan: JobPlan) -> str:
             f"  IFACE=\"$(ip -o -4 addr show to {shlex.quote(plan.placement.cidr)} 2>/dev/null | awk '{{print $2; exit}}')\"\n"
             "fi\n"
         )
-    source_env = ". ./env.sh\n" if plan.program.user_env_keys else ""
+    source_env = f". ./{rundir.ENV_FILE}\n" if plan.program.user_env_keys else ""
     if plan.program.workdir:
         # A project's command names its tools as on a workstation ("python", "torchrun"): the
         # env's bin comes first on PATH, and the rank starts in the project folder.
@@ -161,5 +161,5 @@ cd {shlex.quote(plan.run_dir)}
 def plan_files(plan: JobPlan) -> dict[str, str]:
     """Run-directory file name -> content: the hostfile, the rank wrapper and the launcher's own.
     A site's Slurm (plan.placement.login) places the ranks itself: no hostfile there."""
-    hostfile = {} if plan.placement.login else {"hostfile": render_hostfile(plan)}
-    return {**hostfile, "rank-env.sh": render_rank_wrapper(plan), **launcher_named(plan.launch.launcher).files(plan)}
+    hostfile = {} if plan.placement.login else {rundir.HOSTFILE: render_hostfile(plan)}
+    return {**hostfile, rundir.WRAPPER: render_rank_wrapper(plan), **launcher_named(plan.launch.launcher).files(plan)}

@@ -39,6 +39,12 @@ def checkpoint_dir(shared_dir: str, run_id: str) -> str:
 
 
 ATTEMPTS = "attempts"
+# At the top of the run directory, shared by its attempts.
+HOSTFILE = "hostfile"  # the MPI hostfile of the run's placement
+WRAPPER = "rank-env.sh"  # the rank wrapper every rank starts through
+ENV_FILE = "env.sh"  # the user's --env values, 0600, removed when the run ends
+CONTAINER_SCRIPT = "container-run.sh"  # with --image: the start of one container
+RESULT = "result.json"  # the reference workloads' result
 # Inside an attempt's folder.
 RANKS = "ranks"  # mpirun's --output-filename; srun's --output=ranks/<rank>/stdout
 TORCHRUN = "torchrun"  # torchrun's --log-dir, one folder per host
@@ -73,9 +79,10 @@ ATTEMPT_FILES = ("launch-*.sh", "launcher-*", "exitcode-*", RANKS, TORCHRUN, STA
 # What distrun itself writes at the top of a run directory on the nodes, under any launcher
 # (exact names, then shell patterns): a user's --script of such a name would replace distrun's
 # file or be replaced by it. The old layout's attempt files are kept: a run of that layout may
-# still be read. tests/unit/test_cli_args.py renders every launcher's files against this list.
-RUN_DIR_NAMES = ("hostfile", "rank-env.sh", "container-run.sh", "env.sh", "result.json", ATTEMPTS, RANKS, TORCHRUN, STARTED, "job.sbatch")
-RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "job-*.sbatch", "slurm-*")
+# still be read. A launcher's own files are its declaration (Launcher.run_dir_files, run_dir_patterns);
+# tests/unit/test_cli_args.py renders every launcher's files against both.
+RUN_DIR_NAMES = (HOSTFILE, WRAPPER, CONTAINER_SCRIPT, ENV_FILE, RESULT, ATTEMPTS, RANKS, TORCHRUN, STARTED)
+RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "slurm-*")
 
 
 def clashes(name: str) -> bool:

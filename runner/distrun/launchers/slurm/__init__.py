@@ -19,7 +19,9 @@ from distrun.launchers.slurm.driver import STATE_EXIT, driver_files, driver_scri
 from distrun.launchers.slurm.sbatch import (
     DEFAULT_MPI,
     ENV_PREFIXES,
+    JOB_FILE,
     MODES,
+    MULTI_JOB_PATTERN,
     job_name,
     mode,
     multi_job_script,
@@ -64,6 +66,7 @@ class Slurm(Launcher):
     owned_args = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
                   "--output", "-o", "--mpi")
     mpi_world = True
+    run_dir_patterns = (JOB_FILE, MULTI_JOB_PATTERN)
     # srun's task variables; PMI_* where the site's srun speaks PMI-2 (--launcher-opt mpi=pmi2).
     rank_variables = {"RANK": ("SLURM_PROCID", "PMI_RANK"), "WORLD_SIZE": ("SLURM_NTASKS", "PMI_SIZE"),
                       "LOCAL_RANK": ("SLURM_LOCALID",)}

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distrun.launchers.slurm.sbatch import mode, placed_by_hostfile
+from distrun.launchers.slurm.sbatch import JOB_FILE, mode, multi_job_file, placed_by_hostfile
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def driver_script(plan: JobPlan) -> str:
     """The head's launcher for a Slurm run (run as the training user from the run directory)."""
     multi = mode(plan) == "multi-job"
     count = len(plan.placement.hosts) if multi else 1
-    scripts = [f"job-{i}.sbatch" for i in range(count)] if multi else ["job.sbatch"]
+    scripts = [multi_job_file(i) for i in range(count)] if multi else [JOB_FILE]
     waiting = "|".join(WAITING_STATES)
     running = "|".join(RUNNING_STATES)
     # Single mode: rank 0 writes ranks/0/stdout on the batch host (the head whenever it runs

@@ -198,6 +198,15 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The job scripts in the run directory: one multi-node job, or one job per node (multi-job mode).
+JOB_FILE = "job.sbatch"
+MULTI_JOB_PATTERN = "job-*.sbatch"
+
+
+def multi_job_file(index: int) -> str:
+    return MULTI_JOB_PATTERN.replace("*", str(int(index)))
+
+
 # srun's tasks' own variables (Slurm's; PMIx's, and PMI-2's where the site's srun speaks it): with
 # --image the tasks pass them into their container by these prefixes.
 ENV_PREFIXES = ("SLURM_", "PMIX_", "PMI_")
@@ -206,9 +215,9 @@ ENV_PREFIXES = ("SLURM_", "PMIX_", "PMI_")
 def sbatch_files(plan: JobPlan) -> dict[str, str]:
     """Run-directory file name -> content: the sbatch script(s) of the plan's mode."""
     if mode(plan) == "multi-job":
-        return {**{f"job-{i}.sbatch": multi_job_script(plan, i, h) for i, h in enumerate(plan.placement.hosts)},
+        return {**{multi_job_file(i): multi_job_script(plan, i, h) for i, h in enumerate(plan.placement.hosts)},
                 **containers.files(plan, per_rank=False, prefixes=ENV_PREFIXES)}
-    files = {"job.sbatch": sbatch_script(plan)}
+    files = {JOB_FILE: sbatch_script(plan)}
     if placed_by_hostfile(plan):
         files["slurm-hostfile"] = slurm_hostfile(plan)
     return files
