@@ -253,8 +253,8 @@ def test_the_attempt_folders_are_the_run_directorys_own(tmp_path, procs):
     sys.path.insert(0, str(REPO / "runner"))
     from distrun.transport import rundir
 
-    node_text = NODE.read_text()
-    assert f'ATTEMPTS = "{rundir.ATTEMPTS}"' in node_text
+    head_text = NODE.with_name("nodecommon.py").read_text()  # the node programs' shared head
+    assert f'ATTEMPTS = "{rundir.ATTEMPTS}"' in head_text
     run = f"unit-{os.getpid()}-g"
     run_dir = tmp_path / run
     (run_dir / rundir.ATTEMPTS / "9").mkdir(parents=True)
