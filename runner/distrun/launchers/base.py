@@ -8,7 +8,6 @@ exit code, and how to find which rank failed. Everything here is a pure function
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrun.errors import UserError
 from distrun.launchers.options import LauncherOption, resolve
+from distrun.transport import rundir
 from distrun.transport.nodeprog import RUN_TAG
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class Launcher(ABC):
 
     def owns_run_dir_file(self, name: str) -> bool:
         """Whether this launcher writes a file of that name at the top of a run directory."""
-        return name in self.run_dir_files or any(fnmatch.fnmatchcase(name, p) for p in self.run_dir_patterns)
+        return rundir.named(name, self.run_dir_files, self.run_dir_patterns)
 
     def image_modules(self, plan: JobPlan) -> tuple[str, ...]:
         """With --image: what the image's python3 must import for this launcher to start ranks

@@ -85,9 +85,14 @@ RUN_DIR_NAMES = (HOSTFILE, WRAPPER, CONTAINER_SCRIPT, ENV_FILE, RESULT, ATTEMPTS
 RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "slurm-*")
 
 
+def named(name: str, names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+    """Whether ``name`` is one of ``names`` or matches one of the shell ``patterns``."""
+    return name in names or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
 def clashes(name: str) -> bool:
     """Whether a file of this name at the top of a run directory would collide with distrun's."""
-    return name in RUN_DIR_NAMES or any(fnmatch.fnmatchcase(name, p) for p in RUN_DIR_PATTERNS)
+    return named(name, RUN_DIR_NAMES, RUN_DIR_PATTERNS)
 
 
 def folder(restart: int, own: bool = True) -> str:
