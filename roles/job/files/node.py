@@ -103,8 +103,7 @@ class Proc:
                 break
         # The unit a process runs in (launch.py starts each launcher as one): a cgroup no process
         # of the training user can leave, of the system manager's (the user's own names any).
-        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace").strip().splitlines() or [""]
-        m = UNIT.fullmatch(cgroup[-1].split(":", 2)[-1].removeprefix(units))  # a path elsewhere has a "/" left
+        m = unit_in((_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace"), units)
         self.unit_run = m.group(1) if m else None
         self.owner: str | None = None
         self.why = ""
@@ -126,9 +125,7 @@ class Proc:
 def processes(root: str) -> dict[int, Proc]:
     """Every live process (zombies are gone already) that /proc shows."""
     found: dict[int, Proc] = {}
-    init = [ln.split(":", 2)[2] for ln in (_read(f"{root}/1/cgroup", 4096) or b"").decode(errors="replace").splitlines()
-            if ln.startswith("0::") or ":name=systemd:" in ln]  # the system's units lie beside init's cgroup
-    units = (os.path.dirname(init[-1]).rstrip("/") if init else "") + "/system.slice/"
+    units = system_units(root)
     for name in os.listdir(root):
         if name.isdigit():
             stat = _read(f"{root}/{name}/stat")

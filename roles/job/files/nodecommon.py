@@ -51,6 +51,26 @@ def unit_name(cfg: dict) -> str:
     return f"distrun:{cfg['run']}:{cfg['attempt']}:{cfg['host']}.service"
 
 
+def system_units(proc: str = "/proc") -> str:
+    """Where the system manager's units lie in the cgroup paths /proc shows: beside init's own
+    cgroup (``/system.slice/`` on a machine; under a container's path on a container node)."""
+    try:
+        with open(f"{proc}/1/cgroup", "rb") as f:
+            text = f.read(4096).decode(errors="replace")
+    except OSError:
+        text = ""
+    init = [ln.split(":", 2)[2] for ln in text.splitlines() if ln.startswith("0::") or ":name=systemd:" in ln]
+    return (os.path.dirname(init[-1]).rstrip("/") if init else "") + "/system.slice/"
+
+
+def unit_in(cgroup: str, units: str) -> "re.Match | None":
+    """The distrun unit (UNIT, its run in group 1) that a /proc/<pid>/cgroup text puts a process
+    in, as a unit of the system manager (``units``: system_units); None for any other cgroup,
+    the training user's own manager's included (a path elsewhere keeps a "/" after the prefix)."""
+    lines = cgroup.strip().splitlines() or [""]
+    return UNIT.fullmatch(lines[-1].split(":", 2)[-1].removeprefix(units))
+
+
 def record_path(unit: str, kind: str) -> str:
     """Root's record of a unit: kind "launched" (launch.py started it), "exit" (how it ended)."""
     return os.path.join(RECORDS, f"{unit}.{kind}")
