@@ -12,6 +12,8 @@ import secrets
 import textwrap
 import time
 
+import pytest
+
 from .conftest import distrun, run_processes
 from .hostile import TALLY
 
@@ -50,12 +52,18 @@ def escapees(cluster, token: str) -> dict[int, int]:
     return found
 
 
-def test_a_job_cannot_forge_its_end_or_keep_train_waiting(provisioned, distrun_home, tmp_path):
+# torchrun: a launcher on every node; mpirun: one on the head, whose daemons on the other nodes
+# it starts over ssh (each inside its node's unit of the run).
+LAUNCHERS = pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+
+
+@LAUNCHERS
+def test_a_job_cannot_forge_its_end_or_keep_train_waiting(provisioned, distrun_home, tmp_path, launcher):
     token = secrets.token_hex(6)
     script = tmp_path / "forger.py"
     script.write_text(FORGER)
     started = time.monotonic()
-    result = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script),
+    result = distrun("train", "--inventory", "test", "--launcher", launcher, "--script", str(script),
                      "--env", f"TOKEN={token}", timeout=600)
     took = time.monotonic() - started
     try:
@@ -77,12 +85,13 @@ def test_a_job_cannot_forge_its_end_or_keep_train_waiting(provisioned, distrun_h
             provisioned.exec(k, f"pkill -9 -f '^escapee-{token}'", check=False)
 
 
+@LAUNCHERS
 def test_stop_ends_every_process_that_left_its_run_and_the_nodes_keep_the_true_state(provisioned, distrun_home,
-                                                                                     tmp_path):
+                                                                                     tmp_path, launcher):
     token = secrets.token_hex(6)
     script = tmp_path / "forger.py"
     script.write_text(FORGER)
-    detach = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script),
+    detach = distrun("train", "--inventory", "test", "--launcher", launcher, "--script", str(script),
                      "--env", f"TOKEN={token}", "--env", "SLEEP=600", "--detach", timeout=600)
     assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
     run_id = detach.stdout.strip().splitlines()[-1]

@@ -129,7 +129,9 @@ def test_train_dry_run_json_is_the_plan(private_state, monkeypatch):
     code, out, _ = cli(["train", "-i", TWO, "--dry-run", "--json", "--env", "TOKEN=secret-value"])
     d = json.loads(out)
     assert code == 0 and d["dry_run"] is True and d["plan"]["world_size"] == 3
-    assert set(d["launch_scripts"]) == {"w1"} and "hostfile" in d["files"]
+    # w1 starts mpirun; w2, which mpirun reaches over ssh, starts the relay its daemon joins.
+    assert set(d["launch_scripts"]) == {"w1", "w2"} and "hostfile" in d["files"]
+    assert "relay" in d["launch_scripts"]["w2"] and "bin/mpirun" in d["launch_scripts"]["w1"]
     assert d["env_file_keys"] == ["TOKEN"] and "secret-value" not in out
 
 

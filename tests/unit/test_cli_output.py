@@ -28,7 +28,7 @@ from distrun.transport.playbook_events import HostProgress, PlaybookResult
 from distrun.ui import console as ui
 from distrun.ui.run import TrainView
 
-from .conftest import REPO, distrun_bin
+from .conftest import REPO, as_golden, distrun_bin
 from .sample_runs import HOSTS, TRAIN_FAILED, TRAIN_OK, make_sample_runs
 
 GOLDEN = REPO / "tests" / "golden"
@@ -66,7 +66,7 @@ def _cli(args: list[str], width: int, home: Path) -> str:
     result = CliRunner().invoke(main, args, env={"COLUMNS": str(width), "DISTRUN_HOME": str(home), "FORCE_COLOR": None,
                                                  "DISTRUN_INVENTORY": None}, prog_name="distrun")
     assert result.exit_code == 0, result.stderr
-    return result.stdout.replace(str(home), "$DISTRUN_HOME")
+    return as_golden(result.stdout.replace(str(home), "$DISTRUN_HOME"))
 
 
 def test_runs_is_never_wrapped_or_cut(private_state, utc):
@@ -143,4 +143,4 @@ def test_a_real_pipe_gets_the_same_lines(cli_env, private_state, utc, width):
                                                          "dry-run-two-nodes.txt")):
         proc = subprocess.run([distrun_bin(), *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.replace(str(private_state), "$DISTRUN_HOME") == (GOLDEN / golden).read_text()
+        assert as_golden(proc.stdout.replace(str(private_state), "$DISTRUN_HOME")) == (GOLDEN / golden).read_text()

@@ -222,7 +222,7 @@ def _starter(monkeypatch, **kw) -> tuple[follow.Starter, list[list[str]]]:
     monkeypatch.setattr(follow, "launch", start)
     plan = SimpleNamespace(run_id="R1", launch=SimpleNamespace(launcher="torchrun", container=None), placement=SimpleNamespace(hosts=()))
     monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
-        "launch_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
+        "started_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
     return follow.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
 
 

@@ -12,6 +12,7 @@ from distrun.planning.needs import preflight_needs
 from distrun.planning.plan import build_plan
 from distrun.preflight.judge import verdict
 from distrun.preflight.report import build_report, refusal
+from distrun.transport import nodeprog
 
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe
@@ -55,8 +56,18 @@ def test_torchrun_needs_torchrun_in_the_env_and_ddp_needs_torch():
 def test_mpirun_needs_mpirun_on_the_head_and_its_daemon_everywhere_and_gcn_needs_jittor_and_metis():
     needs = preflight_needs(build_plan(cluster(), run_id="r", launcher="mpirun", workload="gcn"))
     assert list(needs["preflight_head_programs"]) == ["mpirun"]
-    assert list(needs["preflight_programs"]) == ["orted"]
+    # Its daemons on the other nodes start through the relay setup installs there.
+    assert needs["preflight_programs"] == {"orted": ["/usr/bin/orted", "/usr/bin/prted"],
+                                           "distrun relay": [nodeprog.installed("relay")]}
     assert needs["preflight_modules"] == ["jittor", "pymetis"]
+
+
+def test_a_node_set_up_by_another_distrun_is_told_to_run_setup_for_the_relay():
+    missing = {"distrun relay": {"ok": False, "detail": "not in /usr/local/lib/distrun"}}
+    probes = {h: probe(h) for h in NODES}
+    probes["node2"] = probe("node2", needs=missing)
+    line = judge(probes, failed("node2"))
+    assert line == f"needs: distrun relay is not in /usr/local/lib/distrun on node2: run '{SETUP}'"
 
 
 def test_a_missing_program_on_every_node_is_one_line_naming_them_all_with_the_fix():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrun.errors import UserError
 from distrun.launchers.options import LauncherOption, resolve
-from distrun.transport import rundir
+from distrun.transport import nodeprog, rundir
 from distrun.transport.nodeprog import RUN_TAG
 
 if TYPE_CHECKING:
@@ -117,9 +117,25 @@ class Launcher(ABC):
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         """The hosts that start a launcher process: the head alone, or every rank host."""
 
+    def relay_hosts(self, plan: JobPlan) -> list[RankHost]:
+        """The hosts where the launcher starts processes over ssh from another node (mpirun's
+        daemons): each runs role job's relay in its own unit of the attempt, and what the launcher
+        starts there runs inside that unit (``stop`` ends it, a process there cannot leave it)."""
+        return []
+
+    def started_hosts(self, plan: JobPlan) -> list[RankHost]:
+        """Every host where the attempt starts something of its own: launchers, then relays."""
+        return [*self.launch_hosts(plan), *self.relay_hosts(plan)]
+
     @abstractmethod
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
-        """The argv the launch script on ``host`` runs."""
+        """The argv the launch script on ``host`` runs (a launch host's)."""
+
+    def started_command(self, plan: JobPlan, host: RankHost) -> list[str]:
+        """The argv the launch script on ``host`` runs: its launcher, or the relay."""
+        if host.name in {h.name for h in self.launch_hosts(plan)}:
+            return self.command(plan, host)
+        return nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "serve")
 
     def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
         """Variables of the launcher process. DISTRUN_RUN_ID tags it (and every child) for 'distrun stop'."""

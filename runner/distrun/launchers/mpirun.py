@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrun.launchers.base import MPI_ABORT, MPI_PROCESS, Launcher
 from distrun.planning import containers
-from distrun.transport import rundir
+from distrun.transport import nodeprog, rundir
 
 if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan, RankHost
@@ -31,6 +31,12 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
     ]
     if plan.launch.run_as_root:
         argv.append("--allow-run-as-root")
+    if relay_hosts(plan):
+        # Each daemon on another node starts through that node's relay, inside the node's unit
+        # of the attempt (role job's files/relay.py, installed by setup): ORTE puts --prefix's orted
+        # in place of the word "orted" and splits the agent at spaces (the installed path has none).
+        argv += ["--mca", "orte_launch_agent", " ".join([*nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "join"),
+                                                          "orted"])]
     if plan.placement.cidr:
         # A subnet rather than interface names: names may differ between nodes.
         argv += ["--mca", "btl_tcp_if_include", plan.placement.cidr, "--mca", "oob_tcp_if_include", plan.placement.cidr]
@@ -48,11 +54,16 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
     return argv
 
 
+def relay_hosts(plan: JobPlan) -> list[RankHost]:
+    """Every host but the head: mpirun's daemons there start over ssh."""
+    return [h for h in plan.placement.hosts if h.name != plan.placement.head.name]
+
+
 class Mpirun(Launcher):
     name = "mpirun"
     summary = "Open MPI's mpirun on the head starts every rank over ssh (one MPI world)"
     owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
-                  "--prefix", "--map-by", "--output-filename")
+                  "--prefix", "--map-by", "--output-filename", "--launch-agent")
     mpi_world = True
     image_uses_node_mpi = True
     rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),
@@ -63,6 +74,9 @@ class Mpirun(Launcher):
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return [plan.placement.head]
+
+    def relay_hosts(self, plan: JobPlan) -> list[RankHost]:
+        return relay_hosts(plan)
 
     def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
         # The hostfile lists the plan's hosts in order and --map-by slot fills each in turn.
@@ -78,6 +92,8 @@ class Mpirun(Launcher):
         mpi_bin = f"{plan.launch.mpi_prefix.rstrip('/')}/bin"
         # orted: Open MPI 4; prted: Open MPI 5.
         nodes = {"orted": [f"{mpi_bin}/orted", f"{mpi_bin}/prted"]}
+        if relay_hosts(plan):
+            nodes["distrun relay"] = [nodeprog.installed("relay")]
         if plan.launch.container:
             nodes[plan.launch.container.runtime] = [plan.launch.container.runtime]
         return nodes, {"mpirun": [f"{mpi_bin}/mpirun"]}

@@ -160,5 +160,5 @@ def record_plan(run: Run, plan: JobPlan, files: dict[str, str], scripts: dict[st
     run.write("commands.txt", "\n".join(commands))
     launcher = launcher_named(plan.launch.launcher)
     argv = {"partition": list(plan.program.partition) if plan.program.partition else None,
-            "launch": {h.name: launcher.command(plan, h) for h in launcher.launch_hosts(plan)}}
+            "launch": {h.name: launcher.started_command(plan, h) for h in launcher.started_hosts(plan)}}
     run.write("commands.json", json.dumps(argv, indent=2) + "\n")

@@ -32,7 +32,7 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
     """
     launcher = launcher_named(plan.launch.launcher)
     scripts: dict[str, str] = {}
-    for host in launcher.launch_hosts(plan):
+    for host in launcher.started_hosts(plan):
         # Host names are checked when the inventory is loaded; quoted here all the same.
         name = host.name
         pid, log = shlex.quote(rundir.launcher_pid(name)), shlex.quote(rundir.launcher_log(name))
@@ -48,7 +48,7 @@ def launch_scripts(plan: JobPlan) -> dict[str, str]:
             # stops that group too, even a process that dropped DISTRUN_RUN_ID from its environment.
             f"read -r _ _ _ _ pgid _ < /proc/$$/stat && echo \"$pgid\" > {pgid}\n"
             + "".join(f"export {k}={shlex.quote(v)}\n" for k, v in launcher.environment(plan, host))
-            + shlex.join(launcher.command(plan, host)) + f" > {log} 2>&1 < /dev/null\n"
+            + shlex.join(launcher.started_command(plan, host)) + f" > {log} 2>&1 < /dev/null\n"
             "rc=$?\n"
             f"echo $rc > {tmp} && mv {tmp} {code}\n"
             "exit $rc\n"

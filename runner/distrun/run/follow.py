@@ -265,7 +265,7 @@ class Starter:
     def start(self) -> None:
         if self.thread is None:
             self.attempt.reach(State.STAGED)
-            hosts = [h.name for h in launcher_named(self.plan.launch.launcher).launch_hosts(self.plan)]
+            hosts = [h.name for h in launcher_named(self.plan.launch.launcher).started_hosts(self.plan)]
             self.thread = threading.Thread(target=self._launch, args=(hosts,), daemon=True)
             self.thread.start()
 

@@ -5,6 +5,7 @@ one line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from enum import StrEnum
@@ -35,10 +36,17 @@ RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py'
 # launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
 PROGRAMS = ("node", "launch", "attempt")
 # Every program sent behind the head: stage.py too (the run's files unpacked), which role job's
-# stage step and role preflight's probe send themselves (the runner has no verb of it).
-SOURCES = (*PROGRAMS, "stage")
+# stage step and role preflight's probe send themselves (the runner has no verb of it), and the
+# installed ones below.
+SOURCES = (*PROGRAMS, "stage", "relay")
 # Sent in front of every node program: the names, config checks and answer they share.
 HEAD = "nodecommon"
+# Installed by setup (role job's install step), root's files the training user runs but cannot
+# change: relay.py, through which what a launcher starts over ssh joins its node's unit. Each
+# under a name that carries its text's digest, so a node set up by another version of distrun
+# has no file of that name (the preflight says to run setup) rather than an older protocol.
+INSTALLED = ("relay",)
+PROGRAMS_DIR = "/usr/local/lib/distrun"
 
 
 @cache
@@ -51,6 +59,20 @@ files for the preflight's probe compose the same two files)."""
     files = paths.project_dir() / "roles" / "job" / "files"
     head = (files / f"{HEAD}.py").read_text()
     return head + ("" if head.endswith("\n") else "\n") + (files / f"{program}.py").read_text()
+
+
+def installed(program: str) -> str:
+    """Where setup puts a program of INSTALLED on every node: its composed text's digest in its name."""
+    if program not in INSTALLED:
+        raise ValueError(f"no installed node program {program!r}")
+    digest = hashlib.sha256(text(program).encode()).hexdigest()[:12]
+    return f"{PROGRAMS_DIR}/{program}-{digest}.py"
+
+
+def relay_argv(run_id: str, attempt: int, verb: str) -> list[str]:
+    """The installed relay for one attempt of a run: ``serve`` (the launch script of a node a
+    launcher reaches over ssh) or ``join`` (the command, which follows, handed to that node's relay)."""
+    return ["python3", "-I", installed("relay"), verb, run_id, str(int(attempt))]
 
 
 def command(verb: str, config: dict[str, Any], program: str = "node") -> str:

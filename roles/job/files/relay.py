@@ -1,0 +1,216 @@
+"""distrun's relay: what a launcher starts on another node over ssh (Open MPI's daemons) runs
+inside that node's unit of the run, not in the ssh session that asked for it.
+
+Rendered into the run directory (the programs' head, nodecommon.py, in front of it) and run
+as a file, ``python3 -I relay.py VERB RUN ATTEMPT ...``; standard library only, Python 3.9 or
+newer.
+
+``serve RUN ATTEMPT [WAIT_S]``: the launch script of a node the launcher reaches over ssh runs
+it, so inside the unit launch.py starts for the attempt there (or, without root or systemd, in
+the session launch.py gives it). It listens on the abstract socket ``distrun-relay:RUN:ATTEMPT``
+of the node, takes one caller of its own uid, starts the caller's command with the caller's
+standard input, output and error (passed over the socket), working folder and environment,
+answers how it ended, and exits 0 (a relay that served is not the launcher whose exit code
+counts: the head's is). No caller within WAIT_S seconds (default 120): it exits 0.
+
+``join RUN ATTEMPT COMMAND...``: Open MPI runs it on the node instead of its daemon (mpirun's
+launch agent), in the ssh session. It connects to the relay (retrying for JOIN_S seconds while
+the unit starts), checks that the relay is the run's: where root's record says launch.py
+started a unit of this attempt on the node, the relay's process must be in such a unit (a
+process of the same account that took the socket's name first gets nothing), hands over the
+command and its three descriptors, and exits as the command did. If the ssh session ends first,
+the command runs on in the unit: the daemon ends when mpirun does, and the unit with it.
+"""
+
+import glob
+import json
+import os
+import socket
+import struct
+import sys
+import time
+
+if "NODECOMMON" not in globals():  # run as a file beside nodecommon.py (the controller's tests)
+    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
+    with open(_HEAD, encoding="utf-8") as _head:
+        exec(compile(_head.read(), _HEAD, "exec"))
+
+JOIN_S = 30.0  # how long a caller waits for the relay to listen
+WAIT_S = 120.0  # how long a relay waits for its caller
+MAX_REQUEST = 1 << 20  # the command, its folder and its environment, as JSON
+_LEN = struct.Struct("!I")
+
+
+def address(run: str, attempt: str) -> str:
+    """The relay's abstract socket name on its node (a leading NUL: no file anyone could replace)."""
+    return f"\0distrun-relay:{run}:{attempt}"
+
+
+def _args(argv: list) -> "tuple[str, str]":
+    if len(argv) < 2 or not plain_name(argv[0]) or not ATTEMPT.fullmatch(argv[1]):
+        raise CallError("relay: give a run id and an attempt number")
+    return argv[0], argv[1]
+
+
+def _peer(conn: socket.socket) -> "tuple[int, int]":
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid, uid
+
+
+def _recv_exact(conn: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        part = conn.recv(size - len(data))
+        if not part:
+            raise CallError("relay: the caller went away mid-request")
+        data += part
+    return data
+
+
+def _wait_status(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def serve_one(run: str, attempt: str, wait_s: float = WAIT_S) -> int:
+    """Take one caller, start its command as it asked, tell it how the command ended."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address(run, attempt))
+    except OSError as e:
+        print(f"relay: cannot listen as {address(run, attempt)[1:]}: {e}", file=sys.stderr)
+        return 3
+    listener.listen(4)
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            print(f"relay: nobody came in {wait_s:.0f} s", file=sys.stderr)
+            return 0
+        listener.settimeout(left)
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            continue
+        conn.settimeout(10)
+        fds: list = []
+        _pid, uid = _peer(conn)
+        if uid != os.getuid():  # another account's process: nothing
+            conn.close()
+            continue
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(conn, _LEN.size, 3)
+            if not msg or len(fds) != 3:
+                raise CallError("relay: a request without its three descriptors")
+            msg += _recv_exact(conn, max(0, _LEN.size - len(msg)))
+            (size,) = _LEN.unpack(msg[:_LEN.size])
+            if size > MAX_REQUEST:
+                raise CallError("relay: the request is too large")
+            request = json.loads(_recv_exact(conn, size))
+            argv, cwd, env = request["argv"], request["cwd"], request["env"]
+            if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
+                    and isinstance(cwd, str) and isinstance(env, dict)
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+                raise CallError("relay: a malformed request")
+        except (OSError, ValueError, KeyError, CallError) as e:
+            print(f"relay: {e}", file=sys.stderr)
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            continue
+        break
+    listener.close()
+    child = os.fork()
+    if child == 0:
+        try:
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            try:
+                os.chdir(cwd)
+            except OSError:
+                os.chdir("/")
+            os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            os.write(2, f"relay: cannot start {argv[0]}: {e}\n".encode(errors="replace"))
+        os._exit(127)
+    for fd in fds:
+        os.close(fd)
+    code = _wait_status(child)
+    try:
+        conn.settimeout(5)
+        conn.sendall(_LEN.pack(code & 0xFF))
+    except OSError:
+        pass  # the ssh session ended first: nobody to tell
+    conn.close()
+    return 0
+
+
+def _in_unit(pid: int, run: str, attempt: str) -> bool:
+    """Whether pid runs in a unit of this attempt under the system manager."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            m = unit_in(f.read(4096), system_units())
+    except OSError:
+        return False
+    return m is not None and m.group(0).startswith(f"distrun:{run}:{attempt}:")
+
+
+def join(run: str, attempt: str, argv: list, join_s: float = JOIN_S) -> int:
+    """Hand argv, with this process's descriptors 0-2, to the attempt's relay; its exit code."""
+    if not argv:
+        raise CallError("relay join: give the command to run")
+    deadline = time.monotonic() + join_s
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(address(run, attempt))
+            break
+        except OSError as e:
+            conn.close()
+            if time.monotonic() >= deadline:
+                print(f"relay join: no relay of run {run} attempt {attempt} on {socket.gethostname()} "
+                      f"after {join_s:.0f} s ({e.strerror or e}): was the attempt started there?", file=sys.stderr)
+                return 255
+            time.sleep(0.2)
+    pid, uid = _peer(conn)
+    contained = glob.glob(os.path.join(glob.escape(RECORDS), glob.escape(f"distrun:{run}:{attempt}:") + "*.launched"))
+    if uid != os.getuid() or (contained and not _in_unit(pid, run, attempt)):
+        print(f"relay join: the process listening as the relay of run {run} (pid {pid}, uid {uid}) is not in "
+              f"the run's unit: nothing started", file=sys.stderr)
+        return 255
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    socket.send_fds(conn, [_LEN.pack(len(request))], [0, 1, 2])
+    conn.sendall(request)
+    try:
+        code = _recv_exact(conn, _LEN.size)
+    except (OSError, CallError):
+        print(f"relay join: the relay of run {run} ended before {argv[0]} did (the run was stopped?)", file=sys.stderr)
+        return 255
+    return _LEN.unpack(code)[0]
+
+
+def main(argv: list) -> int:
+    try:
+        if argv[:1] == ["serve"]:
+            run, attempt = _args(argv[1:])
+            wait = float(argv[3]) if len(argv) > 3 else WAIT_S
+            return serve_one(run, attempt, wait)
+        if argv[:1] == ["join"]:
+            run, attempt = _args(argv[1:])
+            return join(run, attempt, argv[3:])
+        raise CallError("relay: give serve RUN ATTEMPT [WAIT_S] or join RUN ATTEMPT COMMAND...")
+    except CallError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"relay: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
