@@ -138,6 +138,26 @@ def test_a_caller_of_another_account_is_not_served(run_id, tmp_path):
         server.kill()
 
 
+def test_a_malformed_request_is_dropped_and_the_next_caller_is_served(run_id):
+    server = serving(run_id)
+    raw = (
+        "import json, socket, struct\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"s.connect('\\0distrun-relay:{run_id}:0')\n"
+        "req = json.dumps(['not', 'a', 'request']).encode()\n"
+        "socket.send_fds(s, [struct.pack('!I', len(req))], [0, 1, 2]); s.sendall(req)\n"
+        "print(repr(s.recv(4)))\n"
+    )
+    try:
+        bad = subprocess.run([sys.executable, "-I", "-c", raw], capture_output=True, text=True, timeout=30)
+        assert bad.stdout.strip() == "b''", bad.stdout + bad.stderr
+        good = subprocess.run([sys.executable, "-I", str(RELAY), "join", run_id, "0", "sh", "-c", "exit 4"],
+                              capture_output=True, text=True, timeout=30)
+        assert good.returncode == 4, good.stderr
+    finally:
+        server.kill()
+
+
 def test_a_bad_call_is_one_line_and_exit_2():
     done = subprocess.run([sys.executable, "-I", str(RELAY), "join", "../x", "0", "true"], capture_output=True,
                           text=True, timeout=30)

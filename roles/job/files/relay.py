@@ -114,7 +114,7 @@ def serve_one(run: str, attempt: str, wait_s: float = WAIT_S) -> int:
                     and isinstance(cwd, str) and isinstance(env, dict)
                     and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
                 raise CallError("relay: a malformed request")
-        except (OSError, ValueError, KeyError, CallError) as e:
+        except (OSError, ValueError, KeyError, TypeError, CallError) as e:  # a bad caller: the next may come
             print(f"relay: {e}", file=sys.stderr)
             conn.close()
             for fd in fds:
