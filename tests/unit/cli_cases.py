@@ -198,6 +198,10 @@ for launcher, words in [("mpirun", ["-np 4", "-n 2", "--np=3", "--hostfile /tmp/
         add(f"{launcher} --launcher-args {text!r}", fixed([*D, "--launcher", launcher, "--launcher-args", text]),
             (f"distrun already gives {launcher} {name}", "drop it"))
 
+for text in ["--mca orte_launch_agent /tmp/agent", "-mca orte_launch_agent x", "--mca btl_tcp_if_include eth0 --mca orte_launch_agent y"]:
+    add(f"mpirun --launcher-args {text!r}", fixed([*D, "--launcher", "mpirun", "--launcher-args", text]),
+        ("distrun sets mpirun's orte_launch_agent itself", "drop it"))
+
 # --- run ids that are no run id, every verb that takes one --------------------------------------------
 for verb in ["show", "logs", "stop", "status", "attach"]:
     for text in ["", "../x", "/etc/passwd", "a b", "$(id)", "x;y", "last\n"]:

@@ -80,4 +80,9 @@ def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
             raise UserError(f"--launcher-args {word!r}: distrun already gives {launcher} {name} (from the inventory "
                             "and the other options); drop it, and set that through distrun's own option "
                             "(--np, --hosts, --port) or the inventory")
+    params = LAUNCHERS[launcher].owned_params if launcher in LAUNCHERS else {}
+    for option, param in zip(words, words[1:], strict=False):
+        if param in params.get(option, ()):
+            raise UserError(f"--launcher-args '{option} {param}': distrun sets {launcher}'s {param} itself (it starts "
+                            "the ranks on the other nodes inside the run's units); drop it")
 

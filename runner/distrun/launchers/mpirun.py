@@ -64,6 +64,8 @@ class Mpirun(Launcher):
     summary = "Open MPI's mpirun on the head starts every rank over ssh (one MPI world)"
     owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
                   "--prefix", "--map-by", "--output-filename", "--launch-agent")
+    # Its daemons' start through each node's relay (another agent would start them outside the units).
+    owned_params = {"--mca": ("orte_launch_agent",), "-mca": ("orte_launch_agent",)}
     mpi_world = True
     image_uses_node_mpi = True
     rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),
