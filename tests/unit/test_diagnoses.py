@@ -38,6 +38,10 @@ DATA = Path(__file__).parent / "data" / "openmpi"
     ("part-count-differs.txt", "the partition's part count differs from the number of ranks: 'distrun train' "
                                "partitions for each --np; by hand, partition again with --num-parts equal to the rank "
                                "count ('distrun partition --np N')"),
+    # a node's relay refused to take the daemon: its listener was not in the run's unit
+    ("relay-refused.txt", "mpirun's daemon could not join the run's unit on a node (its relay did not start "
+                          "there, or another process of the training account holds its name): that node's "
+                          "launcher-<node>.log in the attempt's folder says which; run 'distrun check'"),
     # the remote shell failed without a word of its own
     ("daemon-did-not-start.txt", "Open MPI could not start its daemon on a node (ssh, the env or /tmp there): "
                                  "run 'distrun check'"),

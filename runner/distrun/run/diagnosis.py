@@ -25,6 +25,10 @@ DIAGNOSES: tuple[tuple[str, str], ...] = (
     (r"could not access\s+or execute an executable:\s+Executable:\s*(?P<exe>\S+)\s+Node:\s*(?P<node>\S+)",
      "{node} cannot run {exe}: is the shared folder mounted there? 'distrun check' names it; "
      "fix: run 'distrun setup --tags shared_fs'"),
+    (r"relay join: (?:no relay of run \S+ attempt \d+ on (?P<node>\S+)|the process listening as the relay)",
+     "mpirun's daemon could not join the run's unit on a node (its relay did not start there, or another process "
+     "of the training account holds its name): that node's launcher-<node>.log in the attempt's folder says "
+     "which; run 'distrun check'"),
     (r"orted: command not found",
      "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
     (r"ssh: Could not resolve hostname (?P<node>[^:\s]+)", "the head cannot resolve {node}: correct /etc/hosts or DNS "
