@@ -1,9 +1,10 @@
 """distrun's relay: what a launcher starts on another node over ssh (Open MPI's daemons) runs
 inside that node's unit of the run, not in the ssh session that asked for it.
 
-Rendered into the run directory (the programs' head, nodecommon.py, in front of it) and run
-as a file, ``python3 -I relay.py VERB RUN ATTEMPT ...``; standard library only, Python 3.9 or
-newer.
+Installed by setup, root-owned, with the programs' head (nodecommon.py) in front of it, as
+``/usr/local/lib/distrun/relay-<digest>.py`` (role job's install step; the runner names the file,
+transport/nodeprog.installed), never a file of the run directory, which the job can rewrite; run
+as ``python3 -I <that file> VERB RUN ATTEMPT ...``; standard library only, Python 3.9 or newer.
 
 ``serve RUN ATTEMPT [WAIT_S]``: the launch script of a node the launcher reaches over ssh runs
 it, so inside the unit launch.py starts for the attempt there (or, without root or systemd, in
