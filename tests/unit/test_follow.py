@@ -92,7 +92,8 @@ def test_as_user_runs_the_command_as_that_user_from_root():
 
 def test_as_user_names_the_training_user_for_every_login():
     text = as_user("distrun", "cd /srv/distrun/runs/R1")
-    assert "runuser -u distrun -- bash -c" in text and "sudo -n -u distrun -- bash -c" in text
+    assert "runuser -u distrun -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS bash -c" in text
+    assert "sudo -n -u distrun -- env -C / bash -c" in text
 
 
 def test_a_remote_error_is_reported_as_what_it_is_not_as_lost_contact():

@@ -143,14 +143,18 @@ def as_user(user: str, command: str) -> str:
     A run directory on sshfs, or on NFS with root_squash, is open to the training user only:
     the launchers run as that user (Ansible's become), and so must every shell that reads it.
     Logged in as that user: plain bash; as root: runuser; otherwise sudo without a password
-    (the same right Ansible's become uses).
+    (the same right Ansible's become uses). A switched user starts in / (the login's folder is
+    not the user's to read: rootless podman, for one, fails there), without the login's session
+    variables, which name root's runtime folder and bus (runuser keeps them; podman would use
+    them and fail).
     """
     u = shlex.quote(user)
     c = shlex.quote(command)
     return (
         f'if [ "$(id -un)" = {u} ]; then exec bash -c {c}; '
-        f'elif [ "$(id -u)" = 0 ]; then exec runuser -u {u} -- bash -c {c}; '
-        f"else exec sudo -n -u {u} -- bash -c {c}; fi"
+        f'elif [ "$(id -u)" = 0 ]; then exec runuser -u {u} -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS '
+        f'bash -c {c}; '
+        f"else exec sudo -n -u {u} -- env -C / bash -c {c}; fi"
     )
 
 
