@@ -114,7 +114,7 @@ def test_mpirun_starts_each_rank_in_a_podman_container_as_the_user_with_variable
     env = {"OMPI_COMM_WORLD_RANK": "3", "PMIX_RANK": "3", "HF_TOKEN": "hunter2-secret", "RANK": "3",
            "UNRELATED": "x", "DISTRUN_HOST": "n2", "SLURM_JOB_ID": "17"}
     got = run_start(plan, tmp_path, env)
-    assert got[:2] == ["run", "--rm"]
+    assert got[:3] == ["--cgroup-manager=cgroupfs", "run", "--rm"]  # the container stays in the run's unit
     for flag in ["--network=host", "--ipc=host", "--pid=host", "--userns=keep-id"]:
         assert flag in got
     assert pairs(got, "--label") == ["distrun.run=r1"]
@@ -135,6 +135,7 @@ def test_docker_runs_as_the_callers_uid_and_gets_gpus_only_on_gpu_nodes(tmp_path
     on_gpu = run_start(plan, tmp_path, {"DISTRUN_HOST": "g1"})
     assert pairs(on_gpu, "--user") == [f"{os.getuid()}:{os.getgid()}"]
     assert pairs(on_gpu, "--gpus") == ["all"] and "--userns=keep-id" not in on_gpu
+    assert on_gpu[0] == "run"  # docker's containers are its daemon's children: removed by label on stop
     assert "--pid=host" not in on_gpu  # one container per node: its ranks share its namespace
     assert "--gpus" not in run_start(plan, tmp_path, {"DISTRUN_HOST": "g2"})
     podman = plan_for("torchrun", hosts=GPU, gpus={"g1": 2, "g2": 2})
@@ -209,3 +210,25 @@ def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop
     (tmp_path / "plan.json").write_text(json.dumps(to_json(plan_for(runtime="podman"))))
     assert stop.container_stop(Rec()) == ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]  # type: ignore[arg-type]
     assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1 >/dev/null"
+
+
+@pytest.mark.parametrize("lines, start", [
+    ([], 100000),  # shadow's floor
+    (["alice:100000:65536"], 165536),
+    (["alice:100000:65536", "bob:300000:1000", "# a comment", "broken line", "carol:1000:10"], 301000),
+    (["svc:1000:10"], 100000),  # a range below the floor moves nothing up
+])
+def test_setup_gives_the_training_user_a_subordinate_range_that_overlaps_no_other(lines, start):
+    from distrun.inventory import rules
+
+    assert rules.free_subid(lines, 65536) == start
+    taken = [(int(s), int(s) + int(n)) for name, s, n in (ln.split(":") for ln in lines if ln.count(":") == 2
+                                                          and not ln.startswith("#"))]
+    assert all(start >= end or start + 65536 <= s for s, end in taken)
+
+
+def test_a_subordinate_range_needs_ids():
+    from distrun.inventory import rules
+
+    with pytest.raises(ValueError, match="at least 1 id"):
+        rules.free_subid([], 0)

@@ -157,4 +157,5 @@ class FilterModule:
             "distrun_ssh_mesh": ssh_mesh,
             "distrun_slurm_node_name": slurm_node_name,
             "distrun_local_sources": local_sources,
+            "distrun_free_subid": rules.free_subid,
         }

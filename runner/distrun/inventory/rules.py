@@ -182,3 +182,21 @@ def slurm_node_name(inventory_name: str) -> str:
     so an inventory whose names are not the machines' hostnames works as it is written; sbatch's
     --nodelist, srun's messages and scontrol's node lists all speak these names."""
     return str(inventory_name)
+
+
+SUBID_FLOOR = 100000  # shadow's SUB_UID_MIN: below it are the system's own ids
+
+
+def free_subid(lines: Iterable[str], count: int) -> int:
+    """The first id of a free subordinate range of ``count`` ids after every range in an
+    /etc/subuid or /etc/subgid (``name:start:count`` lines; others are skipped), and never below
+    shadow's floor: a new range never overlaps another user's, whose containers could then reach
+    this user's files."""
+    end = SUBID_FLOOR
+    for line in lines:
+        parts = str(line).strip().split(":")
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            end = max(end, int(parts[1]) + int(parts[2]))
+    if count < 1:
+        raise ValueError(f"a subordinate id range needs at least 1 id, not {count}")
+    return end

@@ -107,7 +107,11 @@ def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
     """
     assert plan.launch.container is not None
     c = plan.launch.container
-    argv = [c.runtime, "run", "--rm", "--network=host", "--ipc=host"]
+    # podman's cgroupfs manager: a rootless container then stays in its caller's cgroup, the run's
+    # unit, which the run's end and `distrun stop` empty; the systemd manager would move it into
+    # the user's own slice, out of their reach.
+    argv = [c.runtime, *(["--cgroup-manager=cgroupfs"] if c.runtime == "podman" else []), "run", "--rm",
+            "--network=host", "--ipc=host"]
     if per_rank:
         argv += ["--pid=host", "--volume", "/tmp:/tmp"]
     if c.runtime == "podman":
