@@ -62,7 +62,7 @@ def write(t: Path, name: str, text: str) -> str:
 
 
 VERBS = ["setup", "check", "train", "partition", "hostfile", "logs", "fetch", "stop", "runs", "show", "status",
-         "attach", "init"]
+         "attach", "init", "push-image"]
 
 # --- options before the verb: "put it after the verb" ---------------------------------------
 for verb, opt in [("train", ["-i", "local"]), ("check", ["--inventory", "local"]), ("setup", ["-i", "local"]),
@@ -98,6 +98,14 @@ for verb in ["setup", "check", "hostfile", "partition"]:
     add(f"{verb}: stray argument", fixed([verb, "-i", TWO, "now"]), ("unexpected argument 'now'", "--help"))
 for verb in ["status", "attach", "show", "logs", "stop"]:
     add(f"{verb}: two run ids", fixed([verb, "last", "last"]), ("unexpected argument 'last'", "--help"))
+add("push-image: no image", fixed(["push-image", "-i", TWO]), ("push-image: missing argument 'IMAGE'", "--help"))
+add("push-image: not an image reference", fixed(["push-image", "Ubuntu:22.04", "-i", TWO]),
+    ("push-image: IMAGE 'Ubuntu:22.04' is not an image reference", "in lower case"))
+add("push-image: an option as the image", fixed(["push-image", "-i", TWO, "--", "--rm"]),
+    ("push-image: IMAGE '--rm' is not an image reference",))
+add("push-image: --from a node not there", fixed(["push-image", "localhost/x:1", "-i", TWO, "--from", "w9"]),
+    ("--from w9: no such node in inventory", "name one of w1, w2"), reads_inventory=True)
+add("push-image: a verb with a typo", fixed(["push-imag"]), ("no such command 'push-imag'", "did you mean push-image"))
 add("runs: two stray words", fixed(["runs", "all", "now"]), ("unexpected argument 'all'", "--help"))
 
 # --- numbers: ASCII digits only, in range ----------------------------------------------------------

@@ -237,7 +237,7 @@ def test_every_bad_invocation_is_one_line_with_the_fix(tmp_path, records, privat
         (tmp_path / "verbs" / str(i)).mkdir(parents=True)
         verbs.add(next((w for w in b.argv(tmp_path / "verbs" / str(i)) if not w.startswith("-")), ""))
     assert {"setup", "check", "hostfile", "train", "partition", "runs", "show", "logs", "stop", "fetch", "status",
-            "attach", "init"} <= verbs
+            "attach", "init", "push-image"} <= verbs
     before = sorted(p.name for p in (private_state / "runs").iterdir())
     problems: list[str] = []
     slow: list[str] = []

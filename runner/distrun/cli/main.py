@@ -183,13 +183,14 @@ def stop(run_id: str) -> None:
 
 
 # Verbs that live beside this module: a training run, run records, runs that outlive the terminal,
-# a new inventory.
+# a new inventory, an image for the nodes.
+from distrun.cli.image import push_image  # noqa: E402
 from distrun.cli.init import init  # noqa: E402
 from distrun.cli.long import attach, status  # noqa: E402
 from distrun.cli.records import runs, show  # noqa: E402
 from distrun.cli.train import partition, train  # noqa: E402
 
-for _verb in (train, partition, init, runs, show, status, attach):
+for _verb in (train, partition, init, runs, show, status, attach, push_image):
     main.add_command(_verb)
 
 

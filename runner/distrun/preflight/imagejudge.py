@@ -30,13 +30,14 @@ def verdict(probes: Mapping[str, Mapping[str, Any]], *, head: str,
         ref, runtime, user = str(info.get("ref", "")), str(info.get("runtime", "")), str(info.get("user", ""))
         got = ids.get(h, "")
         if not got:
+            source = f"'distrun push-image {ref} --from {agree[0]}'" if agree else \
+                f"'distrun push-image {ref}' from the machine that built or pulled it"
             out[h] = (False, f"image {ref} is not in {runtime}'s images of {user} on {h} ({info.get('error') or 'not found'})",
-                      f"pull or load it there as {user}: '{runtime} pull {ref}' (or '{runtime} load -i FILE' "
-                      "with the archive the other nodes loaded)")
+                      f"give it the image: {source}, or '{runtime} pull {ref}' there as {user}")
         elif got != want:
             out[h] = (False, f"image {ref} on {h} is {_short(got)} but {_short(want)} on {','.join(agree)}",
-                      f"give {h} the same image: '{runtime} pull {ref}' there as {user}, or load the other nodes' "
-                      f"archive ('{runtime} save {ref}' on {agree[0]})")
+                      f"give {h} the same image: 'distrun push-image {ref} --from {agree[0]}', or "
+                      f"'{runtime} pull {ref}' there as {user}")
         else:
             node_mpi = str(((probes[h].get("versions") or {}).get("openmpi")) or "")
             out[h] = inside(info, node_mpi) or (True, f"{ref} {_short(got)}, the same on every node", "")
