@@ -39,11 +39,15 @@ INVENTORIES = {
     "ini-alias-ops": "INI, names alpha/w2/w3 != hostnames node1..3, admin ops (not root) with become",
     "yaml-slots-2": "the YAML inventory with slots: 2 on every node (6 ranks, 2 per node)",
     "yaml-slots-2-1-1": "the YAML inventory with slots 2/1/1 (4 ranks, uneven)",
+    "yaml-image": "the YAML inventory with distrun_image: every rank in a rootless podman container",
 }
 # The rows an inventory has (its shared folder modes) and the columns it runs; every test node's
 # hostname is on 127.0.1.1 in its /etc/hosts, as Debian's installer writes it.
 ROWS = {"yaml-root": (MODES, (*LAUNCHERS, "ssh")), "ini-alias-ops": (MODES, LAUNCHERS),
-        "yaml-slots-2": (("sync",), COLUMNS), "yaml-slots-2-1-1": (("sync",), COLUMNS)}
+        "yaml-slots-2": (("sync",), COLUMNS), "yaml-slots-2-1-1": (("sync",), COLUMNS),
+        # Slurm's own container path is pyxis, which cannot be installed here: its multi-job mode
+        # (torchrun in one container per node) is the Slurm cell of this row.
+        "yaml-image": (("sync",), ("mpirun", "torchrun", "slurm multi-job"))}
 NOT_RUNNABLE = {
     "nfs": "this kernel has no NFS client or server: the nfs mode is converged rendered-only "
            "(exports, fstab; molecule/nfs), never mounted",
@@ -93,6 +97,10 @@ CELL_SCRIPT = textwrap.dedent(f"""
     # What the launcher told this rank, beside what the process group says.
     layout = " ".join(f"{{k}}={{os.environ.get(k, '-')}}" for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"))
     print(f"CELL layout rank={{rank}} world={{world}} host={{socket.gethostname()}} {{layout}}", flush=True)
+    # Where the rank ran: in a container or not, and in which network namespace (the node's own
+    # when a container shares the host's network).
+    print(f"CELL where rank={{rank}} container={{os.path.exists('/run/.containerenv')}} "
+          f"netns={{os.readlink('/proc/self/ns/net')}}", flush=True)
 
     path = os.path.join(os.getcwd(), f"cell-rank{{rank}}.txt")
     with open(path, "w") as fh:
@@ -112,6 +120,7 @@ CELL_SCRIPT = textwrap.dedent(f"""
 
 CELL_LINE = re.compile(r"CELL rank=(\d+) world=(\d+) host=(\S+) sum=(\d+) cwd=(\S+) file='([^']*)'")
 EPOCH_LINE = re.compile(rf"CELL epoch {EPOCHS}/{EPOCHS} rank=(\d+)")
+WHERE_LINE = re.compile(r"CELL where rank=(\d+) container=(True|False) netns=(\S+)")
 LAYOUT_LINE = re.compile(r"CELL layout rank=(\d+) world=(\d+) host=(\S+) RANK=(\S+) LOCAL_RANK=(\S+) WORLD_SIZE=(\S+) "
                          r"LOCAL_WORLD_SIZE=(\S+)")
 

@@ -707,6 +707,10 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
                     # Debian's ping carries file capability cap_net_raw; without it in the
                     # bounding set exec fails with EPERM, unlike on a real host.
                     "--cap-add", "NET_RAW",
+                    # Rootless podman in a node (the --image tests) mounts a fresh /proc for a
+                    # container with its own pid namespace; the kernel refuses that while the
+                    # node's /proc has podman's masks over parts of it, as a machine's has not.
+                    "--security-opt", "unmask=/proc/*",
                     # /etc/hosts is the node's own file, as on a machine: podman would write a
                     # fresh one at every start, dropping what role base manages there, so a
                     # restarted node could no longer resolve the others.

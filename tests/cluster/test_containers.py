@@ -1,0 +1,231 @@
+"""Every rank inside a container image (``distrun_image``) on the 3-node cluster, with rootless
+podman as `distrun setup` installs it on the nodes (role base: podman, uidmap, the training
+user's subordinate ids).
+
+The image is made the way a site without a registry makes one: from a node's own files (its
+/usr, /etc without secrets, and the training venv, which the image puts first on PATH), imported
+by the training user on node1, saved once and loaded on node2 and node3 (the nodes then hold the
+same image id). The cells run the matrix's torch program (an allreduce, a DDP with a
+DistributedSampler) under mpirun (one container per rank, the host's mpirun outside), torchrun
+and Slurm's multi-job mode (one container per node, torchrun inside); every rank reports that it
+ran in a container and in its node's own network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import textwrap
+import time
+
+import pytest
+
+from tests.harness import matrix
+
+from .conftest import REPO, distrun, run_processes, start_distrun
+from .test_matrix import HOSTS
+
+IMAGE = "localhost/distrun-cell:1"
+USER = "distrun"
+PATH = "/opt/distrun/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What the image leaves out of the node's files: secrets (/etc's shadow files, sudoers, ssh host
+# keys), what is the node's own (its name and hosts file), and what no rank reads (docs, headers,
+# the compiler).
+EXCLUDES = ("./etc/shadow*", "./etc/gshadow*", "./etc/sudoers*", "./etc/ssh", "./etc/hostname", "./etc/hosts",
+            "./usr/share/doc", "./usr/share/man", "./usr/share/locale", "./usr/share/info", "./usr/include",
+            "./usr/lib/gcc", "./usr/libexec/gcc", "./opt/distrun/venv/lib/python3.11/site-packages/jittor*")
+CONTAINERS = ("mpirun", "torchrun", "slurm multi-job")
+STORAGE_CONF = '[storage]\ndriver = "overlay"\n[storage.options.overlay]\nmount_program = "/usr/bin/fuse-overlayfs"\n'
+
+
+def as_user(cluster, k: int, cmd: str, timeout: float = 600, input: str | None = None):
+    """``cmd`` as the training user on node k, in its home (rootless podman keeps its images there)."""
+    return cluster.exec(k, ["su", USER, "-s", "/bin/sh", "-c", f"cd && {cmd}"], check=False, timeout=timeout,
+                        input=input)
+
+
+def image_id(cluster, k: int, ref: str = IMAGE) -> str:
+    out = as_user(cluster, k, f"podman image inspect --format '{{{{.Id}}}}' {ref}", timeout=120)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def run_containers(cluster, run_id: str) -> dict[int, list[str]]:
+    """Node -> the ids of the run's containers (running or not) in the training user's store."""
+    found = {}
+    for k in (1, 2, 3):
+        out = as_user(cluster, k, f"podman ps -aq --filter label=distrun.run={run_id}", timeout=120)
+        assert out.returncode == 0, out.stderr
+        found[k] = out.stdout.split()
+    return found
+
+
+@pytest.fixture(scope="module")
+def image_inventory(provisioned, tmp_path_factory) -> str:
+    """The test inventory with ``distrun_image``, once the image is in the training user's store
+    on every node with one id: made on node1, then `distrun push-image --from node1`."""
+    cluster = provisioned
+    group_vars = REPO / "inventory" / "test" / "group_vars"
+    inv = str(matrix.mode_inventory(provisioned.inventory, group_vars, tmp_path_factory.mktemp("image"), None,
+                                    distrun_image=IMAGE))
+    t0 = time.monotonic()
+    for k in (1, 2, 3):
+        # A machine's /dev/fuse is everyone's (udev); the nodes have the host's, root's only. With
+        # it, rootless podman stores images on fuse-overlayfs, as on a machine's overlay: a
+        # container starts without copying its image (the vfs driver it picks otherwise does).
+        assert cluster.exec(k, "chmod 0666 /dev/fuse", check=False).returncode == 0
+        conf = as_user(cluster, k, "mkdir -p .config/containers && cat > .config/containers/storage.conf",
+                       input=STORAGE_CONF)
+        assert conf.returncode == 0, conf.stderr
+    if not image_id(cluster, 1):
+        excludes = " ".join(f"--exclude={e}" for e in EXCLUDES)
+        made = cluster.exec(1, f"tar -C / {excludes} -cf /tmp/cell-rootfs.tar ./usr ./etc ./opt/distrun/venv "
+                               "./bin ./lib ./lib64 ./sbin && chmod 0644 /tmp/cell-rootfs.tar", check=False, timeout=600)
+        assert made.returncode == 0, made.stderr[-2000:]
+        imported = as_user(cluster, 1, f"podman import --change 'ENV PATH={PATH}' /tmp/cell-rootfs.tar {IMAGE}")
+        cluster.exec(1, "rm -f /tmp/cell-rootfs.tar", check=False)
+        assert imported.returncode == 0, imported.stderr[-2000:]
+    matrix.record_step(f"cluster A: image {IMAGE} made on node1", time.monotonic() - t0)
+    want = image_id(cluster, 1)
+    t0 = time.monotonic()
+    first = distrun("push-image", IMAGE, "--inventory", inv, "--from", "node1", timeout=1200)
+    assert first.rc == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    lines = first.stdout.splitlines()
+    assert lines[0] == f"node1: has {want[:12]}, nothing moved", first.stdout
+    for line, host in zip(lines[1:3], ("node2", "node3"), strict=True):
+        assert re.fullmatch(rf"{host}: loaded {want[:12]} \(\d+\.\d\d GiB in \d+\.\d s\)", line), first.stdout
+    assert [image_id(cluster, k) for k in (1, 2, 3)] == [want] * 3
+    took_first = time.monotonic() - t0
+    matrix.record_step(f"cluster A: push-image to node2, node3: {'; '.join(lines[1:3])}; {lines[-1]}", took_first)
+    # A second push of the same image moves nothing: every node has its id.
+    t0 = time.monotonic()
+    second = distrun("push-image", IMAGE, "--inventory", inv, "--from", "node1", timeout=600)
+    assert second.rc == 0, second.stdout[-3000:] + second.stderr[-2000:]
+    assert second.stdout.splitlines() == [f"node{k}: has {want[:12]}, nothing moved" for k in (1, 2, 3)] + [
+        f"{IMAGE} {want[:12]}: 0.0 MiB moved to 0 of 3 node(s); no archive needed"], second.stdout
+    took_second = time.monotonic() - t0
+    matrix.record_step("cluster A: push-image again: 0 bytes moved", took_second)
+    print(f"\npush-image, first: {lines[-1]} ({took_first:.1f} s); second: nothing moved ({took_second:.1f} s)")
+    return inv
+
+
+def test_setup_gave_the_training_user_what_rootless_podman_needs(provisioned):
+    for k in (1, 2, 3):
+        out = provisioned.exec(k, f"grep -c '^{USER}:' /etc/subuid /etc/subgid; ls /var/lib/systemd/linger; "
+                                  "podman --version", check=False)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[:3] == ["/etc/subuid:1", "/etc/subgid:1", USER], out.stdout
+
+
+def _where(run) -> dict[int, tuple[str, str]]:
+    """Rank -> (in a container, network namespace), from the collected rank logs."""
+    seen = {}
+    for f in (run / "nodes").rglob("*"):
+        if f.is_file() and f.name in ("stdout", "stdout.log"):
+            for m in matrix.WHERE_LINE.finditer(f.read_text(errors="replace")):
+                seen[int(m[1])] = (m[2], m[3])
+    return seen
+
+
+@pytest.mark.parametrize("launcher", CONTAINERS)
+def test_every_rank_runs_in_the_image_on_its_node_s_network(provisioned, image_inventory, distrun_home, cell_script,
+                                                            launcher):
+    cluster = provisioned
+    cell = matrix.run_cell(distrun, image_inventory, launcher, "sync", "yaml-image", distrun_home, cell_script, HOSTS)
+    run = distrun_home / "runs" / cell.run_id
+    host_netns = [cluster.exec(k, "readlink /proc/1/ns/net").stdout.strip() for k in (1, 2, 3)]
+    where = _where(run)
+    assert sorted(where) == [0, 1, 2], where
+    assert [where[r] for r in (0, 1, 2)] == [("True", ns) for ns in host_netns], (where, host_netns)
+    shown = distrun("show", cell.run_id, "--json", timeout=120)
+    assert shown.rc == 0, shown.stderr
+    image = json.loads(shown.stdout)["image"]
+    want = image_id(cluster, 1)
+    assert image["ref"] == IMAGE and image["same"] is True, image
+    assert {h: i.removeprefix("sha256:") for h, i in image["nodes"].items()} == dict.fromkeys(HOSTS, want), image
+    assert run_containers(cluster, cell.run_id) == {1: [], 2: [], 3: []}  # --rm: none left after the run
+
+
+def test_a_node_with_another_image_under_the_name_is_refused_and_nothing_starts(provisioned, image_inventory,
+                                                                               distrun_home, cell_script):
+    cluster = provisioned
+    odd = "localhost/distrun-odd:1"
+    for k in (1, 2):
+        assert as_user(cluster, k, f"podman tag {IMAGE} {odd}").returncode == 0
+    # node3's image of that name is another one (a one-file image).
+    made = as_user(cluster, 3, f"mkdir -p odd && echo odd > odd/x && tar -C odd -c . | podman import - {odd}")
+    assert made.returncode == 0, made.stderr
+    try:
+        before = set((distrun_home / "runs").glob("*-train-*"))
+        res = distrun("train", "--inventory", image_inventory, "--image", odd, "--launcher", "torchrun",
+                      "--script", str(cell_script), timeout=600)
+        out = res.stdout + res.stderr
+        assert res.rc != 0, out[-3000:]
+        line = re.search(rf"image {re.escape(odd)} on node3 is sha256:[0-9a-f]{{12}} but sha256:[0-9a-f]{{12}} on "
+                         r"node1,node2", out)
+        assert line, out[-3000:]
+        assert f"give node3 the same image: 'distrun push-image {odd} --from node1'" in out, out[-3000:]
+        # Nothing started: no rank log, no container of the new run on any node.
+        new = set((distrun_home / "runs").glob("*-train-*")) - before
+        for run in new:
+            assert not list((run / "nodes").rglob("stdout*")), run
+            assert run_containers(cluster, run.name) == {1: [], 2: [], 3: []}
+    finally:
+        for k in (1, 2, 3):
+            as_user(cluster, k, f"podman rmi {odd}")
+    # A name no node has: every node named, with the fix.
+    res = distrun("train", "--inventory", image_inventory, "--image", "localhost/distrun-none:1", "--launcher",
+                  "mpirun", "--script", str(cell_script), timeout=600)
+    out = res.stdout + res.stderr
+    assert res.rc != 0 and "image localhost/distrun-none:1 is not in podman's images of distrun on" in out, out[-3000:]
+
+
+SLEEPER = textwrap.dedent("""
+    import os, time
+    rank = os.environ.get("RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+    open(f"up-{rank}", "w").close()
+    time.sleep(900)
+""")
+
+
+# mpirun: a container per rank, started through the relay on the nodes but the head; torchrun's
+# one container per node is removed by the same label.
+@pytest.mark.parametrize("launcher", ["mpirun"])
+def test_ctrl_c_leaves_no_container_and_no_rank_on_any_node(provisioned, image_inventory, distrun_home, tmp_path,
+                                                            launcher):
+    cluster = provisioned
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    before = set((distrun_home / "runs").glob("*-train-*"))
+    with open(tmp_path / "train.log", "w") as log:
+        proc = start_distrun("train", "--inventory", image_inventory, "--launcher", launcher, "--script", str(script),
+                             log=log)
+        try:
+            deadline = time.monotonic() + 300
+            up: dict[int, str] = {}
+            while time.monotonic() < deadline and len(up) < 3 and proc.poll() is None:
+                time.sleep(2)
+                for k in (1, 2, 3):
+                    out = cluster.exec(k, "ls /srv/distrun/runs/*/up-* 2>/dev/null", check=False)
+                    if out.stdout.strip():
+                        up[k] = out.stdout.strip()
+            assert len(up) == 3, f"ranks up on {sorted(up)}; train: {(tmp_path / 'train.log').read_text()[-3000:]}"
+            run_id = (set((distrun_home / "runs").glob("*-train-*")) - before).pop().name
+            running = run_containers(cluster, run_id)
+            assert all(len(ids) == 1 for ids in running.values()), running
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                distrun("stop", "last", timeout=300)
+    text = (tmp_path / "train.log").read_text()
+    assert rc != 0, text[-3000:]
+    assert run_containers(cluster, run_id) == {1: [], 2: [], 3: []}, text[-3000:]
+    # Any process of the run: its tag (mpirun, the orteds, the relays, the ranks, in their
+    # containers too), or the program's name (the bracket keeps this check's own shell out).
+    assert run_processes(cluster, run_id) == []
+    pattern = f"[{script.name[0]}]{script.name[1:]}"
+    for k in (1, 2, 3):
+        left = cluster.exec(k, f"ps -eo pid,args | grep -e '{pattern}' || true", check=False)
+        assert left.stdout.strip() == "", f"node{k} still runs:\n{left.stdout}"
