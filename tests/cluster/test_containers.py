@@ -2,10 +2,10 @@
 podman as `distrun setup` installs it on the nodes (role base: podman, uidmap, the training
 user's subordinate ids).
 
-The image is made the way a site without a registry makes one: from a node's own files (its
-/usr, /etc without secrets, and the training venv, which the image puts first on PATH), imported
-by the training user on node1, saved once and loaded on node2 and node3 (the nodes then hold the
-same image id). The cells run the matrix's torch program (an allreduce, a DDP with a
+The image is made the way a site without a registry makes one: from what the training user can
+read of a node's own files (its /usr, /etc, and the training venv, which the image puts first on
+PATH), imported by that user on node1 and handed to node2 and node3 by `distrun push-image
+--from node1` (the nodes then hold the same image id). The cells run the matrix's torch program (an allreduce, a DDP with a
 DistributedSampler) under mpirun (one container per rank, the host's mpirun outside), torchrun
 and Slurm's multi-job mode (one container per node, torchrun inside); every rank reports that it
 ran in a container and in its node's own network namespace.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import stat
 import textwrap
 import time
 
@@ -61,7 +62,7 @@ def run_containers(cluster, run_id: str) -> dict[int, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def image_inventory(provisioned, tmp_path_factory) -> str:
+def image_inventory(provisioned, distrun_home, tmp_path_factory) -> str:
     """The test inventory with ``distrun_image``, once the image is in the training user's store
     on every node with one id: made on node1, then `distrun push-image --from node1`."""
     cluster = provisioned
@@ -79,8 +80,10 @@ def image_inventory(provisioned, tmp_path_factory) -> str:
         assert conf.returncode == 0, conf.stderr
     if not image_id(cluster, 1):
         excludes = " ".join(f"--exclude={e}" for e in EXCLUDES)
-        made = cluster.exec(1, f"tar -C / {excludes} -cf /tmp/cell-rootfs.tar ./usr ./etc ./opt/distrun/venv "
-                               "./bin ./lib ./lib64 ./sbin && chmod 0644 /tmp/cell-rootfs.tar", check=False, timeout=600)
+        # Read as the training user: the image holds only what a rank could read on the node anyway
+        # (the munge key, ssh host keys, shadow are unreadable to it and left out).
+        made = as_user(cluster, 1, f"cd / && tar -C / --ignore-failed-read --warning=no-failed-read {excludes} "
+                                   "-cf /tmp/cell-rootfs.tar ./usr ./etc ./opt/distrun/venv ./bin ./lib ./lib64 ./sbin")
         assert made.returncode == 0, made.stderr[-2000:]
         imported = as_user(cluster, 1, f"podman import --change 'ENV PATH={PATH}' /tmp/cell-rootfs.tar {IMAGE}")
         cluster.exec(1, "rm -f /tmp/cell-rootfs.tar", check=False)
@@ -104,6 +107,10 @@ def image_inventory(provisioned, tmp_path_factory) -> str:
     assert second.stdout.splitlines() == [f"node{k}: has {want[:12]}, nothing moved" for k in (1, 2, 3)] + [
         f"{IMAGE} {want[:12]}: 0.0 MiB moved to 0 of 3 node(s); no archive needed"], second.stdout
     took_second = time.monotonic() - t0
+    # The archive the first push saved: the submitter's alone. It is 1.5 GB of test data: removed.
+    archive = next((distrun_home / "images").glob(f"{want}.tar"))
+    assert stat.S_IMODE(archive.stat().st_mode) == 0o600 and stat.S_IMODE(archive.parent.stat().st_mode) == 0o700
+    archive.unlink()
     matrix.record_step("cluster A: push-image again: 0 bytes moved", took_second)
     print(f"\npush-image, first: {lines[-1]} ({took_first:.1f} s); second: nothing moved ({took_second:.1f} s)")
     return inv
