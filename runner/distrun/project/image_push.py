@@ -1,4 +1,4 @@
-"""``distrun image push``: one image into the training user's image store on every node, by id.
+"""``distrun push-image``: one image into the training user's image store on every node, by id.
 
 The image comes from this machine's own store (what ``podman build`` or ``podman pull`` made
 here) or from a node that has it (``--from``). Every node is asked for the image's id first; a
@@ -68,14 +68,14 @@ def image_id_of(text: str) -> str:
     return found[-1] if found else ""
 
 
-def _inspect(runtime: str, ref: str) -> str:
-    return f"{shlex.quote(runtime)} image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}"
+def _inspect(runtime: str, ref: str) -> list[str]:
+    return [runtime, "image", "inspect", "--format", "{{.Id}}", ref]
 
 
 def node_ids(cluster: Cluster, runtime: str, ref: str) -> dict[str, tuple[str, str]]:
     """Host -> (the image id its training user holds under ref, or "", why not when unreachable)."""
     nodes = {n.name: n for n in cluster.nodes}
-    done = remote.run_each(nodes, {h: remote.as_user(cluster.user, _inspect(runtime, ref)) for h in nodes}, 120)
+    done = remote.run_each(nodes, {h: remote.as_user(cluster.user, shlex.join(_inspect(runtime, ref))) for h in nodes}, 120)
     out = {}
     for h, d in done.items():
         got = image_id_of(d.out) if d.rc == 0 else ""
@@ -87,8 +87,7 @@ def node_ids(cluster: Cluster, runtime: str, ref: str) -> dict[str, tuple[str, s
 
 def _local_id(runtime: str, ref: str) -> str:
     try:
-        proc = subprocess.run(["sh", "-c", _inspect(runtime, ref)], capture_output=True, text=True, timeout=120,
-                              check=False)
+        proc = subprocess.run(_inspect(runtime, ref), capture_output=True, text=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return image_id_of(proc.stdout) if proc.returncode == 0 else ""
@@ -103,8 +102,8 @@ def archive_path(image_id: str) -> Path:
 
 def _save(runtime: str, ref: str, source: Node | None, user: str, dest: Path) -> None:
     """The image into dest, whole or not at all (written beside it, renamed when complete)."""
-    save = f"{shlex.quote(runtime)} save {shlex.quote(ref)}"
-    argv = remote.shell_argv(source, remote.as_user(user, save)) if source else ["sh", "-c", save]
+    save = [runtime, "save", ref]
+    argv = remote.shell_argv(source, remote.as_user(user, shlex.join(save))) if source else save
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".saving-")
     try:
         with os.fdopen(fd, "wb") as fh:
