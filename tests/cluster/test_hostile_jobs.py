@@ -65,28 +65,3 @@ def test_collect_stops_at_its_file_cap_and_says_where_the_rest_is(provisioned, d
 
 
 # Node-local rank 0 of each node appends its own key to the training user's authorized_keys.
-APPEND_KEY = textwrap.dedent("""
-    import os
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        with open(os.path.expanduser("~/.ssh/authorized_keys"), "a") as f:
-            f.write("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJobsWayBackInJobsWayBackInJobsWayBackIn00 job@away\\n")
-""")
-
-
-def test_a_key_a_job_appended_to_authorized_keys_does_not_survive_setup(provisioned, tmp_path):
-    script = tmp_path / "append_key.py"
-    script.write_text(APPEND_KEY)
-    keys = f"{HOME}/.ssh/authorized_keys"
-    res = distrun("train", "--inventory", "test", "--script", str(script), timeout=600)
-    assert res.rc == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    for k in (1, 2, 3):
-        assert "job@away" in provisioned.exec(k, f"cat {keys}").stdout, f"not appended on node{k}"
-    # The setup step that owns the file (role ssh_mesh, by its tag): the whole setup converges
-    # every other role as well, as the suite's other setup runs show, and they never touch it.
-    setup = distrun("setup", "--inventory", "test", "--tags", "ssh_mesh", timeout=900)
-    assert setup.rc == 0, setup.stdout[-4000:]
-    kept = [k for k in (1, 2, 3) if "job@away" in provisioned.exec(k, f"cat {keys}").stdout]
-    assert not TALLY.record("a key a job appended to authorized_keys survives setup", bool(kept)), kept
-    # The cluster key is still there: the mesh works (the head reaches every node as the user).
-    check = distrun("check", "--inventory", "test", "--json", timeout=300)
-    assert check.rc == 0, check.stdout[-3000:]

@@ -28,8 +28,8 @@ ROUND_1 = [
 ROUND_2 = [
     (2, f"{HOME}/.ssh", "/usr/local/lib/distrun-victim", f"remove the link {HOME}/.ssh on node2"),
     (1, f"{HOME}/.ssh/id_ed25519", "/etc/distrun-victim-secret", f"remove the link {HOME}/.ssh/id_ed25519 on node1"),
-    (3, f"{HOME}/.ssh/authorized_keys", "/etc/distrun-victim-keys",
-     f"remove the link {HOME}/.ssh/authorized_keys on node3"),
+    (3, f"{HOME}/.ssh/known_hosts", "/etc/distrun-victim-keys",
+     f"remove the link {HOME}/.ssh/known_hosts on node3"),
 ]
 
 # Each rank with LOCAL_RANK 0 plants its node's links: moves the real file aside, links its path.

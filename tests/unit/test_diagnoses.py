@@ -42,6 +42,10 @@ DATA = Path(__file__).parent / "data" / "openmpi"
     ("relay-refused.txt", "mpirun's daemon could not join the run's unit on a node (its relay did not start "
                           "there, or another process of the training account holds its name): that node's "
                           "launcher-<node>.log in the attempt's folder says which; run 'distrun check'"),
+    # the node's sshd ran the cluster key's forced command, which refused a daemon started another way
+    ("mesh-key-refused.txt", "node2 refused what mpirun sent over the cluster's ssh key, which runs distrun's own "
+                             "transfers and daemons only: drop the --launcher-args or Open MPI setting that changes "
+                             "how mpirun starts its daemons; after installing another distrun, run 'distrun setup'"),
     # the remote shell failed without a word of its own
     ("daemon-did-not-start.txt", "Open MPI could not start its daemon on a node (ssh, the env or /tmp there): "
                                  "run 'distrun check'"),

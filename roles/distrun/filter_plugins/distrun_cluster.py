@@ -136,6 +136,16 @@ def local_sources(specs: object, variable: str, paths: bool = False) -> list[dic
     return found
 
 
+def node_program(name: str) -> str:
+    """Where setup installs a node program (role job's install step) and the runner names it."""
+    from distrun.transport import nodeprog
+
+    try:
+        return nodeprog.installed(str(name))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -158,4 +168,5 @@ class FilterModule:
             "distrun_slurm_node_name": slurm_node_name,
             "distrun_local_sources": local_sources,
             "distrun_free_subid": rules.free_subid,
+            "distrun_node_program": node_program,
         }

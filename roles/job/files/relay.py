@@ -21,6 +21,9 @@ started a unit of this attempt on the node, the relay's process must be in such 
 process of the same account that took the socket's name first gets nothing), hands over the
 command and its three descriptors, and exits as the command did. If the ssh session ends first,
 the command runs on in the unit: the daemon ends when mpirun does, and the unit with it.
+
+``mesh``: sshd's forced command for the cluster key (mesh.py, composed in front of this file,
+says what it allows): what is allowed runs, a daemon's start through ``join`` in this process.
 """
 
 import glob
@@ -31,10 +34,11 @@ import struct
 import sys
 import time
 
-if "NODECOMMON" not in globals():  # run as a file beside nodecommon.py (the controller's tests)
-    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
-    with open(_HEAD, encoding="utf-8") as _head:
-        exec(compile(_head.read(), _HEAD, "exec"))
+if "NODECOMMON" not in globals():  # run as a file beside nodecommon.py and mesh.py (the controller's tests)
+    for _part in ("nodecommon.py", "mesh.py"):
+        _PART = os.path.join(os.path.dirname(os.path.abspath(__file__)), _part)
+        with open(_PART, encoding="utf-8") as _head:
+            exec(compile(_head.read(), _PART, "exec"))
 
 JOIN_S = 30.0  # how long a caller waits for the relay to listen
 WAIT_S = 120.0  # how long a relay waits for its caller
@@ -161,8 +165,9 @@ def _in_unit(pid: int, run: str, attempt: str) -> bool:
     return m is not None and m.group(0).startswith(f"distrun:{run}:{attempt}:")
 
 
-def join(run: str, attempt: str, argv: list, join_s: float = JOIN_S) -> int:
-    """Hand argv, with this process's descriptors 0-2, to the attempt's relay; its exit code."""
+def join(run: str, attempt: str, argv: list, join_s: float = JOIN_S, env: "dict | None" = None) -> int:
+    """Hand argv, with this process's descriptors 0-2 and env (default: this process's), to the
+    attempt's relay; its exit code."""
     if not argv:
         raise CallError("relay join: give the command to run")
     deadline = time.monotonic() + join_s
@@ -184,7 +189,7 @@ def join(run: str, attempt: str, argv: list, join_s: float = JOIN_S) -> int:
         print(f"relay join: the process listening as the relay of run {run} (pid {pid}, uid {uid}) is not in "
               f"the run's unit: nothing started", file=sys.stderr)
         return 255
-    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ if env is None else env)}).encode()
     socket.send_fds(conn, [_LEN.pack(len(request))], [0, 1, 2])
     conn.sendall(request)
     try:
@@ -193,6 +198,25 @@ def join(run: str, attempt: str, argv: list, join_s: float = JOIN_S) -> int:
         print(f"relay join: the relay of run {run} ended before {argv[0]} did (the run was stopped?)", file=sys.stderr)
         return 255
     return _LEN.unpack(code)[0]
+
+
+def mesh() -> int:
+    """sshd's forced command for the cluster key: do what mesh_plan allows, refuse the rest."""
+    command = os.environ.get("SSH_ORIGINAL_COMMAND")
+    try:
+        plan = mesh_plan(command, dict(os.environ), os.path.dirname(os.path.abspath(__file__)))
+    except CallError as e:
+        shown = "".join(c if c.isprintable() else "?" for c in (command or "").strip())[:80]
+        print(f"distrun mesh key on {socket.gethostname()}: refused {shown!r} ({e}): the cluster key runs distrun's "
+              f"own transfers and daemons only; start work on other nodes through a distrun launcher",
+              file=sys.stderr)
+        return 1
+    if plan[0] == "exit":
+        return plan[1]
+    if plan[0] == "exec":
+        os.execve(plan[1][0], plan[1], plan[2])
+    _, run, attempt, argv, env = plan
+    return join(run, attempt, argv, env=env)
 
 
 def main(argv: list) -> int:
@@ -204,7 +228,9 @@ def main(argv: list) -> int:
         if argv[:1] == ["join"]:
             run, attempt = _args(argv[1:])
             return join(run, attempt, argv[3:])
-        raise CallError("relay: give serve RUN ATTEMPT [WAIT_S] or join RUN ATTEMPT COMMAND...")
+        if argv == ["mesh"]:
+            return mesh()
+        raise CallError("relay: give serve RUN ATTEMPT [WAIT_S], join RUN ATTEMPT COMMAND... or mesh")
     except CallError as e:
         print(e, file=sys.stderr)
         return 2

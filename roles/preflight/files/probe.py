@@ -404,15 +404,15 @@ def _user_ssh(h, home):
 
 def ssh_fingerprint():
     """A digest of everything on this node a login as the training user depends on (the user's
-    passwd entry, ssh files, the system's ssh client and server configuration, host keys, the
-    names in /etc/hosts, and the boot: a reboot counts as a change). Missing or unreadable files
+    passwd entry, ssh files, the system's ssh configuration and root's keys file of the user, host
+    keys, /etc/hosts, and the boot: a reboot counts as a change). Missing or unreadable files
     count as such. Local reads only, no process started."""
     pw = pwd.getpwnam(USER)
     h = hashlib.sha256(f"user {pw.pw_uid} {pw.pw_gid} {pw.pw_dir} {pw.pw_shell}\0".encode())
     _user_ssh(h, os.path.join(ROOT, pw.pw_dir.lstrip("/")))
     system = ["/etc/ssh/sshd_config", "/etc/ssh/ssh_config", "/etc/ssh/ssh_known_hosts", "/etc/hosts",
               "/proc/sys/kernel/random/boot_id"]
-    system += [p for d in ("/etc/ssh/sshd_config.d", "/etc/ssh/ssh_config.d") for p in _listed(d)]
+    system += [p for d in ("/etc/ssh/sshd_config.d", "/etc/ssh/ssh_config.d", "/etc/ssh/distrun_keys") for p in _listed(d)]
     system += [p for p in _listed("/etc/ssh") if p.rsplit("/", 1)[-1].startswith("ssh_host_") and p.endswith("_key.pub")]
     for path in sorted(set(system)):
         h.update(f"system {path}\0".encode() + _plain(os.path.join(ROOT, path.lstrip("/"))) + b"\0")

@@ -29,6 +29,10 @@ DIAGNOSES: tuple[tuple[str, str], ...] = (
      "mpirun's daemon could not join the run's unit on a node (its relay did not start there, or another process "
      "of the training account holds its name): that node's launcher-<node>.log in the attempt's folder says "
      "which; run 'distrun check'"),
+    (r"distrun mesh key on (?P<node>\S+): refused",
+     "{node} refused what mpirun sent over the cluster's ssh key, which runs distrun's own transfers and daemons "
+     "only: drop the --launcher-args or Open MPI setting that changes how mpirun starts its daemons; after "
+     "installing another distrun, run 'distrun setup'"),
     (r"orted: command not found",
      "remote nodes cannot find Open MPI: run 'distrun setup' so every node has the env, and keep mpirun's --prefix"),
     (r"ssh: Could not resolve hostname (?P<node>[^:\s]+)", "the head cannot resolve {node}: correct /etc/hosts or DNS "

@@ -46,19 +46,21 @@ HEAD = "nodecommon"
 # under a name that carries its text's digest, so a node set up by another version of distrun
 # has no file of that name (the preflight says to run setup) rather than an older protocol.
 INSTALLED = ("relay",)
+# Files composed between the head and a program: the relay's mesh verb parses with mesh.py.
+PARTS = {"relay": ("mesh",)}
 PROGRAMS_DIR = "/usr/local/lib/distrun"
 
 
 @cache
 def text(program: str = "node") -> str:
     """A program's source, sent on the command line (it needs no file on the node): the shared
-    head, then the program, one namespace (role job's stop and stage steps and run.yml's stage
-files for the preflight's probe compose the same two files)."""
+    head, then its PARTS, then the program, one namespace (role job's stop and stage steps and run.yml's stage
+files for the preflight's probe compose the same two files; role job's install step the relay's three)."""
     if program not in SOURCES:
         raise ValueError(f"no node program {program!r}")
     files = paths.project_dir() / "roles" / "job" / "files"
-    head = (files / f"{HEAD}.py").read_text()
-    return head + ("" if head.endswith("\n") else "\n") + (files / f"{program}.py").read_text()
+    texts = [(files / f"{name}.py").read_text() for name in (HEAD, *PARTS.get(program, ()), program)]
+    return "".join(t if t.endswith("\n") else t + "\n" for t in texts[:-1]) + texts[-1]
 
 
 def installed(program: str) -> str:
