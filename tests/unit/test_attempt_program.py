@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -181,6 +182,31 @@ def test_the_records_are_readable_by_the_followers_whatever_roots_umask(attempt,
     assert said == {"verb": "launch", "launched": True, "unit": f"distrun:{cfg['run']}:0:h1.service"}
     assert stat.S_IMODE(records.stat().st_mode) == 0o755
     assert stat.S_IMODE((records / f"{said['unit']}.launched").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("runtime_folder", [True, False])
+def test_the_units_hide_the_training_users_own_systemd_manager(attempt, tmp_path, monkeypatch, runtime_folder):
+    """systemd-run --user from a job would start a unit outside the run's: each run's unit hides
+    the manager's sockets (rootless podman keeps the rest of the runtime folder) or, where the
+    user has no runtime folder yet, all of /run/user (a login during the run makes one there)."""
+    _, cfg, _ = attempt
+    program = _program(monkeypatch, tmp_path / "records")
+    runtime = tmp_path / "run-user"
+    uid = os.getuid()
+    (runtime / str(uid)).mkdir(parents=True) if runtime_folder else runtime.mkdir()
+    real = program.manager_hidden
+    monkeypatch.setattr(program, "manager_hidden", lambda u: real(u, str(runtime)))
+    seen: list[list[str]] = []
+
+    def run(argv, **_):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+    monkeypatch.setattr(program.subprocess, "run", run)
+    monkeypatch.setattr(program.pwd, "getpwnam", lambda _: pwd.getpwuid(uid))
+    assert program.launch(cfg)["launched"] is True
+    props = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "-p" and seen[0][i + 1].startswith("InaccessiblePaths")]
+    assert props == ([f"InaccessiblePaths=-{runtime}/{uid}/systemd", f"InaccessiblePaths=-{runtime}/{uid}/bus"]
+                     if runtime_folder else [f"InaccessiblePaths={runtime}"])
 
 
 def test_a_units_folder_gone_unreadable_fails_the_attempt_naming_the_cause(attempt):

@@ -71,6 +71,19 @@ def prune(folder: str, now: "float | None" = None) -> int:
     return gone
 
 
+def manager_hidden(uid: int, runtime: str = "/run/user") -> list:
+    """systemd-run's properties that keep the training user's own systemd manager out of a run's
+    reach: with it (systemd-run --user) a job would start units outside its run's, which neither
+    the run's end nor 'distrun stop' reaches. Where the user's runtime folder exists (rootless
+    podman uses it: lingering keeps it and the manager), the manager's two sockets are hidden;
+    where it does not, the whole of /run/user, so a folder a login makes during the run is
+    hidden too."""
+    folder = f"{runtime}/{int(uid)}"
+    if os.path.isdir(folder):
+        return ["-p", f"InaccessiblePaths=-{folder}/systemd", "-p", f"InaccessiblePaths=-{folder}/bus"]
+    return ["-p", f"InaccessiblePaths={runtime}"]
+
+
 def launch(cfg: dict) -> dict:
     user = pwd.getpwnam(cfg["user"])
     script = os.path.join(cfg["dir"], cfg["script"])
@@ -90,7 +103,7 @@ def launch(cfg: dict) -> dict:
                 f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
                 "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
                 "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}"]
+                "-p", f"ExecStopPost={post}", *manager_hidden(user.pw_uid)]
         argv += [f"--setenv={k}={v}" for k, v in env.items()]
         argv += ["/bin/bash", script]
         prune(RECORDS)
