@@ -92,8 +92,26 @@ def test_as_user_runs_the_command_as_that_user_from_root():
 
 def test_as_user_names_the_training_user_for_every_login():
     text = as_user("distrun", "cd /srv/distrun/runs/R1")
-    assert "runuser -u distrun -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS bash -c" in text
-    assert "sudo -n -u distrun -- env -C / bash -c" in text
+    assert ("runuser -u distrun -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS "
+            "env -u BASH_ENV -u ENV bash --norc --noprofile -c") in text
+    assert "sudo -n -u distrun -- env -C / env -u BASH_ENV -u ENV bash --norc --noprofile -c" in text
+
+
+def test_as_user_reads_none_of_the_users_startup_files(tmp_path):
+    """bash reads ~/.bashrc for a command when it takes itself for one sshd started (SSH_CLIENT set,
+    as under root's ssh login through runuser), and $BASH_ENV always: both are the job's to write."""
+    (tmp_path / ".bashrc").write_text(f"touch {tmp_path}/bashrc-ran\n")
+    (tmp_path / "env.sh").write_text(f"touch {tmp_path}/bash-env-ran\n")
+    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    ssh, bash_env = {**base, "SSH_CLIENT": "10.0.0.1 40000 22"}, {**base, "BASH_ENV": str(tmp_path / "env.sh")}
+    for env, ran in ((ssh, "bashrc-ran"), (bash_env, "bash-env-ran")):  # what a plain bash -c does
+        subprocess.run(["bash", "-c", "true"], env=env, check=True)
+        assert [p.name for p in tmp_path.glob("*-ran")] == [ran]
+        (tmp_path / ran).unlink()
+    for env in (ssh, bash_env):
+        done = subprocess.run(["sh", "-c", as_user(getpass.getuser(), "echo ran")], env=env, capture_output=True, text=True)
+        assert done.stdout.strip() == "ran", done.stderr
+        assert list(tmp_path.glob("*-ran")) == []
 
 
 def test_a_remote_error_is_reported_as_what_it_is_not_as_lost_contact():

@@ -177,6 +177,19 @@ def test_reserved_env_keys_are_refused(key):
         build_plan(cluster(), run_id="r1", extra_env={key: "other-run"})
 
 
+@pytest.mark.parametrize("key", ["OMPI_MCA_orte_launch_agent", "OMPI_MCA_plm_rsh_agent"])
+def test_the_launchers_own_mca_variables_are_refused_in_every_env_form(key, cli_env):
+    """--env, the inventory's distrun_env or a project's file: mpirun's daemons would start another
+    way than through the relay (the command line's --mca wins, so the value would be ignored)."""
+    with pytest.raises(PlanError, match="leave it unset"):
+        build_plan(cluster(), run_id="r1", extra_env={key: "/bin/sh -c"})
+    res = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", "--env", f"{key}=sh"],
+                         capture_output=True, text=True, env=cli_env, cwd=REPO)
+    assert res.returncode == 2
+    assert res.stderr.strip().startswith(f"distrun: error: train: --env: {key}: ") and res.stderr.strip().endswith(
+        "; leave it unset")
+
+
 def test_reserved_env_key_is_refused_at_parse_time(cli_env):
     res = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", "--env",
                           "DISTRUN_RUN_ID=20260101-000000-train-ffff"], capture_output=True, text=True, env=cli_env, cwd=REPO)
@@ -414,7 +427,7 @@ def test_collect_stops_at_the_byte_cap_with_a_clear_line(tmp_path):
 
 def test_collect_runs_the_tar_as_the_training_user():
     command = collect.tar_command("/srv/d/runs/r1", "trainer", True, collect_rules.run_end_selection())
-    assert command.startswith("sudo -n -u trainer -- bash -c ")
+    assert command.startswith("sudo -n -u trainer -- env -u BASH_ENV -u ENV bash --norc --noprofile -c ")
     assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", False, collect_rules.run_end_selection())
 
 

@@ -9,6 +9,11 @@ from distrun.errors import PlanError
 
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIX = "DISTRUN_"
+# Names distrun sets for the launcher itself, a rank's value would be ignored or undo it: why.
+OWNED = {
+    "OMPI_MCA_ORTE_LAUNCH_AGENT": "distrun starts Open MPI's daemons through its relay (mpirun's launch agent)",
+    "OMPI_MCA_PLM_RSH_AGENT": "mpirun reaches the other nodes with the cluster's ssh, which accepts distrun's daemons only",
+}
 
 
 def env_name_problem(key: str) -> str | None:
@@ -18,6 +23,8 @@ def env_name_problem(key: str) -> str | None:
         return "is not a valid environment variable name"
     if key.upper().startswith(RESERVED_ENV_PREFIX):
         return "is refused: DISTRUN_* variables are set by distrun itself; choose another name"
+    if key.upper() in OWNED:
+        return f"is refused: {OWNED[key.upper()]}; leave it unset"
     return None
 
 

@@ -22,7 +22,7 @@ from typing import IO, Any
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster, Node
 from distrun.run.collect_rules import Left, Selection
-from distrun.transport.remote import shell_argv
+from distrun.transport.remote import USER_BASH, shell_argv
 
 COLLECT_TIMEOUT_S = 600
 COLLECT_MAX_BYTES = 2 << 30
@@ -129,7 +129,7 @@ def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection,
     )
     if not as_user:
         return script
-    return f"sudo -n -u {shlex.quote(user)} -- bash -c {shlex.quote(script)}"
+    return f"sudo -n -u {shlex.quote(user)} -- {USER_BASH} {shlex.quote(script)}"
 
 
 def _runs_as(node: Node, user: str) -> bool:

@@ -137,6 +137,12 @@ def run_each(nodes: Mapping[str, Node], commands: Mapping[str, str], timeout_s: 
     return {h: f.result() for h, f in futures.items()}
 
 
+# bash as distrun starts it for the training user: it reads none of that user's startup files,
+# which a job can write (bash reads ~/.bashrc for a command when it thinks sshd started it, as
+# it does under root's ssh login through runuser: SSH_CLIENT stays set), nor $BASH_ENV.
+USER_BASH = "env -u BASH_ENV -u ENV bash --norc --noprofile -c"
+
+
 def as_user(user: str, command: str) -> str:
     """command run by bash as user, whoever the connection logs in as.
 
@@ -146,15 +152,15 @@ def as_user(user: str, command: str) -> str:
     (the same right Ansible's become uses). A switched user starts in / (the login's folder is
     not the user's to read: rootless podman, for one, fails there), without the login's session
     variables, which name root's runtime folder and bus (runuser keeps them; podman would use
-    them and fail).
+    them and fail). The user's startup files are never read (USER_BASH).
     """
     u = shlex.quote(user)
     c = shlex.quote(command)
     return (
-        f'if [ "$(id -un)" = {u} ]; then exec bash -c {c}; '
+        f'if [ "$(id -un)" = {u} ]; then exec {USER_BASH} {c}; '
         f'elif [ "$(id -u)" = 0 ]; then exec runuser -u {u} -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS '
-        f'bash -c {c}; '
-        f"else exec sudo -n -u {u} -- env -C / bash -c {c}; fi"
+        f'{USER_BASH} {c}; '
+        f"else exec sudo -n -u {u} -- env -C / {USER_BASH} {c}; fi"
     )
 
 
@@ -166,6 +172,6 @@ def as_root_or_user(user: str, command: str) -> str:
     return (
         f'if [ "$(id -u)" = 0 ]; then exec bash -c {c}; '
         f"elif sudo -n true 2>/dev/null; then exec sudo -n -- bash -c {c}; "
-        f'elif [ "$(id -un)" = {u} ]; then exec bash -c {c}; '
-        f"else exec sudo -n -u {u} -- bash -c {c}; fi"
+        f'elif [ "$(id -un)" = {u} ]; then exec {USER_BASH} {c}; '
+        f"else exec sudo -n -u {u} -- {USER_BASH} {c}; fi"
     )
