@@ -3,7 +3,8 @@ cluster's ssh key, a key of its own, the login shell's startup file, the systemd
 One real job ('distrun train --script' under mpirun, rank 0 on node1 and rank 1 on node2) tries
 them all; each attack is tallied in tests/cluster/hostile.py. After the run, nothing it started
 is alive on any node, and what distrun itself sends over the key (the preflight's login check,
-mpirun's daemons, the sync mode's rsync, which the suite's other runs use) still works."""
+mpirun's daemons, the sync mode's rsync, which the suite's other runs use) still works. The same
+job reads the resource limits its ranks got on each node: the inventory's distrun_unit_limits."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ from .hostile import TALLY
 HOME = "/home/distrun"
 
 JOB = textwrap.dedent(r"""
-    import json, os, socket, subprocess, sys
+    import json, os, resource, socket, subprocess, sys
     from mpi4py import MPI
 
     tag = sys.argv[1]
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     home = os.path.expanduser("~")
-    said = {}
+    said = {"nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE))}  # the inventory's distrun_unit_limits
 
     def sh(cmd):
         p = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60)
@@ -84,6 +85,9 @@ def test_a_job_starts_nothing_outside_its_run_through_ssh_or_the_user_manager(pr
         said = _said(res)
         assert set(said) == {"node1", "node2", "node3"}, res.stdout[-3000:]
         node1, node2 = said["node1"], said["node2"]
+        # Not an attack: the inventory's limits reach the ranks in every node's unit (the head's
+        # launcher, the relays of nodes 2 and 3), where a login would have had PAM's.
+        assert {n: s["nofile"] for n, s in said.items()} == dict.fromkeys(said, [16384, 16384])
 
         # The cluster key: distrun's own login check passes, a command of the job's is refused.
         assert node1["login-check"]["rc"] == 0, node1

@@ -7,10 +7,12 @@ makes them, root-owned in /run/distrun."""
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import json
 import os
 import pwd
+import resource
 import stat
 import subprocess
 import sys
@@ -207,6 +209,59 @@ def test_the_units_hide_the_training_users_own_systemd_manager(attempt, tmp_path
     props = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "-p" and seen[0][i + 1].startswith("InaccessiblePaths")]
     assert props == ([f"InaccessiblePaths=-{runtime}/{uid}/systemd", f"InaccessiblePaths=-{runtime}/{uid}/bus"]
                      if runtime_folder else [f"InaccessiblePaths={runtime}"])
+
+
+def test_the_units_get_the_inventorys_resource_limits(attempt, tmp_path, monkeypatch):
+    _, cfg, _ = attempt
+    program = _program(monkeypatch, tmp_path / "records")
+    seen: list[list[str]] = []
+
+    def run(argv, **_):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+    monkeypatch.setattr(program.subprocess, "run", run)
+    assert program.launch({**cfg, "limits": [["memlock", "infinity"], ["nofile", "4096:8192"]]})["launched"] is True
+    assert " ".join(seen[0]).count("-p Limit") == 2
+    assert "-p LimitMEMLOCK=infinity -p LimitNOFILE=4096:8192" in " ".join(seen[0])
+
+
+@pytest.mark.parametrize("limits", [[["nofile", "lots"]], [["nofile"]], [["no file", "1"]], "nofile=1"])
+def test_a_malformed_limit_is_a_bad_call(attempt, limits):
+    _, cfg, _ = attempt
+    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**cfg, "limits": limits})],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("launch.py: launch: limit" if isinstance(limits, list) else "launch.py: launch: limits is not a list")
+
+
+def test_without_systemd_the_session_gets_the_limits(attempt):
+    """No unit (this machine has no systemd): the launch script's session inherits the limits."""
+    folder, cfg, _ = attempt
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(soft, 1000)
+    (folder / cfg["script"]).write_text(f"ulimit -Sn > {folder}/seen; ulimit -Hn >> {folder}/seen\n")
+    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch",
+                          json.dumps({**cfg, "limits": [["nofile", f"{want}:{want}"]]})],
+                         capture_output=True, text=True, timeout=30)
+    assert nodeprog.answer(out.stdout, "launch") == {"verb": "launch", "launched": True, "unit": ""}, out.stderr
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len((folder / "seen").read_text().split() if (folder / "seen").exists() else []) < 2:
+        time.sleep(0.1)
+    assert (folder / "seen").read_text().split() == [str(want), str(want)]
+
+
+def test_a_limit_the_session_cannot_take_is_named(attempt):
+    """Without root, a hard limit above the session's own cannot be had: the launch says which."""
+    _, cfg, _ = attempt
+    who = "nobody" if os.geteuid() == 0 else getpass.getuser()
+    # The node's own Python (stdlib only), which another account can run where this venv's may not be.
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out = subprocess.run([python, "-I", str(LAUNCH), "launch",
+                          json.dumps({**cfg, "user": who, "limits": [["nofile", str(hard + 1)]]})],
+                         capture_output=True, text=True, timeout=30, user=who, cwd="/")
+    said = nodeprog.answer(out.stdout, "launch")
+    assert said is not None and said["error"].startswith(f"h1: cannot set the nofile limit to {hard + 1} "), out
 
 
 def test_a_units_folder_gone_unreadable_fails_the_attempt_naming_the_cause(attempt):

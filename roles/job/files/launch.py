@@ -6,7 +6,9 @@ Python 3.9 or newer. It prints one JSON object as its last line: {"verb": "launc
 true, "unit": U} ("" without a unit) or {"verb": "launch", "error": why}; a bad call prints one
 line on stderr and exits 2 (nodecommon.py: the protocol, the names and the config's checks).
 The config is attempt.py's (``run``, ``host``, ``attempt``, ``dir``, ``script``,
-``user``; ``run_dir``).
+``user``; ``run_dir``), and ``limits``: [name, value] resource limits the launcher and everything
+it starts get (the inventory's distrun_unit_limits: the unit's Limit*= properties, or set on the
+session without systemd).
 
 The control plane. Run as root on a node whose init is systemd, it starts the script as a
 transient unit ``distrun:<run>:<attempt>:<host>.service`` running as the training user: every
@@ -23,6 +25,8 @@ training user, opens the script.
 
 import os
 import pwd
+import re
+import resource
 import subprocess
 import sys
 import time
@@ -84,7 +88,48 @@ def manager_hidden(uid: int, runtime: str = "/run/user") -> list:
     return ["-p", f"InaccessiblePaths={runtime}"]
 
 
+_LIMIT = re.compile(r"[a-z]{2,8}")
+_LIMIT_VALUE = re.compile(r"(?:[0-9]{1,19}|infinity)(?::(?:[0-9]{1,19}|infinity))?")
+
+
+def limit_properties(limits: object) -> list:
+    """systemd-run's properties for the run's resource limits ([name, value] pairs the runner
+    checked: distrun.planning.limits), where a login would have had the site's PAM limits."""
+    if not isinstance(limits, list):
+        raise CallError("launch: limits is not a list")
+    out = []
+    for pair in limits:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+                and _LIMIT.fullmatch(pair[0]) and _LIMIT_VALUE.fullmatch(pair[1])):
+            raise CallError(f"launch: limit {pair!r} is not a name and a value")
+        out += ["-p", f"Limit{pair[0].upper()}={pair[1]}"]
+    return out
+
+
+_RLIMITS = {"as": resource.RLIMIT_AS, "core": resource.RLIMIT_CORE, "data": resource.RLIMIT_DATA,
+            "fsize": resource.RLIMIT_FSIZE, "memlock": resource.RLIMIT_MEMLOCK, "nofile": resource.RLIMIT_NOFILE,
+            "nproc": resource.RLIMIT_NPROC, "stack": resource.RLIMIT_STACK}
+
+
+def set_limits(limits: object) -> str:
+    """The same limits on this process, which the session's launch script inherits (no systemd):
+    what went wrong, or empty."""
+    limit_properties(limits)
+    for name, value in limits:  # type: ignore[attr-defined]
+        soft, _, hard = value.partition(":")
+        pair = tuple(resource.RLIM_INFINITY if v == "infinity" else int(v) for v in (soft, hard or soft))
+        try:
+            resource.setrlimit(_RLIMITS[name], pair)
+        except KeyError:
+            return f"{name} is not a resource limit"
+        except (ValueError, OSError) as e:
+            return (f"cannot set the {name} limit to {value} ({e}): lower distrun_unit_limits, "
+                    "or let the connection be root")
+    return ""
+
+
 def launch(cfg: dict) -> dict:
+    limits = limit_properties(cfg.get("limits", []))
     user = pwd.getpwnam(cfg["user"])
     script = os.path.join(cfg["dir"], cfg["script"])
     env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",
@@ -103,7 +148,7 @@ def launch(cfg: dict) -> dict:
                 f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
                 "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
                 "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}", *manager_hidden(user.pw_uid)]
+                "-p", f"ExecStopPost={post}", *manager_hidden(user.pw_uid), *limits]
         argv += [f"--setenv={k}={v}" for k, v in env.items()]
         argv += ["/bin/bash", script]
         prune(RECORDS)
@@ -126,6 +171,9 @@ def launch(cfg: dict) -> dict:
         return {"verb": "launch", "launched": True, "unit": unit}
     if os.geteuid() not in (0, user.pw_uid):
         raise CallError(f"launch: running as uid {os.geteuid()}, neither root nor {user.pw_name}")
+    problem = set_limits(cfg.get("limits", []))
+    if problem:
+        return {"verb": "launch", "error": f"{cfg['host']}: {problem}"}
     if os.geteuid() == user.pw_uid:  # root cannot look into a FUSE mount of the training user's
         run_dir = str(cfg.get("run_dir") or cfg["dir"])
         if not os.access(run_dir, os.R_OK | os.X_OK):

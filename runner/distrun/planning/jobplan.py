@@ -97,6 +97,8 @@ class Launch:
     options: Mapping[str, str] = field(default_factory=dict)
     # --image / distrun_image: every rank runs inside a container of this image (containers.py).
     container: Container | None = None
+    # distrun_unit_limits: (name, value) resource limits of the run's units on the nodes (limits.py).
+    unit_limits: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ class JobPlan:
 KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi_prefix", "env_prefix",
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
         "partition_dir", "slurm", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
-        "launcher_args", "login", "attempt_dirs", "container")
+        "launcher_args", "login", "attempt_dirs", "container", "unit_limits")
 _KEY_OF = {"argv": "program", "options": "slurm"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))
@@ -184,6 +186,7 @@ _READ: dict[str, Callable[[Any], Any]] = {
     "env": lambda v: tuple((str(k), str(x)) for k, x in v),
     "partition": lambda v: None if v is None else tuple(v),
     "options": dict,
+    "unit_limits": lambda v: tuple((str(k), str(x)) for k, x in v),
 }
 
 

@@ -12,6 +12,7 @@ from distrun.errors import PlanError
 from distrun.inventory import contract, rules
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
+from distrun.planning import limits
 from distrun.planning.containers import Container
 from distrun.planning.envnames import check_env_key
 from distrun.planning.jobplan import AttemptInfo, JobPlan, Launch, Placement, Program, RankHost
@@ -166,7 +167,7 @@ def build_plan(
         launch=Launch(
             launcher=launcher, user=cluster.user, run_as_root=cluster.user == "root", mpi_prefix=cluster.mpi_prefix,
             env_prefix=cluster.env_prefix, launcher_args=tuple(launcher_args), options=dict(slurm or {}),
-            container=container),
+            container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars)),
         attempt=AttemptInfo(restart=restart, max_restarts=max_restarts),
     )
 

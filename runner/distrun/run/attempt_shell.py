@@ -30,8 +30,10 @@ def _attempt(plan: JobPlan, host: str) -> dict[str, Any]:
 
 
 def launch_command(plan: JobPlan, host: str) -> str:
-    """Start host's launch script detached, in a unit where the connection can be root."""
-    return as_root_or_user(plan.launch.user, nodeprog.command("launch", _attempt(plan, host), program="launch"))
+    """Start host's launch script detached, in a unit (with the run's resource limits) where the
+    connection can be root."""
+    cfg = {**_attempt(plan, host), "limits": [list(pair) for pair in plan.launch.unit_limits]}
+    return as_root_or_user(plan.launch.user, nodeprog.command("launch", cfg, program="launch"))
 
 
 def tail_command(plan: JobPlan, host: str) -> str:
