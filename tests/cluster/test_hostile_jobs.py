@@ -62,6 +62,3 @@ def test_collect_stops_at_its_file_cap_and_says_where_the_rest_is(provisioned, d
     assert f"the rest stays in {run_dir} on node1" in capped[0] and "distrun fetch" in capped[0]
     brought = [p for p in (run / "nodes").rglob("*") if p.is_file()]
     assert not TALLY.record("collect brings more files than its cap", len(brought) > 3 * 100), len(brought)
-
-
-# Node-local rank 0 of each node appends its own key to the training user's authorized_keys.

@@ -156,6 +156,8 @@ KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
         "partition_dir", "slurm", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
         "launcher_args", "login", "attempt_dirs", "container", "unit_limits")
+# Written only when set: a plan without them is the same file as before they existed.
+OPTIONAL = ("unit_limits",)
 _KEY_OF = {"argv": "program", "options": "slurm"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))
@@ -167,7 +169,7 @@ def to_json(plan: JobPlan) -> dict[str, Any]:
     for name, _ in _PARTS:
         for key, value in asdict(getattr(plan, name)).items():
             flat[_KEY_OF.get(key, key)] = value
-    return json.loads(json.dumps({key: flat[key] for key in KEYS}, default=str))
+    return json.loads(json.dumps({key: flat[key] for key in KEYS if flat[key] or key not in OPTIONAL}, default=str))
 
 
 def _tuple(value: Any) -> tuple[Any, ...]:
