@@ -59,7 +59,8 @@ def test_rsyncs_server_runs_from_the_systems_path_and_its_daemon_mode_is_refused
     assert argv[1:] == ["--server", "-logDtpre.iLsfxCIvu", "--omit-dir-times", ".", "/srv/distrun/"]
     assert env["PATH"] == NS["SYSTEM_PATH"]
     for bad in ("rsync --server --daemon .", "rsync --server --config=/home/distrun/x.conf --daemon .",
-                "rsync --server -e.LsfxC . /x ; sh -c id", "rsync --server --rsh=sh . /x"):
+                "rsync --server -e.LsfxC . /x ; sh -c id", "rsync --server --rsh=sh . /x",
+                "rsync --server -s .", "rsync --server -logDtprse.iLsfxCIvu . /x", "rsync --server --protect-args . /x"):
         assert refused(bad).startswith("rsync ")
 
 

@@ -5,12 +5,13 @@ user). Composed between the programs' head (nodecommon.py) and relay.py into the
 
 What a job could do with that key, start anything on any node outside every unit, is narrowed to
 what distrun's own steps send over it: ``true`` (the preflight's login check), sftp (an sshfs
-mount), ``rsync --server`` (the sync mode's copies; never its daemon mode, whose configuration
-may run commands) and a daemon's ``join`` in the form Open MPI writes it (``NAME=VALUE ; export
-NAME ;`` for PATH and the library paths only, then the relay's join), which the relay performs in
-its own process: the daemon starts in the unit, and nothing the caller set reaches the relay's
-interpreter. Anything else, a shell included, is refused in one line, exit 1. The login shell
-reads none of the user's startup files first (sshd sets SHLVL for this user: role ssh_mesh).
+mount), ``rsync --server`` (the sync mode's copies; never its daemon mode, whose configuration may
+run commands, nor options sent over the connection) and a daemon's ``join`` in the form Open MPI
+writes it (``NAME=VALUE ; export NAME ;`` for PATH and the library paths only, then the relay's
+join), which the relay performs in its own process: the daemon starts in the unit, and nothing the
+caller set reaches the relay's interpreter. Anything else, a shell included, is refused in one
+line, exit 1. The login shell reads none of the user's startup files first (sshd sets SHLVL for
+this user: role ssh_mesh).
 """
 
 import os
@@ -21,7 +22,9 @@ import shlex
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server")
 LAUNCH_VARS = ("PATH", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH")  # what Open MPI's --prefix sets
-RSYNC_REFUSED = ("--daemon", "--config", "--rsh", "--rsync-path", "-e", "--dparam", "--early-input")
+# (--protect-args would send more options over the connection, where they are not seen here.)
+RSYNC_REFUSED = ("--daemon", "--config", "--rsh", "--rsync-path", "-e", "--dparam", "--early-input",
+                 "--protect-args", "--secluded-args")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
 _REF = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-)?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _PYTHON = re.compile(r"(?:/[A-Za-z0-9._/-]*/)?python3(?:\.[0-9]+)?")
@@ -66,7 +69,8 @@ def mesh_plan(command: "str | None", env: dict, programs_dir: str) -> tuple:
                 return ("exec", [server], system)
         raise CallError("sftp: no sftp-server on this node")
     if tokens[0] == "rsync" and tokens[1:2] == ["--server"]:
-        bad = [t for t in tokens[2:] if t == ";" or any(t == r or t.startswith(r + "=") for r in RSYNC_REFUSED)]
+        bad = [t for t in tokens[2:] if t == ";" or any(t == r or t.startswith(r + "=") for r in RSYNC_REFUSED)
+               or (t[:1] == "-" and t[1:2] != "-" and "s" in t[1:].split("e", 1)[0])]  # -s in a bundle, before -e's string
         if bad:
             raise CallError(f"rsync {bad[0]}")
         for folder in SYSTEM_PATH.split(":"):
