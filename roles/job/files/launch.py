@@ -111,11 +111,10 @@ _RLIMITS = {"as": resource.RLIMIT_AS, "core": resource.RLIMIT_CORE, "data": reso
             "nproc": resource.RLIMIT_NPROC, "stack": resource.RLIMIT_STACK}
 
 
-def set_limits(limits: object) -> str:
-    """The same limits on this process, which the session's launch script inherits (no systemd):
-    what went wrong, or empty."""
-    limit_properties(limits)
-    for name, value in limits:  # type: ignore[attr-defined]
+def set_limits(limits: list) -> str:
+    """The same limits (checked by limit_properties) on this process, which the session's launch
+    script inherits (no systemd): what went wrong, or empty."""
+    for name, value in limits:
         soft, _, hard = value.partition(":")
         pair = tuple(resource.RLIM_INFINITY if v == "infinity" else int(v) for v in (soft, hard or soft))
         try:

@@ -76,7 +76,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     """--env KEY=VALUE (repeatable) -> {KEY: VALUE}: a shell variable name not reserved by distrun,
     a UTF-8 value, each name once."""
-    from distrun.planning.envnames import OWNED, RESERVED_ENV_PREFIX
+    from distrun.planning.envnames import env_name_problem
 
     env: dict[str, str] = {}
     for pair in values:
@@ -87,10 +87,9 @@ def env_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
         if not _ENV_NAME.fullmatch(key):
             raise click.BadParameter(f"{shown!r} is not a variable name; use letters, digits and _ "
                                      "(not starting with a digit)", ctx, param)
-        if key.upper().startswith(RESERVED_ENV_PREFIX):
-            raise click.BadParameter(f"{key}: DISTRUN_* variables are set by distrun itself; choose another name", ctx, param)
-        if key.upper() in OWNED:
-            raise click.BadParameter(f"{key}: {OWNED[key.upper()]}; leave it unset", ctx, param)
+        problem = env_name_problem(key)  # the name rule above passed: what is left is a name distrun sets
+        if problem:
+            raise click.BadParameter(f"{key}: {problem.removeprefix('is refused: ')}", ctx, param)
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:

@@ -176,6 +176,10 @@ def _tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(x)) for k, x in value)
+
+
 def _host(value: Any) -> RankHost | None:
     return RankHost(**value) if value else None
 
@@ -185,10 +189,10 @@ _READ: dict[str, Callable[[Any], Any]] = {
     "login": _host,
     "container": lambda v: Container(**v) if v else None,
     "argv": _tuple, "user_env_keys": _tuple, "prepare": _tuple, "launcher_args": _tuple,
-    "env": lambda v: tuple((str(k), str(x)) for k, x in v),
+    "env": _pairs,
     "partition": lambda v: None if v is None else tuple(v),
     "options": dict,
-    "unit_limits": lambda v: tuple((str(k), str(x)) for k, x in v),
+    "unit_limits": _pairs,
 }
 
 
