@@ -56,15 +56,17 @@ JOB = textwrap.dedent(r"""
         said["own-key"] = sh(f"ssh -o BatchMode=yes -o IdentitiesOnly=yes -i /tmp/jobkey-{tag} node2 \"{away('escapee-key')}\"")
         said["login-check"] = sh("ssh -o BatchMode=yes node2 true")
     comm.Barrier()
-    print("ESCAPES " + json.dumps({socket.gethostname().split(".")[0]: said}), flush=True)
+    # one write: the text layer is unbuffered (PYTHONUNBUFFERED), where print() writes its end apart
+    sys.stdout.write("ESCAPES " + json.dumps({socket.gethostname().split(".")[0]: said}) + "\n")
+    sys.stdout.flush()
 """)
 
 
 def _said(res) -> dict:
+    """Every rank's report, also where mpirun ran two ranks' lines together."""
     found: dict = {}
-    for line in (res.stdout + res.stderr).splitlines():
-        if "ESCAPES " in line:
-            found.update(json.loads(line.split("ESCAPES ", 1)[1]))
+    for chunk in (res.stdout + res.stderr).split("ESCAPES ")[1:]:
+        found.update(json.JSONDecoder().raw_decode(chunk)[0])
     return found
 
 

@@ -34,13 +34,14 @@ TRAIN = textwrap.dedent("""
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
     token = os.environ.get("PROJECT_TOKEN", "")
-    print("PROJECT " + json.dumps({
+    sys.stdout.write("PROJECT " + json.dumps({
         "rank": rank, "world": world, "parts_arg": args[args.index("--parts") + 1], "host": socket.gethostname(),
         "cwd": os.getcwd(), "part": open(f"prepared/part-{rank}.txt").read().strip(), "sum": int(total.item()),
         "score": model.score("data/points.csv", config), "version": model.VERSION,
         "token": hashlib.sha256(token.encode()).hexdigest()[:12], "nccl_debug": os.environ.get("NCCL_DEBUG"),
         "omp": os.environ.get("OMP_NUM_THREADS"), "site": os.environ.get("SITE"), "scratch": os.path.exists("scratch"),
-        "env_file": os.path.exists(".distrun_env"), "log": os.path.exists("notes.log")}), flush=True)
+        "env_file": os.path.exists(".distrun_env"), "log": os.path.exists("notes.log")}) + "\\n")  # one write
+    sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
 """)
