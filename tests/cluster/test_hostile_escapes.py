@@ -4,7 +4,10 @@ One real job ('distrun train --script' under mpirun, rank 0 on node1 and rank 1 
 them all; each attack is tallied in tests/cluster/hostile.py. After the run, nothing it started
 is alive on any node, and what distrun itself sends over the key (the preflight's login check,
 mpirun's daemons, the sync mode's rsync, which the suite's other runs use) still works. The same
-job reads the resource limits its ranks got on each node: the inventory's distrun_unit_limits."""
+job reads the resource limits its ranks got on each node: the inventory's distrun_unit_limits.
+A second job writes the training user's ~/.ssh/config and ~/.openmpi/mca-params.conf on every
+node: the next check's logins and a later run's ssh (mpirun's daemons, the sync mode's copies),
+Open MPI's daemons and ranks never run what they say."""
 
 from __future__ import annotations
 
@@ -119,3 +122,76 @@ def test_a_job_starts_nothing_outside_its_run_through_ssh_or_the_user_manager(pr
                                 f"sed -i '/{tag}/d' {HOME}/.bashrc; sed -i '/job@away/d' {HOME}/.ssh/authorized_keys; "
                                 f"runuser -u distrun -- env XDG_RUNTIME_DIR=/run/user/$(id -u distrun) "
                                 f"systemctl --user stop 'run-*' 2>/dev/null; true", check=False)
+
+
+# A job writes configuration into the training user's home on every node, for whatever of the
+# account's later work reads it: an ssh client configuration whose LocalCommand leaves a mark and
+# a process behind whenever that user's ssh connects, and an Open MPI parameter file whose fork
+# agent (a program Open MPI's daemons start every rank through) leaves a mark and runs the rank.
+# distrun's later steps: the next check's logins between the nodes (outside every unit), the
+# sync mode's copies, a later run's mpirun, its daemons and ranks (inside that run, where a
+# command could read the run's secrets). They read the system's configuration only.
+HOME_CONFIG_JOB = textwrap.dedent(r"""
+    import os, socket, sys
+    tag = sys.argv[1]
+    home = os.path.expanduser("~")
+    os.makedirs(f"{home}/.ssh", exist_ok=True)
+    with open(f"{home}/.ssh/config", "w") as f:
+        f.write("Host *\n    PermitLocalCommand yes\n"
+                f"    LocalCommand touch /tmp/sshcfg-ran-{tag}; nohup setsid bash -c 'exec -a escapee-sshcfg-{tag} "
+                "sleep 600' </dev/null >/dev/null 2>&1 &\n")
+    agent = f"/tmp/forkagent-{tag}.sh"
+    with open(agent, "w") as f:
+        f.write(f"#!/bin/sh\ntouch /tmp/forkagent-ran-{tag}\nexec \"$@\"\n")
+    os.chmod(agent, 0o755)
+    os.makedirs(f"{home}/.openmpi", exist_ok=True)
+    with open(f"{home}/.openmpi/mca-params.conf", "w") as f:
+        f.write(f"orte_fork_agent = {agent}\n")
+    sys.stdout.write(f"PLANTED {socket.gethostname()}\n")
+""")
+
+PLAIN_JOB = textwrap.dedent(r"""
+    import socket, sys
+    from mpi4py import MPI
+    total = MPI.COMM_WORLD.allreduce(1)
+    sys.stdout.write(f"PLAIN {socket.gethostname()} world={total}\n")
+""")
+
+
+def test_configuration_a_job_wrote_into_the_home_runs_nothing_in_later_checks_or_runs(provisioned, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    plant, plain = tmp_path / "plant.py", tmp_path / "plain.py"
+    plant.write_text(HOME_CONFIG_JOB)
+    plain.write_text(PLAIN_JOB)
+
+    def marked(name: str) -> dict[int, bool]:
+        return {k: provisioned.exec(k, f"test -e /tmp/{name}-ran-{tag}", check=False).returncode == 0 for k in (1, 2, 3)}
+
+    try:
+        res = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--script", str(plant), "--", tag,
+                      timeout=600)
+        assert res.rc == 0 and res.stdout.count("PLANTED ") == 3, res.stdout[-3000:] + res.stderr[-2000:]
+        for k in (1, 2, 3):  # the job's files, as it left them on every node
+            assert f"sshcfg-ran-{tag}" in provisioned.exec(k, f"cat {HOME}/.ssh/config").stdout
+            assert f"forkagent-{tag}" in provisioned.exec(k, f"cat {HOME}/.openmpi/mca-params.conf").stdout
+
+        # The next check: every node logs in to every other as the training user, outside any unit.
+        checked = distrun("check", "--inventory", "test", timeout=600)
+        assert checked.rc == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
+        marks, alive = marked("sshcfg"), _alive(provisioned, f"escapee-sshcfg-{tag}")
+        assert not TALLY.record("an ssh config the job wrote runs its command in the next check, outside every unit",
+                                any(marks.values()) or any(alive.values())), (marks, alive)
+
+        # A later run: mpirun's ssh to the other nodes, its daemons and ranks, the stage step's copies.
+        later = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--script", str(plain), timeout=600)
+        assert later.rc == 0 and later.stdout.count("world=3") == 3, later.stdout[-3000:] + later.stderr[-2000:]
+        marks = marked("sshcfg")
+        assert not TALLY.record("an ssh config the job wrote runs its command inside a later run",
+                                any(marks.values())), marks
+        agent = marked("forkagent")
+        assert not TALLY.record("an Open MPI parameter file the job wrote starts a later run's ranks through its program",
+                                any(agent.values())), agent
+    finally:
+        for k in (1, 2, 3):
+            provisioned.exec(k, f"pkill -f -- '[e]scapee-sshcfg-{tag}'; rm -rf /tmp/sshcfg-ran-{tag} /tmp/forkagent-{tag}.sh "
+                                f"/tmp/forkagent-ran-{tag} {HOME}/.ssh/config {HOME}/.openmpi; true", check=False)

@@ -209,6 +209,9 @@ for launcher, words in [("mpirun", ["-np 4", "-n 2", "--np=3", "--hostfile /tmp/
 for text in ["--mca orte_launch_agent /tmp/agent", "-mca orte_launch_agent x", "--mca btl_tcp_if_include eth0 --mca orte_launch_agent y"]:
     add(f"mpirun --launcher-args {text!r}", fixed([*D, "--launcher", "mpirun", "--launcher-args", text]),
         ("distrun sets mpirun's orte_launch_agent itself", "drop it"))
+for text in ["--mca plm_rsh_agent 'ssh -F /tmp/c'", "-mca orte_rsh_agent rsh"]:
+    add(f"mpirun --launcher-args {text!r}", fixed([*D, "--launcher", "mpirun", "--launcher-args", text]),
+        (f"distrun sets mpirun's {text.split()[1]} itself", "drop it"))
 
 # --- run ids that are no run id, every verb that takes one --------------------------------------------
 for verb in ["show", "logs", "stop", "status", "attach"]:

@@ -26,7 +26,7 @@ from distrun.planning.run_files import launch_scripts, plan_files
 from distrun.run.liveness import recorded_plan
 from distrun.ui import data as records
 
-from .test_launchers import MIXED, cluster, net
+from .test_launchers import DEBIAN_OMPI, MIXED, _facts, cluster, net
 
 IMAGE = "registry.example:5000/lab/train:2.3"
 GPU = {"g1": {"ansible_host": "10.0.0.1", "slots": 2}, "g2": {"ansible_host": "10.0.0.2", "slots": 2}}
@@ -128,6 +128,28 @@ def test_mpirun_starts_each_rank_in_a_podman_container_as_the_user_with_variable
     assert "hunter2-secret" not in "\0".join(got)
     assert got[-3:] == [IMAGE, "python3", "train.py"]
     assert "--device" not in got and "--user" not in got  # no GPU here; podman keeps the user itself
+
+
+def test_the_nodes_open_mpi_folders_stay_out_of_the_image(tmp_path):
+    """mpirun gives its ranks the node's Open MPI folders (where the node keeps its parameter file
+    and components, so a rank never reads the training user's ~/.openmpi); the image's Open MPI
+    has folders of its own, and the container sees no home to protect."""
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    for h in MIXED:
+        _facts(facts, h, ansible_local={"distrun": DEBIAN_OMPI})
+    plan = build_plan(cluster(MIXED, head=next(iter(MIXED)), fact_cache=facts), run_id="r1", launcher="mpirun",
+                      network=net(**{h: "eth0" for h in MIXED}), container=Container(IMAGE, "podman"))
+    own = (("mca_base_param_files", "/etc/openmpi/openmpi-mca-params.conf"),
+           ("mca_base_component_path", "/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3"))
+    assert plan.launch.openmpi_params == own
+    assert "mca_base_component_path" in mpirun_argv(plan)  # the node's daemons
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_MCA_mca_base_param_files": own[0][1],
+           "OMPI_MCA_mca_base_component_path": own[1][1], "OMPI_MCA_btl_tcp_if_include": "10.0.0.0/24"}
+    names = pairs(run_start(plan, tmp_path, env), "--env")
+    assert {"OMPI_COMM_WORLD_RANK", "OMPI_MCA_btl_tcp_if_include"} <= set(names)
+    assert not {"OMPI_MCA_mca_base_param_files", "OMPI_MCA_mca_base_component_path"} & set(names), names
+    assert not [k for k, _ in plan.program.env if k.startswith("OMPI_MCA_")]
 
 
 def test_docker_runs_as_the_callers_uid_and_gets_gpus_only_on_gpu_nodes(tmp_path):

@@ -11,10 +11,11 @@ import pytest
 from distrun.errors import PlanError
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
+from distrun.planning.jobplan import from_json, to_json
 from distrun.planning.network import Iface, NetworkChoice
 from distrun.planning.placement import allocate
 from distrun.planning.plan import build_plan, render_hostfile
-from distrun.planning.run_files import render_rank_wrapper
+from distrun.planning.run_files import launch_scripts, render_rank_wrapper
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:
@@ -194,6 +195,45 @@ def test_a_fact_about_another_env_is_not_used_for_the_prefix(tmp_path):
                                                       "mpi_prefix": "/usr"}})
     c = cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path, distrun_mpi_provider="conda")
     assert build_plan(c, run_id="r1").launch.mpi_prefix == "/opt/miniforge3/envs/jittor"
+
+
+DEBIAN_OMPI = {"provider": "venv", "env_prefix": "/opt/distrun/venv", "mpi_prefix": "/usr",
+               "openmpi_sysconfdir": "/etc/openmpi", "openmpi_pkglibdir": "/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3"}
+
+
+def test_every_open_mpi_process_of_a_run_reads_the_installations_files_never_the_users_home(tmp_path):
+    """~/.openmpi/mca-params.conf and ~/.openmpi/components are the training user's, which a job
+    writes: mpirun (its environment: it reads its files before its command line), its daemons (the
+    command line, which mpirun passes on to them) and every rank (OMPI_MCA_ variables) are pointed
+    at the folders role mpi_env recorded from ompi_info."""
+    hosts = {"n1": {"ansible_host": "10.0.0.1"}, "n2": {"ansible_host": "10.0.0.2"}}
+    for h in hosts:
+        _facts(tmp_path, h, ansible_local={"distrun": DEBIAN_OMPI})
+    plan = build_plan(cluster(hosts, fact_cache=tmp_path), run_id="r1")
+    own = {"mca_base_param_files": "/etc/openmpi/openmpi-mca-params.conf",
+           "mca_base_component_path": "/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3"}
+    argv = mpirun_argv(plan)
+    given = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--mca"}
+    assert {k: given[k] for k in own} == own
+    scripts = launch_scripts(plan)
+    for name, value in own.items():
+        assert f"export OMPI_MCA_{name}={value}\n" in scripts["n1"]
+        assert dict(plan.program.env)[f"OMPI_MCA_{name}"] == value
+    assert dict(plan.program.env)["PYTHONNOUSERSITE"] == "1"  # nor a module from ~/.local
+    assert from_json(to_json(plan)) == plan  # plan.json keeps them for the run's restarts
+    torch = build_plan(cluster(hosts, fact_cache=tmp_path), run_id="r2", launcher="torchrun")
+    assert dict(torch.program.env)["OMPI_MCA_mca_base_param_files"] == own["mca_base_param_files"]
+
+
+def test_without_ompi_infos_folders_no_parameter_is_guessed(tmp_path):
+    """A fact from before role mpi_env recorded the folders, or one where ompi_info said nothing:
+    no parameter (a wrong folder would leave Open MPI without its components)."""
+    _facts(tmp_path, "n1", ansible_local={"distrun": {**DEBIAN_OMPI, "openmpi_pkglibdir": ""}})
+    plan = build_plan(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
+    assert plan.launch.openmpi_params == (("mca_base_param_files", "/etc/openmpi/openmpi-mca-params.conf"),)
+    _facts(tmp_path, "n1", ansible_local={"distrun": {"provider": "venv", "env_prefix": "/opt/distrun/venv"}})
+    plan = build_plan(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
+    assert plan.launch.openmpi_params == () and "mca_base_param_files" not in mpirun_argv(plan)
 
 
 def _rank_in_wrapper(plan, env: dict[str, str]) -> dict[str, str]:

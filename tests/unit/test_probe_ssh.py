@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from distrun.transport.remote import USER_SSH
+
 PROBE = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files" / "probe.py"
 HOME = pwd.getpwnam("root").pw_dir.strip("/")  # the probes below check as root: its home, under the folder
 
 
 def run_probe(**cfg) -> dict:
     base = {"host": "here", "user": "root", "env_prefix": "/nonexistent", "mpi_prefix": "", "shared_dir": "/tmp",
-            "ssh_timeout": 2}
+            "ssh_timeout": 2, "user_ssh": list(USER_SSH)}
     out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps({**base, **cfg})], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -174,6 +176,7 @@ FAKE_SSH = r"""#!/bin/sh
 # ssh as the probe calls it: ... -- TARGET true. Logs start and end; 'busy' drops the first try.
 eval "target=\${$(($# - 1))}"
 echo "start $target $(date +%s.%N)" >> "$SSH_LOG"
+echo "$*" >> "$SSH_LOG.argv"
 sleep 0.3
 echo "end $target $(date +%s.%N)" >> "$SSH_LOG"
 if [ "$target" = busy ] && [ ! -e "$SSH_LOG.busy" ]; then
@@ -195,7 +198,7 @@ def test_the_mesh_logs_in_to_a_ring_of_the_others_a_few_at_a_time_and_retries_a_
     targets = [f"n{i:02d}" for i in range(1, 13) if i != 5] + ["busy", "down"]
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SSH_LOG": str(log)}
     base = {"host": "n05", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "", "shared_dir": str(tmp_path),
-            "ssh_timeout": 2, "ssh_targets": targets}
+            "ssh_timeout": 2, "user_ssh": list(USER_SSH), "ssh_targets": targets}
     out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(base)], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
@@ -213,3 +216,8 @@ def test_the_mesh_logs_in_to_a_ring_of_the_others_a_few_at_a_time_and_retries_a_
         running += 1 if kind == "start" else -1
         most = max(most, running)
     assert most <= 4, f"{most} logins at once"
+    # Every login reads the system's client configuration only: never ~/.ssh/config, which a job
+    # can write (its ProxyCommand or LocalCommand would run here, outside every run's unit).
+    argvs = (tmp_path / "ssh.log.argv").read_text().splitlines()
+    assert len(argvs) == len(targets) + 1, argvs  # 'busy' twice
+    assert all(a.startswith("-F /etc/ssh/ssh_config -o BatchMode=yes -o ConnectTimeout=2 -- ") for a in argvs), argvs

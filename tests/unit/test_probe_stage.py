@@ -16,6 +16,7 @@ import pytest
 
 from distrun.run import staging
 from distrun.transport import nodeprog
+from distrun.transport.remote import USER_SSH
 
 from .test_security import SECRET, local_upload
 
@@ -36,7 +37,7 @@ def probe(shared: Path, run_id: str, upload: str, **cfg) -> dict:
     stage = {"run_id": run_id, "run_dir": str(shared / "runs" / run_id), "checkpoint_dir": str(shared / "checkpoints" / run_id),
              "shared_dir": str(shared), "workloads_digest": "d1", "upload": upload}
     config = {"host": "here", "user": ME, "env_prefix": "/nonexistent", "mpi_prefix": "", "shared_dir": str(shared),
-              "ssh_timeout": 2, "stage": stage, **cfg}
+              "ssh_timeout": 2, "user_ssh": list(USER_SSH), "stage": stage, **cfg}
     out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(config), nodeprog.text("stage")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -176,6 +176,9 @@ def test_mpiruns_daemons_on_other_nodes_start_through_each_nodes_relay(make_plan
     argv = mpirun.command(plan, plan.placement.head)
     agent = argv[argv.index("orte_launch_agent") + 1].split(" ")
     assert agent == ["python3", "-I", installed, "join", plan.run_id, "0", "orted"]
+    # The ssh that starts them reads the system's client configuration, never the training
+    # user's ~/.ssh/config (a job's ProxyCommand would run in this run).
+    assert argv[argv.index("plm_rsh_agent") + 1] == "ssh -F /etc/ssh/ssh_config -o BatchMode=yes"
     scripts = launch_scripts(plan)
     head = plan.placement.head.name
     assert sorted(scripts) == sorted(h.name for h in plan.placement.hosts)
@@ -198,6 +201,7 @@ def test_one_node_needs_no_relay(make_plan):
     plan = make_plan(launcher="mpirun", hosts=1)
     mpirun = launcher_named("mpirun")
     assert "orte_launch_agent" not in mpirun.command(plan, plan.placement.head)
+    assert "plm_rsh_agent" not in mpirun.command(plan, plan.placement.head)
     assert "distrun relay" not in mpirun.needs(plan)[0]
     assert list(launch_scripts(plan)) == [plan.placement.head.name]
 

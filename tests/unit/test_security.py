@@ -177,10 +177,12 @@ def test_reserved_env_keys_are_refused(key):
         build_plan(cluster(), run_id="r1", extra_env={key: "other-run"})
 
 
-@pytest.mark.parametrize("key", ["OMPI_MCA_orte_launch_agent", "OMPI_MCA_plm_rsh_agent"])
+@pytest.mark.parametrize("key", ["OMPI_MCA_orte_launch_agent", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_mca_base_param_files",
+                                 "OMPI_MCA_mca_base_component_path"])
 def test_the_launchers_own_mca_variables_are_refused_in_every_env_form(key, cli_env):
     """--env, the inventory's distrun_env or a project's file: mpirun's daemons would start another
-    way than through the relay (the command line's --mca wins, so the value would be ignored)."""
+    way than through the relay (the command line's --mca wins, so the value would be ignored), or
+    Open MPI would read the files of the training user's home."""
     with pytest.raises(PlanError, match="leave it unset"):
         build_plan(cluster(), run_id="r1", extra_env={key: "/bin/sh -c"})
     res = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", "--env", f"{key}=sh"],

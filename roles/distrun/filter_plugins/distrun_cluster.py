@@ -136,6 +136,15 @@ def local_sources(specs: object, variable: str, paths: bool = False) -> list[dic
     return found
 
 
+def user_ssh(options: object = ()) -> list[str]:
+    """The ssh command distrun runs as the training user on the nodes, with options added, as an argv."""
+    from distrun.transport import remote
+
+    if not isinstance(options, (list, tuple)) or not all(isinstance(o, str) for o in options):
+        raise AnsibleFilterError(f"distrun_user_ssh: options must be a list of strings, not {options!r}")
+    return [*remote.USER_SSH, *options]
+
+
 def node_program(name: str) -> str:
     """Where setup installs a node program (role job's install step) and the runner names it."""
     from distrun.transport import nodeprog
@@ -169,4 +178,5 @@ class FilterModule:
             "distrun_local_sources": local_sources,
             "distrun_free_subid": rules.free_subid,
             "distrun_node_program": node_program,
+            "distrun_user_ssh": user_ssh,
         }

@@ -52,6 +52,8 @@ class Cluster:
     group_vars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
     # A Slurm distrun does not administer (slurm_site): workers are its compute nodes, never reached.
     slurm_existing: bool = False
+    # MCA parameters that keep a run's Open MPI to its installation's own files (_openmpi_params).
+    openmpi_params: tuple[tuple[str, str], ...] = ()
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -102,6 +104,16 @@ def _mpi_prefix(provider: str, env_prefix: str, head_facts: Mapping[str, Any] | 
         return str(fact["mpi_prefix"])
     family = str((head_facts or {}).get("ansible_os_family") or "Debian")
     return rules.mpi_prefix(provider, env_prefix, contract.distro_mpi_prefix(family))
+
+
+def _openmpi_params(provider: str, env_prefix: str, head_facts: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
+    """The MCA parameters that keep a run's Open MPI to its installation's files
+    (rules.openmpi_own_params), from the folders role mpi_env recorded on the head for this env
+    (ompi_info's); none before setup recorded them (a plan made without facts)."""
+    fact = rules.local_fact(head_facts)
+    if fact.get("provider") != provider or fact.get("env_prefix") != env_prefix:
+        return ()
+    return rules.openmpi_own_params(str(fact.get("openmpi_sysconfdir") or ""), str(fact.get("openmpi_pkglibdir") or ""))
 
 
 def load_facts(cache_dir: Path | None, host: str) -> dict[str, Any] | None:
@@ -192,6 +204,8 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise InventoryError(f"inventory {path}: {bad[0]}{more}; correct it where the inventory sets it")
+    head_facts = load_facts(fact_cache, head_name)
+    mpi_prefix = _mpi_prefix(provider, env_prefix, head_facts)
     return Cluster(
         source=path,
         head=nodes[head_name],
@@ -200,9 +214,10 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         shared_dir=shared_dir,
         mpi_provider=provider,
         env_prefix=env_prefix,
-        mpi_prefix=_mpi_prefix(provider, env_prefix, load_facts(fact_cache, head_name)),
+        mpi_prefix=mpi_prefix,
         group_vars=hv_head,
         slurm_existing=existing,
+        openmpi_params=_openmpi_params(provider, env_prefix, head_facts),
     )
 
 

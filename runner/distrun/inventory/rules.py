@@ -131,6 +131,17 @@ def mpi_prefix(provider: str, env_prefix: str, distro_prefix: str) -> str:
     return env_prefix if provider == "conda" else distro_prefix
 
 
+def openmpi_own_params(sysconfdir: str, pkglibdir: str) -> tuple[tuple[str, str], ...]:
+    """The MCA parameters that keep every Open MPI process of a run (mpirun, its daemons, the
+    ranks) to the installation's own files: its parameter file and its components, never the
+    ones in the training user's home (~/.openmpi/mca-params.conf, ~/.openmpi/components), which a
+    job can write and a later run would read (a fork agent there starts every rank)."""
+    params = [("mca_base_param_files", f"{sysconfdir.rstrip('/')}/openmpi-mca-params.conf")] if sysconfdir else []
+    if pkglibdir:
+        params.append(("mca_base_component_path", pkglibdir.rstrip("/")))
+    return tuple(params)
+
+
 # The Open MPI a conda env gets where the pins below cannot be solved (role mpi_env's default).
 CONDA_OPENMPI_SOLVES = "4.1.6"
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from distrun.launchers.base import MPI_ABORT, MPI_PROCESS, Launcher
 from distrun.planning import containers
-from distrun.transport import nodeprog, rundir
+from distrun.transport import nodeprog, remote, rundir
 
 if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan, RankHost
@@ -37,6 +37,13 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         # in place of the word "orted" and splits the agent at spaces (the installed path has none).
         argv += ["--mca", "orte_launch_agent", " ".join([*nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "join"),
                                                           "orted"])]
+        # ssh with the system's client configuration only: a ~/.ssh/config a job wrote would run
+        # its ProxyCommand or LocalCommand in this later run (ORTE splits the agent at spaces).
+        argv += ["--mca", "plm_rsh_agent", " ".join(remote.USER_SSH)]
+    # Open MPI's own parameter file and components only, in the daemons (and the ranks) too: never
+    # the training user's ~/.openmpi, which a job can write (the daemons read it before they run).
+    for name, value in plan.launch.openmpi_params:
+        argv += ["--mca", name, value]
     if plan.placement.cidr:
         # A subnet rather than interface names: names may differ between nodes.
         argv += ["--mca", "btl_tcp_if_include", plan.placement.cidr, "--mca", "oob_tcp_if_include", plan.placement.cidr]
@@ -64,8 +71,10 @@ class Mpirun(Launcher):
     summary = "Open MPI's mpirun on the head starts every rank over ssh (one MPI world)"
     owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
                   "--prefix", "--map-by", "--output-filename", "--launch-agent")
-    # Its daemons' start through each node's relay (another agent would start them outside the units).
-    owned_params = {"--mca": ("orte_launch_agent",), "-mca": ("orte_launch_agent",)}
+    # Its daemons' start through each node's relay (another agent would start them outside the
+    # units), over ssh with the system's configuration.
+    owned_params = {flag: ("orte_launch_agent", "plm_rsh_agent", "orte_rsh_agent", "mca_base_param_files",
+                           "mca_param_files", "mca_base_component_path", "mca_component_path") for flag in ("--mca", "-mca")}
     mpi_world = True
     image_uses_node_mpi = True
     rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),
@@ -76,6 +85,10 @@ class Mpirun(Launcher):
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return [plan.placement.head]
+
+    def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
+        # mpirun reads its parameter files as it starts, before its command line's --mca.
+        return [*super().environment(plan, host), *((f"OMPI_MCA_{k}", v) for k, v in plan.launch.openmpi_params)]
 
     def relay_hosts(self, plan: JobPlan) -> list[RankHost]:
         return relay_hosts(plan)

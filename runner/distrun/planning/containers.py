@@ -151,7 +151,9 @@ def script(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> str:
         lines.append('args+=(--user "$(id -u):$(id -g)")')
     if prefixes:
         patterns = "|".join(f"{p}*" for p in prefixes)
-        lines.append(f'for name in $(compgen -e); do case "$name" in {patterns}) args+=(--env "$name") ;; esac; done')
+        # The node's Open MPI folders (mpirun gives its ranks them) are not the image's.
+        node_own = "".join(f"OMPI_MCA_{name}) ;; " for name, _ in plan.launch.openmpi_params)
+        lines.append(f'for name in $(compgen -e); do case "$name" in {node_own}{patterns}) args+=(--env "$name") ;; esac; done')
     if gpu_hosts:
         lines.append(f'case "${{DISTRUN_HOST:-}}" in {gpu_hosts}) args+=({shlex.join(gpu_args(c.runtime))}) ;; esac')
     lines.append(f'exec "${{args[@]}}" {shlex.quote(c.image)} "$@"')

@@ -13,6 +13,9 @@ RESERVED_ENV_PREFIX = "DISTRUN_"
 OWNED = {
     "OMPI_MCA_ORTE_LAUNCH_AGENT": "distrun starts Open MPI's daemons through its relay (mpirun's launch agent)",
     "OMPI_MCA_PLM_RSH_AGENT": "mpirun reaches the other nodes with the cluster's ssh, which accepts distrun's daemons only",
+    **dict.fromkeys(("OMPI_MCA_MCA_BASE_PARAM_FILES", "OMPI_MCA_MCA_PARAM_FILES", "OMPI_MCA_MCA_BASE_COMPONENT_PATH",
+                     "OMPI_MCA_MCA_COMPONENT_PATH"),
+                    "distrun keeps Open MPI to its installation's own parameter file and components"),
 }
 
 

@@ -99,6 +99,10 @@ class Launch:
     container: Container | None = None
     # distrun_unit_limits: (name, value) resource limits of the run's units on the nodes (limits.py).
     unit_limits: tuple[tuple[str, str], ...] = ()
+    # (name, value) MCA parameters that keep Open MPI to its installation's own files
+    # (inventory/rules.openmpi_own_params): mpirun and its daemons get them; every rank, under
+    # every launcher, as OMPI_MCA_ variables of the plan's env.
+    openmpi_params: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,9 +159,9 @@ class JobPlan:
 KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi_prefix", "env_prefix",
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
         "partition_dir", "slurm", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
-        "launcher_args", "login", "attempt_dirs", "container", "unit_limits")
+        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params")
 # Written only when set: a plan without them is the same file as before they existed.
-OPTIONAL = ("unit_limits",)
+OPTIONAL = ("unit_limits", "openmpi_params")
 _KEY_OF = {"argv": "program", "options": "slurm"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))
@@ -193,6 +197,7 @@ _READ: dict[str, Callable[[Any], Any]] = {
     "partition": lambda v: None if v is None else tuple(v),
     "options": dict,
     "unit_limits": _pairs,
+    "openmpi_params": _pairs,
 }
 
 

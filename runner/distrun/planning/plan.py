@@ -146,11 +146,17 @@ def build_plan(
         # then calls MPI_Abort and the whole job ends at once. Without it, mpi4py finalizes MPI
         # at exit and Open MPI waits for every other rank before it reports the failure.
         program = (program[0], "-m", "mpi4py", *program[1:])
-    env = {nodeprog.RUN_TAG: run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1",
+    # PYTHONNOUSERSITE: no rank imports from ~/.local, where a job of the shared training
+    # account could leave a module (or a .pth file) for every later run.
+    env = {nodeprog.RUN_TAG: run_id, "DISTRUN_RUN_DIR": run_dir, "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1",
            "DISTRUN_RESTART": str(restart),
            "DISTRUN_CHECKPOINT_DIR": rundir.checkpoint_dir(cluster.shared_dir, run_id)}
     if workdir:
         env["DISTRUN_WORKDIR"] = workdir
+    # Every rank's MPI_Init reads Open MPI's own files only, under every launcher; in an image, the
+    # image's Open MPI keeps its own (its folders are not the node's, and the home is not mounted).
+    if not container:
+        env.update({f"OMPI_MCA_{name}": value for name, value in cluster.openmpi_params})
     for key in extra_env or {}:
         check_env_key(key)
     return JobPlan(
@@ -167,7 +173,8 @@ def build_plan(
         launch=Launch(
             launcher=launcher, user=cluster.user, run_as_root=cluster.user == "root", mpi_prefix=cluster.mpi_prefix,
             env_prefix=cluster.env_prefix, launcher_args=tuple(launcher_args), options=dict(slurm or {}),
-            container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars)),
+            container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars),
+            openmpi_params=cluster.openmpi_params),
         attempt=AttemptInfo(restart=restart, max_restarts=max_restarts),
     )
 

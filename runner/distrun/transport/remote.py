@@ -143,6 +143,13 @@ def run_each(nodes: Mapping[str, Node], commands: Mapping[str, str], timeout_s: 
 USER_BASH = "env -u BASH_ENV -u ENV bash --norc --noprofile -c"
 
 
+# ssh as distrun runs it for the training user on the nodes (mpirun's daemons, the sync mode's
+# rsync, the preflight's logins): the system's client configuration only (root's
+# /etc/ssh/ssh_config and the files it includes), never ~/.ssh/config, which a job can write and
+# whose ProxyCommand or LocalCommand would run, in a later run or outside every unit.
+USER_SSH = ("ssh", "-F", "/etc/ssh/ssh_config", "-o", "BatchMode=yes")
+
+
 def as_user(user: str, command: str) -> str:
     """command run by bash as user, whoever the connection logs in as.
 
