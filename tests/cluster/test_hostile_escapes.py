@@ -126,8 +126,9 @@ def test_a_job_starts_nothing_outside_its_run_through_ssh_or_the_user_manager(pr
 
 # A job writes configuration into the training user's home on every node, for whatever of the
 # account's later work reads it: an ssh client configuration whose LocalCommand leaves a mark and
-# a process behind whenever that user's ssh connects, and an Open MPI parameter file whose fork
-# agent (a program Open MPI's daemons start every rank through) leaves a mark and runs the rank.
+# a process behind whenever that user's ssh connects, an Open MPI parameter file whose fork agent
+# (a program Open MPI's daemons start every rank through) leaves a mark and runs the rank, and a
+# unit of the user's systemd manager, started whenever that manager starts (the node's boot).
 # distrun's later steps: the next check's logins between the nodes (outside every unit), the
 # sync mode's copies, a later run's mpirun, its daemons and ranks (inside that run, where a
 # command could read the run's secrets). They read the system's configuration only.
@@ -147,6 +148,12 @@ HOME_CONFIG_JOB = textwrap.dedent(r"""
     os.makedirs(f"{home}/.openmpi", exist_ok=True)
     with open(f"{home}/.openmpi/mca-params.conf", "w") as f:
         f.write(f"orte_fork_agent = {agent}\n")
+    units = f"{home}/.config/systemd/user"
+    os.makedirs(f"{units}/default.target.wants", exist_ok=True)
+    with open(f"{units}/escapee-{tag}.service", "w") as f:
+        f.write(f"[Service]\nExecStart=/bin/bash -c 'exec -a escapee-usrunit-{tag} sleep 600'\n"
+                "[Install]\nWantedBy=default.target\n")
+    os.symlink(f"../escapee-{tag}.service", f"{units}/default.target.wants/escapee-{tag}.service")
     sys.stdout.write(f"PLANTED {socket.gethostname()}\n")
 """)
 
@@ -191,7 +198,16 @@ def test_configuration_a_job_wrote_into_the_home_runs_nothing_in_later_checks_or
         agent = marked("forkagent")
         assert not TALLY.record("an Open MPI parameter file the job wrote starts a later run's ranks through its program",
                                 any(agent.values())), agent
+
+        # The node boots again: the training user's systemd manager starts anew (lingering).
+        for k in (1, 2, 3):
+            provisioned.exec(k, "systemctl restart user@$(id -u distrun).service && sleep 1")
+        units = _alive(provisioned, f"escapee-usrunit-{tag}")
+        assert not TALLY.record("a unit the job wrote into ~/.config/systemd/user starts outside every run at the next boot",
+                                any(units.values())), units
     finally:
         for k in (1, 2, 3):
-            provisioned.exec(k, f"pkill -f -- '[e]scapee-sshcfg-{tag}'; rm -rf /tmp/sshcfg-ran-{tag} /tmp/forkagent-{tag}.sh "
-                                f"/tmp/forkagent-ran-{tag} {HOME}/.ssh/config {HOME}/.openmpi; true", check=False)
+            units = f"{HOME}/.config/systemd/user"
+            provisioned.exec(k, f"pkill -f -- '[e]scapee-[a-z]*-{tag}'; rm -rf /tmp/sshcfg-ran-{tag} /tmp/forkagent-{tag}.sh "
+                                f"/tmp/forkagent-ran-{tag} {HOME}/.ssh/config {HOME}/.openmpi {units}/escapee-{tag}.service "
+                                f"{units}/default.target.wants/escapee-{tag}.service; true", check=False)

@@ -280,15 +280,9 @@ SSH_BUSY = re.compile(r"Connection reset by|Connection closed by|kex_exchange_id
 SSH_TRIES = 3
 
 
-def ssh_argv():
-    """ssh as the training user: the system's client configuration only, never ~/.ssh/config,
-    which a job can write (the runner's distrun.transport.remote.USER_SSH, in the config)."""
-    return list(CFG["user_ssh"])
-
-
 def probe_ssh(target):
     for attempt in range(SSH_TRIES):
-        proc = as_user([*ssh_argv(), "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
+        proc = as_user([*CFG["user_ssh"], "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
                        timeout=TIMEOUT + 10)
         if proc.returncode == 0:
             return {"ok": True, "check": "login", "detail": "ssh in batch mode works"}
@@ -313,7 +307,7 @@ def probe_banner(target):
     (``ssh -G`` resolves the host and port from the system's config without connecting). A target
     reached through a proxy, or whose config ssh cannot read, gets the full login instead."""
     conf = {}
-    proc = as_user([*ssh_argv(), "-G", "--", target], timeout=TIMEOUT + 10)
+    proc = as_user([*CFG["user_ssh"], "-G", "--", target], timeout=TIMEOUT + 10)
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
         conf.setdefault(key.lower(), value.strip())
@@ -501,7 +495,7 @@ def probe_shared_file(path, targets):
         return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {_last_line(made.stderr)}"}, {}
     synced = {}
     if targets:
-        rsh = " ".join([*ssh_argv(), "-o", f"ConnectTimeout={TIMEOUT}"])
+        rsh = " ".join([*CFG["user_ssh"], "-o", f"ConnectTimeout={TIMEOUT}"])
         rsyncs = fan_out(lambda t: as_user(["rsync", "--archive", "--rsh", rsh, path, f"{t}:{os.path.dirname(path)}/"],
                                            timeout=TIMEOUT + 30), targets)
         procs = {t: wait() for t, wait in rsyncs.items()}
