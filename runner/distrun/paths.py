@@ -90,12 +90,23 @@ def fact_cache_dir(inventory: Path) -> Path:
     One folder per inventory: two inventories may name different machines alike ('node1' in a
     test and in a production inventory), and a plan must never use another cluster's facts.
     """
-    resolved = Path(inventory).resolve()
-    key = hashlib.sha256(str(resolved).encode()).hexdigest()[:10]
-    path = state_dir() / "facts" / f"{resolved.name}-{key}"
+    path = state_dir() / "facts" / _inventory_key(inventory)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.parent.chmod(0o700)
     return path
+
+
+def _inventory_key(inventory: Path) -> str:
+    resolved = Path(inventory).resolve()
+    return f"{resolved.name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:10]}"
+
+
+def pushed_images_file(inventory: Path) -> Path:
+    """What 'distrun push-image' put on one inventory's nodes (image ref -> id), in a private folder."""
+    folder = state_dir() / "pushed-images"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.chmod(0o700)
+    return folder / f"{_inventory_key(inventory)}.json"
 
 
 def inventory_search_dirs() -> list[Path]:

@@ -25,6 +25,7 @@ import pytest
 from tests.harness import matrix
 
 from .conftest import REPO, distrun, run_processes, start_distrun
+from .hostile import TALLY
 from .test_matrix import HOSTS
 
 IMAGE = "localhost/distrun-cell:1"
@@ -185,6 +186,60 @@ def test_a_node_with_another_image_under_the_name_is_refused_and_nothing_starts(
                   "mpirun", "--script", str(cell_script), timeout=600)
     out = res.stdout + res.stderr
     assert res.rc != 0 and "image localhost/distrun-none:1 is not in podman's images of distrun on" in out, out[-3000:]
+
+
+# A job builds an image of its own on every node (the pushed image with one file added, so it
+# still runs every rank) and tags it with the name later runs use: the nodes then agree with each
+# other, not with what 'distrun push-image' put there.
+RETAG_JOB = textwrap.dedent(r"""
+    import os, socket, subprocess, sys, tempfile
+    image = sys.argv[1]
+    ctx = tempfile.mkdtemp()
+    with open(os.path.join(ctx, "marker"), "w") as f:
+        f.write("made by a job\n")
+    with open(os.path.join(ctx, "Containerfile"), "w") as f:
+        f.write(f"FROM {image}\nCOPY marker /job-made\n")
+    done = subprocess.run(["podman", "--cgroup-manager=cgroupfs", "build", "-q", "-t", image, ctx],
+                          capture_output=True, text=True, timeout=600)
+    sys.stdout.write(f"RETAGGED {socket.gethostname()} rc={done.returncode} {done.stderr[-300:]!r}\n")
+""")
+
+IN_IMAGE = textwrap.dedent(r"""
+    import os, socket, sys
+    sys.stdout.write(f"JOBMADE {socket.gethostname()} {os.path.exists('/job-made')}\n")
+""")
+
+
+def test_an_image_a_job_tagged_with_a_pushed_name_is_refused_on_every_node(provisioned, image_inventory, distrun_home,
+                                                                          tmp_path):
+    cluster = provisioned
+    pushed = image_id(cluster, 1)
+    job, probe = tmp_path / "retag.py", tmp_path / "in_image.py"
+    job.write_text(RETAG_JOB)
+    probe.write_text(IN_IMAGE)
+    try:
+        res = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--script", str(job), "--", IMAGE,
+                      timeout=900)
+        assert res.rc == 0 and res.stdout.count("RETAGGED ") == 3 and "rc=0" in res.stdout, res.stdout[-3000:]
+        made = [image_id(cluster, k) for k in (1, 2, 3)]
+        assert len(set(made)) == 1 and made[0] != pushed, (made, pushed)  # the nodes agree: on the job's image
+
+        later = distrun("train", "--inventory", image_inventory, "--launcher", "torchrun", "--script", str(probe),
+                        timeout=600)
+        out = later.stdout + later.stderr
+        ran_in_jobs = "JOBMADE" in out and " True" in out
+        assert not TALLY.record("an image a job tagged with a pushed name on every node runs a later run's ranks",
+                                later.rc == 0 or ran_in_jobs), out[-3000:]
+        assert re.search(rf"image {re.escape(IMAGE)} on node1 is sha256:[0-9a-f]{{12}}, not the {pushed[:19]} "
+                         r"'distrun push-image' put there", out), out[-3000:]
+        assert f"push it again from where it was built: 'distrun push-image {IMAGE}'" in out, out[-3000:]
+    finally:
+        for k in (1, 2, 3):  # the pushed image under its name again, the job's gone
+            jobs = image_id(cluster, k)
+            as_user(cluster, k, f"podman tag {pushed} {IMAGE}")
+            if jobs and jobs != pushed:
+                as_user(cluster, k, f"podman rmi -f {jobs}")
+    assert [image_id(cluster, k) for k in (1, 2, 3)] == [pushed] * 3
 
 
 SLEEPER = textwrap.dedent("""

@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from distrun import paths
 from distrun.errors import UserError
+from distrun.planning.jobplan import from_json, to_json
+from distrun.planning.needs import preflight_needs
+from distrun.planning.request import JobRequest, make_plan
 from distrun.project import image_push
+from distrun.store import images
 from distrun.transport import remote
 
 from .test_launchers import cluster
@@ -104,6 +109,29 @@ def test_only_the_nodes_without_the_image_get_it_and_a_second_push_moves_nothing
     assert second.moved == 0 and not second.saved and second.archive == ""
     assert {n.host: n.moved for n in second.nodes} == {"n1": 0, "n2": 0, "n3": 0}
     assert [loads(h) for h in ("n1", "n2", "n3")] == [0, 1, 1]
+
+
+def test_a_push_pins_the_runs_image_to_its_id_on_this_inventory_only(world, tmp_path):
+    """What push-image put on the nodes is what a later run asks every node for (the preflight's
+    image check); a failed push pins nothing, and another inventory's runs are not pinned."""
+    c, put, _, _, failing = world
+    put("here", ID_A)
+    failing.add("n2")
+    image_push.push(c, REF)
+    assert images.pushed_id(c.source, REF, "podman") == ""
+    failing.clear()
+    image_push.push(c, REF)
+    assert images.pushed_id(c.source, REF, "podman") == f"sha256:{ID_A}"
+    assert images.pushed_id(tmp_path / "other" / "hosts.yml", REF, "podman") == ""
+    plan = make_plan(JobRequest(inventory=c.source, image=REF, script=tmp_path / "t.py"), c, "r1", None)
+    assert plan.launch.container is not None and plan.launch.container.image_id == f"sha256:{ID_A}"
+    assert preflight_needs(plan)["preflight_image"]["id"] == f"sha256:{ID_A}"
+    assert to_json(plan)["container"] == {"image": REF, "runtime": "podman", "image_id": f"sha256:{ID_A}"}
+    assert from_json(to_json(plan)) == plan
+    put("here", ID_B)
+    image_push.push(c, REF)  # a new build of the name: runs want it from now on
+    assert images.pushed_id(c.source, REF, "podman") == f"sha256:{ID_B}"
+    assert stat.S_IMODE(paths.pushed_images_file(c.source).parent.stat().st_mode) == 0o700
 
 
 def test_a_node_that_lost_the_image_gets_the_cached_archive_without_a_new_save(world, tmp_path):

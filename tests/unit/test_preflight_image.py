@@ -54,6 +54,18 @@ def test_a_node_with_another_digest_is_blamed_against_the_majority():
                            "on node3: give node3 the same image: 'distrun push-image localhost/train:1 --from node1'")
 
 
+def test_every_node_holding_another_image_than_the_pushed_one_is_refused():
+    """A job of the training account tagged an image of its own with the run's name on every node:
+    the nodes agree with each other, not with what 'distrun push-image' put there."""
+    probes = {h: probe(h, image=image(B, pushed=A)) for h in NODES}
+    line = judge(probes, failed(*NODES))
+    assert line.startswith(f"image: image {REF} on node1 is sha256:bbbbbbbbbbbb, not the sha256:aaaaaaaaaaaa 'distrun "
+                           "push-image' put there (the training user's store is every job's: one can tag its own image "
+                           f"{REF}) on node1: push it again from where it was built: 'distrun push-image {REF}'"), line
+    probes = {h: probe(h, image=image(A, pushed=A)) for h in NODES}
+    assert judge(probes, failed()) == ""
+
+
 def test_a_missing_runtime_is_a_need_with_the_install_fix():
     probes = {h: probe(h, needs={"podman": {"ok": False, "detail": "not in PATH"}}) for h in NODES}
     line = judge(probes, failed(*NODES))

@@ -61,6 +61,8 @@ def probe_image(image):
     what is inside it (``contents``) when the run says what it needs there."""
     ref, runtime = str(image.get("ref", "")), str(image.get("runtime", ""))
     out = {"ref": ref, "runtime": runtime, "user": USER, "id": ""}
+    if image.get("id"):  # the id 'distrun push-image' put there, which the judge asks of every node
+        out["pushed"] = str(image["id"])
     proc = as_user([runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
     first = (proc.stdout or "").strip().splitlines()[:1]
     if proc.returncode != 0 or not first:

@@ -28,7 +28,8 @@ def push_image(ref: str, inventory: P.Inventory, from_node: str | None, as_json:
 
     A node that already holds the image's id gets nothing; the others get one archive, saved
     once into distrun's state folder under the id (a second push saves nothing) and loaded on
-    all of them at once. Then 'distrun train --image IMAGE' finds it on every node.
+    all of them at once. Then 'distrun train --image IMAGE' finds it on every node, and refuses a
+    node that holds another id under the name (a job can tag an image of its own).
     Example: distrun push-image localhost/train:1 --inventory prod
     """
     from distrun.inventory.cluster import load_cluster

@@ -13,7 +13,8 @@ import json
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrun.errors import PlanError
@@ -46,6 +47,9 @@ RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK
 class Container:
     image: str
     runtime: str = DEFAULT_RUNTIME
+    # The id 'distrun push-image' last put on the nodes under the name (sha256:...), which every
+    # node must hold (store/images.py); "" where the name was never pushed.
+    image_id: str = ""
 
 
 def check_image(ref: str, where: str) -> str:
@@ -81,6 +85,16 @@ def choose(source: object, group_vars: Mapping[str, Any], image: str | None,
     if runtime:
         raise PlanError("--container-runtime needs an image: add --image REF (or distrun_image in the inventory)")
     return None
+
+
+def pinned(container: Container | None, inventory: Path) -> Container | None:
+    """The container with the id 'distrun push-image' last put on the inventory's nodes under its
+    name (store/images.py), which the preflight then asks of every node."""
+    if container is None:
+        return None
+    from distrun.store import images
+
+    return replace(container, image_id=images.pushed_id(inventory, container.image, container.runtime))
 
 
 def env_names(plan: JobPlan) -> list[str]:

@@ -173,6 +173,8 @@ def to_json(plan: JobPlan) -> dict[str, Any]:
     for name, _ in _PARTS:
         for key, value in asdict(getattr(plan, name)).items():
             flat[_KEY_OF.get(key, key)] = value
+    if flat["container"] and not flat["container"]["image_id"]:  # an image never pushed: as before pins existed
+        del flat["container"]["image_id"]
     return json.loads(json.dumps({key: flat[key] for key in KEYS if flat[key] or key not in OPTIONAL}, default=str))
 
 

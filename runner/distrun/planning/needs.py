@@ -28,5 +28,7 @@ def preflight_needs(plan: JobPlan) -> dict[str, Any]:
         inside = {*WORKLOAD_MODULES.get(plan.program.workload or "", ()), *launcher.image_modules(plan)} - {"pymetis"}
         image = {"ref": plan.launch.container.image, "runtime": plan.launch.container.runtime, "modules": sorted(inside),
                  "mpi": launcher.image_uses_node_mpi}
+        if plan.launch.container.image_id:  # what 'distrun push-image' put there: every node must hold it
+            image["id"] = plan.launch.container.image_id
     return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs,
             "preflight_image": image}

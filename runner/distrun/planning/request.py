@@ -129,7 +129,8 @@ def make_plan(request: JobRequest, cluster: Cluster, run_id: str, network: Netwo
         workdir=node_path(cluster.shared_dir, request.workdir) if request.workdir else None,
         prepare=request.prepare,
         launcher_args=request.launcher_args,
-        container=containers.choose(cluster.source, cluster.group_vars, request.image, request.container_runtime),
+        container=containers.pinned(containers.choose(cluster.source, cluster.group_vars, request.image,
+                                                      request.container_runtime), cluster.source),
     )
 
 

@@ -73,8 +73,11 @@ def preflight_vars(label: str, run_dir: Path) -> dict[str, Any]:
 
 def image_vars(cluster: Cluster) -> dict[str, Any]:
     """The inventory's container image (distrun_image), checked on every node like a run's."""
-    container = containers.choose(cluster.source, cluster.group_vars, None, None)
-    return {"preflight_image": {"ref": container.image, "runtime": container.runtime}} if container else {}
+    container = containers.pinned(containers.choose(cluster.source, cluster.group_vars, None, None), cluster.source)
+    if container is None:
+        return {}
+    return {"preflight_image": {"ref": container.image, "runtime": container.runtime,
+                                **({"id": container.image_id} if container.image_id else {})}}
 
 
 def run_check(inventory: Path, label: str,

@@ -19,8 +19,9 @@ def _short(image_id: str) -> str:
 
 def verdict(probes: Mapping[str, Mapping[str, Any]], *, head: str,
             reference: Callable[[Mapping[str, str], str], str]) -> dict[str, Finding]:
-    """Per node that probed an image (the probe's ``image``: ref, runtime, user, id or error):
-    missing, different from the id most nodes have (the head breaks ties: ``reference``), or ok."""
+    """Per node that probed an image (the probe's ``image``: ref, runtime, user, id or error, and
+    ``pushed``, the id 'distrun push-image' put on the nodes): missing, not the pushed id,
+    different from the id most nodes have (the head breaks ties: ``reference``), or ok."""
     found = {h: p["image"] for h, p in probes.items() if isinstance(p.get("image"), Mapping)}
     out: dict[str, Finding] = {}
     ids = {h: str(i.get("id") or "") for h, i in found.items() if i.get("id")}
@@ -34,6 +35,12 @@ def verdict(probes: Mapping[str, Mapping[str, Any]], *, head: str,
                 f"'distrun push-image {ref}' from the machine that built or pulled it"
             out[h] = (False, f"image {ref} is not in {runtime}'s images of {user} on {h} ({info.get('error') or 'not found'})",
                       f"give it the image: {source}, or '{runtime} pull {ref}' there as {user}")
+        elif info.get("pushed") and got != info["pushed"]:
+            pushed = str(info["pushed"])
+            out[h] = (False, f"image {ref} on {h} is {_short(got)}, not the {_short(pushed)} 'distrun push-image' put "
+                             f"there (the training user's store is every job's: one can tag its own image {ref})",
+                      f"push it again from where it was built: 'distrun push-image {ref}', or name it by digest "
+                      f"({ref.split('@')[0]}@sha256:...)")
         elif got != want:
             out[h] = (False, f"image {ref} on {h} is {_short(got)} but {_short(want)} on {','.join(agree)}",
                       f"give {h} the same image: 'distrun push-image {ref} --from {agree[0]}', or "

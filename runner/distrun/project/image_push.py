@@ -26,6 +26,7 @@ from distrun import paths
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster, Node
 from distrun.planning import containers
+from distrun.store import images
 from distrun.transport import remote
 
 LOAD_TIMEOUT_S = 3600.0  # an archive of tens of GiB over a slow link
@@ -170,6 +171,7 @@ def push(cluster: Cluster, ref: str, from_node: str | None = None) -> Push:
         if h not in targets:
             result.nodes.append(NodeResult(h, got, got))
     if not targets:
+        images.record_push(cluster.source, ref, rt, f"sha256:{want}")
         return result
     archive = archive_path(want)
     result.archive = str(archive)
@@ -186,4 +188,6 @@ def push(cluster: Cluster, ref: str, from_node: str | None = None) -> Push:
             error = f"holds {got[:12] or 'nothing'} under {ref} after the load, not {want[:12]}"
         result.nodes.append(NodeResult(h, before[h][0], got, moved, round(took, 1), error))
     result.nodes.sort(key=lambda n: list(nodes).index(n.host))
+    if not result.failed:  # every node holds it now: runs of this name want this id (store/images.py)
+        images.record_push(cluster.source, ref, rt, f"sha256:{want}")
     return result
