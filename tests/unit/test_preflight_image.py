@@ -128,6 +128,14 @@ def test_the_probe_looks_inside_the_image_for_python3_and_the_modules(tmp_path):
     assert "mpi4py" in contents["mpi_error"] and "mpi" not in contents
 
 
+def test_the_probe_runs_nothing_of_an_image_that_is_not_the_pushed_one(tmp_path):
+    """The look inside runs the image's python3 as the training user, outside every unit: an image
+    a job tagged with the run's name in place of the pushed one is never started."""
+    ref = local_image()
+    found = run_probe_with_image(tmp_path, ref, {"modules": ["json"], "id": "sha256:" + "0" * 64})
+    assert found["pushed"] == "sha256:" + "0" * 64 and found["id"].startswith("sha256:") and "contents" not in found
+
+
 def contents(**c) -> dict:
     return image(contents={"python": "3.11.2", "missing": [], **c})
 

@@ -40,7 +40,8 @@ print(json.dumps(out))
 
 def image_contents(runtime, ref, modules, mpi):
     """What a rank finds in the image: its python3's version, the modules it lacks, its MPI."""
-    argv = [runtime, "run", "--rm", "--network=host", "--ipc=host", "--pid=host", "--entrypoint", "python3"]
+    # A pid namespace of its own: whatever the image starts ends with it (this runs outside every unit).
+    argv = [runtime, "run", "--rm", "--network=host", "--entrypoint", "python3"]
     if runtime == "podman" and USER != "root":
         argv.append("--userns=keep-id")  # rootless: the user's own uid inside, as the ranks run
     argv += [ref, "-I", "-c", IMAGE_PYTHON_CHECK, json.dumps(sorted(modules)), "1" if mpi else "0"]
@@ -70,6 +71,6 @@ def probe_image(image):
         return out
     image_id = first[0].strip()
     out["id"] = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
-    if "modules" in image:
+    if "modules" in image and out.get("pushed", out["id"]) == out["id"]:  # never an image nobody pushed
         out["contents"] = image_contents(runtime, ref, image.get("modules") or [], bool(image.get("mpi")))
     return out
