@@ -189,8 +189,9 @@ def test_a_node_with_another_image_under_the_name_is_refused_and_nothing_starts(
 
 
 # A job builds an image of its own on every node (the pushed image with one file added, so it
-# still runs every rank) and tags it with the name later runs use: the nodes then agree with each
-# other, not with what 'distrun push-image' put there.
+# still runs every rank; a fixed timestamp makes it the same id everywhere) and tags it with the
+# name later runs use: the nodes then agree with each other, not with what 'distrun push-image'
+# put there.
 RETAG_JOB = textwrap.dedent(r"""
     import os, socket, subprocess, sys, tempfile
     image = sys.argv[1]
@@ -199,7 +200,7 @@ RETAG_JOB = textwrap.dedent(r"""
         f.write("made by a job\n")
     with open(os.path.join(ctx, "Containerfile"), "w") as f:
         f.write(f"FROM {image}\nCOPY marker /job-made\n")
-    done = subprocess.run(["podman", "--cgroup-manager=cgroupfs", "build", "-q", "-t", image, ctx],
+    done = subprocess.run(["podman", "--cgroup-manager=cgroupfs", "build", "-q", "--timestamp", "0", "-t", image, ctx],
                           capture_output=True, text=True, timeout=600)
     sys.stdout.write(f"RETAGGED {socket.gethostname()} rc={done.returncode} {done.stderr[-300:]!r}\n")
 """)
