@@ -231,7 +231,7 @@ def test_an_image_a_job_tagged_with_a_pushed_name_is_refused_on_every_node(provi
         ran_in_jobs = "JOBMADE" in out and " True" in out
         assert not TALLY.record("an image a job tagged with a pushed name on every node runs a later run's ranks",
                                 later.rc == 0 or ran_in_jobs), out[-3000:]
-        assert re.search(rf"image {re.escape(IMAGE)} on node1 is sha256:[0-9a-f]{{12}}, not the {pushed[:19]} "
+        assert re.search(rf"image {re.escape(IMAGE)} on node1 is sha256:[0-9a-f]{{12}}, not the sha256:{pushed[:12]} "
                          r"'distrun push-image' put there", out), out[-3000:]
         assert f"push it again from where it was built: 'distrun push-image {IMAGE}'" in out, out[-3000:]
     finally:
