@@ -25,7 +25,7 @@ from distrun.errors import PlanError, UserError
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.planning import bundle, run_files
-from distrun.planning.envnames import check_env_key
+from distrun.planning.envnames import OPEN_MPI_PARAMS, check_env_key
 from distrun.planning.jobplan import to_json
 from distrun.planning.plan import build_plan
 from distrun.planning.run_files import render_env_file, render_rank_wrapper
@@ -177,8 +177,9 @@ def test_reserved_env_keys_are_refused(key):
         build_plan(cluster(), run_id="r1", extra_env={key: "other-run"})
 
 
-@pytest.mark.parametrize("key", ["OMPI_MCA_orte_launch_agent", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_mca_base_param_files",
-                                 "OMPI_MCA_mca_base_component_path"])
+@pytest.mark.parametrize("key", ["OMPI_MCA_orte_launch_agent", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent",
+                                 "OMPI_MCA_mca_base_param_files", "OMPI_MCA_mca_param_files",
+                                 "OMPI_MCA_mca_base_component_path", "OMPI_MCA_mca_component_path"])
 def test_the_launchers_own_mca_variables_are_refused_in_every_env_form(key, cli_env):
     """--env, the inventory's distrun_env or a project's file: mpirun's daemons would start another
     way than through the relay (the command line's --mca wins, so the value would be ignored), or
@@ -190,6 +191,17 @@ def test_the_launchers_own_mca_variables_are_refused_in_every_env_form(key, cli_
     assert res.returncode == 2
     assert res.stderr.strip().startswith(f"distrun: error: train: --env: {key}: ") and res.stderr.strip().endswith(
         "; leave it unset")
+
+
+@pytest.mark.parametrize("param", ["orte_launch_agent", "plm_rsh_agent", "orte_rsh_agent", "mca_base_param_files",
+                                   "mca_param_files", "mca_base_component_path", "mca_component_path"])
+def test_the_launchers_own_mca_parameters_are_refused_in_launcher_args(param, cli_env):
+    """The same parameters as --mca on mpirun's command line: one line naming the parameter."""
+    res = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", "--launcher", "mpirun",
+                          "--launcher-args", f"--mca {param} x"], capture_output=True, text=True, env=cli_env, cwd=REPO)
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"distrun: error: --launcher-args '--mca {param}': distrun sets mpirun's {param} "
+                                  f"itself ({OPEN_MPI_PARAMS[param]}); drop it")
 
 
 def test_reserved_env_key_is_refused_at_parse_time(cli_env):

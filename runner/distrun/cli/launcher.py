@@ -82,7 +82,7 @@ def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
                             "(--np, --hosts, --port) or the inventory")
     params = LAUNCHERS[launcher].owned_params if launcher in LAUNCHERS else {}
     for option, param in zip(words, words[1:], strict=False):
-        if param in params.get(option, ()):
-            raise UserError(f"--launcher-args '{option} {param}': distrun sets {launcher}'s {param} itself (it starts "
-                            "the ranks on the other nodes inside the run's units); drop it")
+        why = params.get(option, {}).get(param)
+        if why:
+            raise UserError(f"--launcher-args '{option} {param}': distrun sets {launcher}'s {param} itself ({why}); drop it")
 

@@ -49,8 +49,8 @@ class Launcher(ABC):
     # hosts, rendezvous, log folders): --launcher-args may not give them a second time.
     owned_args: tuple[str, ...] = ()
     # Parameters distrun sets through one of those options, which takes the parameter's name first
-    # (Open MPI's "--mca NAME VALUE"): option -> the names --launcher-args may not set again.
-    owned_params: Mapping[str, tuple[str, ...]] = {}
+    # (Open MPI's "--mca NAME VALUE"): option -> {name --launcher-args may not set again: why}.
+    owned_params: Mapping[str, Mapping[str, str]] = {}
     # Whether the launcher has a command line of its own that --launcher-args extends.
     takes_args: bool = True
     # Names this launcher's files() writes at the top of a run directory: a user's --script of

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from distrun.launchers.base import MPI_ABORT, MPI_PROCESS, Launcher
-from distrun.planning import containers
+from distrun.planning import containers, envnames
 from distrun.transport import nodeprog, remote, rundir
 
 if TYPE_CHECKING:
@@ -73,8 +73,7 @@ class Mpirun(Launcher):
                   "--prefix", "--map-by", "--output-filename", "--launch-agent")
     # Its daemons' start through each node's relay (another agent would start them outside the
     # units), over ssh with the system's configuration.
-    owned_params = {flag: ("orte_launch_agent", "plm_rsh_agent", "orte_rsh_agent", "mca_base_param_files",
-                           "mca_param_files", "mca_base_component_path", "mca_component_path") for flag in ("--mca", "-mca")}
+    owned_params = {flag: envnames.OPEN_MPI_PARAMS for flag in ("--mca", "-mca")}
     mpi_world = True
     image_uses_node_mpi = True
     rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),

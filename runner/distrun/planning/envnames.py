@@ -9,14 +9,16 @@ from distrun.errors import PlanError
 
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIX = "DISTRUN_"
-# Names distrun sets for the launcher itself, a rank's value would be ignored or undo it: why.
-OWNED = {
-    "OMPI_MCA_ORTE_LAUNCH_AGENT": "distrun starts Open MPI's daemons through its relay (mpirun's launch agent)",
-    "OMPI_MCA_PLM_RSH_AGENT": "mpirun reaches the other nodes with the cluster's ssh, which accepts distrun's daemons only",
-    **dict.fromkeys(("OMPI_MCA_MCA_BASE_PARAM_FILES", "OMPI_MCA_MCA_PARAM_FILES", "OMPI_MCA_MCA_BASE_COMPONENT_PATH",
-                     "OMPI_MCA_MCA_COMPONENT_PATH"),
-                    "distrun keeps Open MPI to its installation's own parameter file and components"),
+# Open MPI parameters distrun sets for mpirun and its daemons (on their command line, and as
+# OMPI_MCA_ variables): a value from a run's settings would undo them. Why, per parameter.
+_AGENT = "distrun starts Open MPI's daemons through its relay, over the cluster's ssh, which accepts distrun's daemons only"
+_FILES = "distrun keeps Open MPI to its installation's own parameter file and components"
+OPEN_MPI_PARAMS = {
+    **dict.fromkeys(("orte_launch_agent", "plm_rsh_agent", "orte_rsh_agent"), _AGENT),
+    **dict.fromkeys(("mca_base_param_files", "mca_param_files", "mca_base_component_path", "mca_component_path"), _FILES),
 }
+# Names distrun sets for the launcher itself, a rank's value would be ignored or undo it: why.
+OWNED = {f"OMPI_MCA_{param.upper()}": why for param, why in OPEN_MPI_PARAMS.items()}
 
 
 def env_name_problem(key: str) -> str | None:
