@@ -149,11 +149,11 @@ def render(t: dict | None, plot_rel: str | None = None) -> list[str]:
             "the 1-min load average when each row "
             "finished is in its last column (other work on the machine only slows a row down). Epoch = forward, "
             "backward, gradient allreduce, update; the slowest rank's mean after the first epoch. Communication "
-            "is the time inside the halo exchanges (and, for gcn_torch, the gradient allreduce; the "
+            "is the time inside the halo exchanges (and, for gcn_torch, the gradient allreduce; gcn_torch's "
             "exchanges of X·W1's and the second layer's rows overlap the sparse product over the rank's own "
-            "columns, so they count the time spent starting them and waiting after it; gcn_jittor's "
-            "allreduce runs inside Jittor's optimizer and is counted in bytes only); bytes are what each rank "
-            "sent per epoch.", ""]
+            "columns, so they count the time spent starting them and waiting after it; gcn_jittor's exchanges "
+            "end before its one product over every column, and its allreduce runs inside Jittor's optimizer "
+            "and is counted in bytes only); bytes are what each rank sent per epoch.", ""]
     for name, g, rows in shapes:
         out += [f"### {name + ': ' if name else ''}{describe(g)}", "",
                 "| workload | configuration | s/epoch | speedup vs 1 x 1 | per rank: compute s / communication s | "

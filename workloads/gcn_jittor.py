@@ -6,9 +6,8 @@
 
 Why the gradients are right under Jittor's MPI optimizer. Each rank computes the logits of the
 nodes it owns; its loss is  L_r = sum over its training nodes of CE / N_train, so the global loss
-is  L = sum_r L_r. Rows needed from other parts arrive through a custom jt.Function (Propagate:
-they travel while the product over the rank's own columns runs) whose backward sends the halo
-gradients back to their owners, so the gradient each rank computes for the shared
+is  L = sum_r L_r. Rows needed from other parts arrive through a custom jt.Function (Propagate)
+whose backward sends the halo gradients back to their owners, so the gradient each rank computes for the shared
 weights is exactly dL_r/dW including every cross-partition path, and dL/dW = sum_r dL_r/dW.
 Jittor's optimizer, when run under mpirun, replaces each gradient by its MEAN over ranks; we
 therefore hand it R * L_r, whose mean over ranks is sum_r dL_r/dW = dL/dW: the same step as
@@ -23,8 +22,7 @@ counted in bytes only.
 
 The first layer takes the cheaper order of Â·X·W1, as gcn_torch.py does: with features no wider
 than the hidden layer, Â·X first, the halo's feature rows exchanged once before training and each
-epoch only the owners' dropout masks of those rows (as bits, while the product over the own
-columns runs); with wide features (Cora's 1433
+epoch only the owners' dropout masks of those rows (as bits); with wide features (Cora's 1433
 against 16), X·W1 first, through the exchange above. Each rank draws the masks of the nodes it
 owns, so a node is dropped the same way wherever it is aggregated.
 """
@@ -56,10 +54,9 @@ def main() -> int:
     _, Propagate, _ = jittor_ops.functions(jt, stats)
     n_own = int(p["owned_gid"].size)
     halo = Halo(comm if world > 1 else None, n_own, p["send_idx"], p["send_counts"], p["recv_counts"])
-    a_own, a_halo = adj.split_columns(n_own)
 
     def propagate(h):  # noqa: ANN001,ANN202
-        return Propagate(a_own, a_halo, halo)(h)
+        return Propagate(adj, halo)(h)
     num_train = int(man["num_train"])
     num_classes = int(man["num_classes"])
 
@@ -93,7 +90,7 @@ def main() -> int:
         keep = masks_rng.random(features.shape, dtype=np.float32) >= args.dropout
         if world == 1:
             return jt.matmul(jt.array(adj.matmul(x_all * keep)), params["W1"])
-        y = jittor_ops.masked_aggregate(halo, a_own, a_halo, x_all, keep, stats)
+        y = jittor_ops.masked_aggregate(halo, adj, x_all, keep, stats)
         return jt.matmul(jt.array(y), params["W1"])
 
     def forward(training: bool):  # noqa: ANN202

@@ -1,6 +1,5 @@
 """What the Jittor trainers share: the environment Jittor needs before import, starting Jittor and
-MPI, the numpy-backed SpMM and the propagation with its halo exchange (overlapping the product
-over the own columns) as jt.Functions, the allreduce, the masked loss.
+MPI, the numpy-backed SpMM and the propagation with its halo exchange as jt.Functions, the allreduce, the masked loss.
 
 Import this module before numpy-heavy work and before Jittor: it sets Jittor's import-time
 variables (a CUDA nvcc without its runtime makes Jittor fail, and MKL/oneDNN would be
@@ -88,41 +87,34 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
             return jt.array(self.adj.rmatmul_t(g.numpy()))
 
     class Propagate(jt.Function):
-        """A · [h; the halo's rows of h] with A split into its own and its halo columns (the
-        concatenated rows are never built). Forward:
-        the halo rows travel while the product over the own columns runs; backward: the halo
-        rows' gradients travel back to their owners while the product with the own columns'
-        transpose runs, and are added to their nodes' gradients there."""
+        """A · [h; the halo's rows of h], A with the rank's own columns first, then its halo's.
+        Forward: the halo rows arrive, then one product over every column; backward: one product
+        with Aᵀ, whose halo rows' gradients travel back to their owners and are added to their
+        nodes' gradients there. mpi4py's non-blocking collectives move data only inside MPI calls,
+        so a product run while they are pending does not overlap them: splitting A into its own
+        and halo columns to do so cost a second pass over the rows and overlapped nothing."""
 
-        def __init__(self, own: SparseRows, halo_cols: SparseRows, halo: Halo) -> None:
-            self.own, self.halo_cols, self.halo = own, halo_cols, halo
+        def __init__(self, adj: SparseRows, halo: Halo) -> None:
+            self.adj, self.halo = adj, halo
 
         def execute(self, h):  # noqa: ANN001,ANN201
             a = h.numpy()
             t0 = time.perf_counter()
-            recv, pending = self.halo.start_gather(a)
+            recv = self.halo.gather(a)
             stats.seconds += time.perf_counter() - t0
             stats.bytes_sent += int(self.halo.send_idx.size) * a.shape[1] * a.itemsize
-            y = self.own.matmul(a)
-            t0 = time.perf_counter()
-            pending.wait()
-            stats.seconds += time.perf_counter() - t0
-            if recv.shape[0]:
-                y += self.halo_cols.matmul(recv)
-            return jt.array(y)
+            return jt.array(self.adj.matmul(np.concatenate([a, recv]) if recv.shape[0] else a))
 
         def grad(self, g):  # noqa: ANN001,ANN201
             g = g.numpy()
-            halo_grad = self.halo_cols.rmatmul_t(g)
+            full = self.adj.rmatmul_t(g)
+            n = self.halo.num_owned
             t0 = time.perf_counter()
-            back, pending = self.halo.start_scatter(halo_grad)
-            stats.seconds += time.perf_counter() - t0
-            stats.bytes_sent += int(self.halo.num_halo) * g.shape[1] * g.itemsize
-            grad = self.own.rmatmul_t(g)
-            t0 = time.perf_counter()
+            back, pending = self.halo.start_scatter(full[n:])
             pending.wait()
             stats.seconds += time.perf_counter() - t0
-            return jt.array(self.halo.add_back(grad, back))
+            stats.bytes_sent += int(self.halo.num_halo) * g.shape[1] * g.itemsize
+            return jt.array(self.halo.add_back(full[:n], back))
 
     class AllReduceSum(jt.Function):
         """Sum over ranks; the backward is the identity (each rank's loss is the replicated total)."""
@@ -147,23 +139,19 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
     return SpMM, Propagate, AllReduceSum
 
 
-def masked_aggregate(halo: Halo, own: SparseRows, halo_cols: SparseRows, x_all: np.ndarray, keep: np.ndarray,
+def masked_aggregate(halo: Halo, adj: SparseRows, x_all: np.ndarray, keep: np.ndarray,
                      stats: CommStats | None = None) -> np.ndarray:
-    """A · (x_all masked by the owners' dropout masks): ``keep`` is this rank's mask of its own rows,
-    the halo rows' masks travel as bits while the product over the own columns runs. Collective."""
-    n = halo.num_owned
+    """A · (x_all masked by the owners' dropout masks): ``keep`` is this rank's mask of its own rows;
+    the halo rows' masks arrive as bits, then one product over every column. Collective."""
     stats = stats or CommStats()
     t0 = time.perf_counter()
     bits, pending = halo.start_mask_rows(keep)
-    stats.seconds += time.perf_counter() - t0
-    stats.bytes_sent += int(halo.send_idx.size) * bits.shape[1]
-    y = own.matmul(x_all[:n] * keep)
-    t0 = time.perf_counter()
     pending.wait()
     stats.seconds += time.perf_counter() - t0
+    stats.bytes_sent += int(halo.send_idx.size) * bits.shape[1]
     if bits.shape[0]:
-        y += halo_cols.matmul(x_all[n:] * unpack_bits(bits, keep.shape[1]))
-    return y
+        keep = np.concatenate([keep, unpack_bits(bits, keep.shape[1])])
+    return adj.matmul(x_all * keep)
 
 
 def onehot_train(labels: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:
