@@ -52,6 +52,12 @@ class Container:
     image_id: str = ""
 
 
+def image_asked(container: Container) -> dict[str, str]:
+    """What the preflight asks of every node about an image: its reference, its runtime and, where
+    'distrun push-image' pinned it, the id every node must hold."""
+    return {"ref": container.image, "runtime": container.runtime, **({"id": container.image_id} if container.image_id else {})}
+
+
 def check_image(ref: str, where: str) -> str:
     """The image reference, or one line naming ``where`` (the flag or variable) and the fix."""
     if not _IMAGE.fullmatch(ref):

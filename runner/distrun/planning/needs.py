@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from distrun.launchers import launcher_named
+from distrun.planning import containers
 from distrun.planning.jobplan import JobPlan
 
 # Python modules a reference workload imports beyond the env's base (the partitioner uses Metis).
@@ -26,9 +27,7 @@ def preflight_needs(plan: JobPlan) -> dict[str, Any]:
         launcher = launcher_named(plan.launch.launcher)
         # The partitioner runs on the head in the node's env (pymetis there), the ranks in the image.
         inside = {*WORKLOAD_MODULES.get(plan.program.workload or "", ()), *launcher.image_modules(plan)} - {"pymetis"}
-        image = {"ref": plan.launch.container.image, "runtime": plan.launch.container.runtime, "modules": sorted(inside),
+        image = {**containers.image_asked(plan.launch.container), "modules": sorted(inside),
                  "mpi": launcher.image_uses_node_mpi}
-        if plan.launch.container.image_id:  # what 'distrun push-image' put there: every node must hold it
-            image["id"] = plan.launch.container.image_id
     return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs,
             "preflight_image": image}

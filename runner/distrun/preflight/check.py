@@ -76,8 +76,7 @@ def image_vars(cluster: Cluster) -> dict[str, Any]:
     container = containers.pinned(containers.choose(cluster.source, cluster.group_vars, None, None), cluster.source)
     if container is None:
         return {}
-    return {"preflight_image": {"ref": container.image, "runtime": container.runtime,
-                                **({"id": container.image_id} if container.image_id else {})}}
+    return {"preflight_image": containers.image_asked(container)}
 
 
 def run_check(inventory: Path, label: str,
