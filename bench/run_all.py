@@ -696,8 +696,8 @@ NOT_MEASURED = """\
 
 - **More than 16 nodes, and GPUs beyond one**: one 2-core VM without a GPU; the CLI's verbs are
   measured on up to 16 light nodes (no torch or Jittor on them), 1000 nodes only on paper
-  (planning/rendering) above; the GPU rows come from one lent single-GPU machine (section above),
-  with no distrun cluster on it.
+  (planning/rendering) above; the GPU rows come from two lent single-GPU machines (an H200, then
+  an H100; section above), with no distrun cluster on them.
 - **NFS shared folder**: this kernel has no NFS client or server; the test cluster uses
   `distrun_shared_fs_mode: sync` (rsync from the head).
 - **torchrun by hand vs `--launcher torchrun`**: only in the full run (`--quick` skips it).

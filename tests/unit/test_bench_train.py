@@ -63,3 +63,16 @@ def test_a_result_from_before_shapes_still_renders_as_one_table():
     text = "\n".join(train.render(old))
     assert text.count("| workload | configuration |") == 1 and "gcn_torch: 2.00" in text
     assert len([r for r in run_all.workload_rows(old) if r.startswith("| gcn_torch epoch")]) == 1
+
+
+def test_a_row_is_its_fastest_run_with_the_medians_beside_it_and_a_failed_run_fails_the_row():
+    runs = [dict(ROWS[1], epoch_s=e) for e in (0.14, 0.10, 0.18)]
+    row = train.fastest_run(runs)
+    assert row["epoch_s"] == 0.10 and row["median_epoch_s"] == 0.14 and row["runs_epoch_s"] == [0.14, 0.10, 0.18]
+    failed = train.fastest_run([*runs[:2], {k: v for k, v in ROWS[1].items() if k != "epoch_s"} | {"error": "rc 1"}])
+    assert failed.get("epoch_s") is None and "median_epoch_s" not in failed and failed["runs_epoch_s"][2] is None
+    data = dict(DATA, rows=[dict(ROWS[0], median_epoch_s=0.3, median_speedup=1.0),
+                            dict(ROWS[1], median_epoch_s=0.2, median_speedup=1.5)])
+    text = "\n".join(train.render(data))
+    assert "its row is its fastest run" in text
+    assert "gcn_torch, narrow: 2.00 (of the medians: 1.50) at load 1.2 — **met**" in text
