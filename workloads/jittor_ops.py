@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 
 import common  # noqa: E402
 from graph import SparseRows  # noqa: E402
-from halo import Halo, unpack_bits  # noqa: E402
+from halo import Halo  # noqa: E402
 
 
 @dataclass
@@ -110,11 +110,10 @@ def functions(jt: Any, stats: CommStats | None = None):  # noqa: ANN201
             full = self.adj.rmatmul_t(g)
             n = self.halo.num_owned
             t0 = time.perf_counter()
-            back, pending = self.halo.start_scatter(full[n:])
-            pending.wait()
+            grad = self.halo.scatter_add_back(full[n:], full[:n])
             stats.seconds += time.perf_counter() - t0
             stats.bytes_sent += int(self.halo.num_halo) * g.shape[1] * g.itemsize
-            return jt.array(self.halo.add_back(full[:n], back))
+            return jt.array(grad)
 
     class AllReduceSum(jt.Function):
         """Sum over ranks; the backward is the identity (each rank's loss is the replicated total)."""
@@ -145,13 +144,10 @@ def masked_aggregate(halo: Halo, adj: SparseRows, x_all: np.ndarray, keep: np.nd
     the halo rows' masks arrive as bits, then one product over every column. Collective."""
     stats = stats or CommStats()
     t0 = time.perf_counter()
-    bits, pending = halo.start_mask_rows(keep)
-    pending.wait()
+    masks = halo.mask_rows(keep)
     stats.seconds += time.perf_counter() - t0
-    stats.bytes_sent += int(halo.send_idx.size) * bits.shape[1]
-    if bits.shape[0]:
-        keep = np.concatenate([keep, unpack_bits(bits, keep.shape[1])])
-    return adj.matmul(x_all * keep)
+    stats.bytes_sent += int(halo.send_idx.size) * ((keep.shape[1] + 7) // 8)
+    return adj.matmul(x_all * masks)
 
 
 def onehot_train(labels: np.ndarray, train_mask: np.ndarray, num_classes: int) -> np.ndarray:
