@@ -10,7 +10,8 @@ N of them. Then, in this order:
 
   setup     first converge of the smallest size, its re-run; first converge of the largest size
             (its first nodes already converged, the rest fresh), its re-run
-  per size  `distrun check` twice in a row (wall, and every failure either run reported),
+  per size  `distrun check` twice in a row (wall, and every failure either run reported: the
+            first logs in from every node to every other, the second checks sshd banners),
             `distrun train --script` of a 1-second mpi4py job three times (launch overhead =
             wall - 1 s; the run record's collect phase), `train --detach` of a long job and
             `distrun stop` of it

@@ -26,6 +26,7 @@ from distrun.store.runs import Phases, new_run
 from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 
 from .test_check import NODES, SETUP
+from .test_check import probe as full_probe
 from .test_one_judge import JUDGE_PLAY as ONE_JUDGE_PLAY
 from .test_one_judge import OPTIONS, plugin, probe
 
@@ -256,3 +257,168 @@ def test_the_roles_judge_step_publishes_the_fingerprints_and_fails_the_unverifie
                                          extravars={"preflight_ssh_baseline": {**FP, "node3": "sha256:new"}})
     assert result.ok and result.fact("seen_ssh_mode") == "banner"
     assert not sshmesh.unverified(result.fact(sshmesh.FACT))
+
+
+# 'distrun check': every node checks every other, the mesh the last logins proved is kept.
+
+def mesh_probes(fingerprints: dict[str, str], baseline: dict[str, str], broken: dict | None = None) -> dict[str, dict]:
+    """The full set's probes as the role makes them: each node logs in to the others, or checks
+    their banners where the mode the baseline gives it says so; ``broken``: (src, dst) -> result."""
+    modes = plugin()["distrun_ssh_mode"]
+    probes = {}
+    for h in NODES:
+        others = [o for o in NODES if o != h]
+        how = modes(baseline, h, others)
+        ssh = {o: {"ok": True, "check": how, "detail": "sshd answers" if how == "banner" else "ssh in batch mode works"}
+               for o in others}
+        ssh.update({dst: {"check": how, **r} for (src, dst), r in (broken or {}).items() if src == h})
+        probes[h] = full_probe(h, ssh=ssh, ssh_fingerprint=fingerprints[h])
+    return probes
+
+
+def test_a_check_whose_logins_all_passed_proves_the_mesh_and_the_next_checks_banners(tmp_path):
+    inv = tmp_path / "hosts.yml"
+    mesh = sshmesh.summary(mesh_probes(FP, {}), head="node1", baseline={}, every=True)
+    assert mesh == {"head": "node1", "checked": "login", "passed": True, "fingerprints": FP, "unverified": [],
+                    "mesh": True}
+    sshmesh.remember(inv, mesh)
+    assert sshmesh.mesh_baseline(inv) == FP and sshmesh.baseline(inv, "node1") == FP
+    probes = mesh_probes(FP, FP)
+    assert {r["check"] for p in probes.values() for r in p["ssh"].values()} == {"banner"}
+    ssh = verdict(probes, head="node1", shared_mode="sync", shared_dir="/srv/distrun", setup=SETUP, ssh_baseline=FP)["ssh"]
+    assert ssh["node2"].ok and ssh["node2"].detail == "sshd answers on node1,node3 (login verified earlier, nothing changed since)"
+    again = sshmesh.summary(probes, head="node1", baseline=FP, every=True)
+    assert again["checked"] == "banner" and not sshmesh.unverified(again)
+    sshmesh.remember(inv, again)  # banners prove nothing new, and lose nothing
+    assert sshmesh.mesh_baseline(inv) == FP
+
+
+def test_a_node_that_changed_leaves_every_node_checking_it_unverified():
+    now = {**FP, "node3": "sha256:new"}
+    probes = mesh_probes(now, FP)
+    ssh = verdict(probes, head="node1", shared_mode="sync", shared_dir="/srv/distrun", setup=SETUP, ssh_baseline=FP)["ssh"]
+    assert {h for h, it in ssh.items() if not it.ok} == {"node1", "node2", "node3"}
+    assert "no login was verified since node3 changed" in ssh["node2"].detail
+    assert sshmesh.summary(probes, head="node1", baseline=FP, every=True)["unverified"] == ["node3"]
+
+
+def test_a_failed_login_anywhere_in_the_mesh_forgets_every_proof(tmp_path):
+    inv = tmp_path / "hosts.yml"
+    sshmesh.remember(inv, sshmesh.summary(mesh_probes(FP, {}), head="node1", baseline={}, every=True))
+    failed = mesh_probes(FP, {}, broken={("node2", "node3"): {"ok": False, "detail": "Permission denied (publickey)."}})
+    mesh = sshmesh.summary(failed, head="node1", baseline={}, every=True)
+    assert mesh["checked"] == "login" and not mesh["passed"]
+    sshmesh.remember(inv, mesh)
+    assert sshmesh.mesh_baseline(inv) == {} and sshmesh.baseline(inv, "node1") == {}
+
+
+def test_a_mesh_with_a_node_whose_probe_broke_is_not_proved(tmp_path):
+    probes = mesh_probes(FP, {})
+    probes["node3"] = {"host": "node3", "probe_error": {"step": "ssh"}}
+    mesh = sshmesh.summary(probes, head="node1", baseline={}, every=True)
+    assert not mesh["passed"]
+
+
+def test_a_runs_head_logins_keep_the_mesh_a_check_proved(tmp_path):
+    inv = tmp_path / "hosts.yml"
+    sshmesh.remember(inv, sshmesh.summary(mesh_probes(FP, {}), head="node1", baseline={}, every=True))
+    sshmesh.remember(inv, login_mesh({"node1": FP["node1"], "node2": FP["node2"]}))
+    assert sshmesh.mesh_baseline(inv) == FP
+
+
+class FakeCheck:
+    """preflight.yml's full set as 'distrun check' sees it: the role's modes and judge on the
+    probes of nodes whose fingerprints are ``fingerprints``; ``broken`` logins fail."""
+
+    def __init__(self, fingerprints: dict[str, str], broken: dict | None = None) -> None:
+        self.fingerprints, self.broken = fingerprints, broken or {}
+        self.baselines: list[dict] = []
+        self.filters = plugin()
+
+    def __call__(self, playbook: str, inventory: Path, run_dir: Path, extravars: dict, **_: object) -> PlaybookResult:
+        baseline = extravars["preflight_ssh_baseline"]
+        self.baselines.append(baseline)
+        probes = mesh_probes(self.fingerprints, baseline, None if baseline else self.broken)
+        found = self.filters["distrun_preflight_report"](
+            probes, **{**OPTIONS, "seen": {"node2": "/srv/distrun/.p", "node3": "/srv/distrun/.p"}}, ssh_baseline=baseline)
+        hosts = {}
+        for h in NODES:
+            problems = self.filters["distrun_preflight_problems"](found, h)
+            hosts[h] = HostProgress(h, ok=3, failed=int(bool(problems)), failed_step="preflight" if problems else "",
+                                    last_error=" | ".join(problems))
+        hosts["node1"].facts = {"preflight_verdict": found,
+                                sshmesh.FACT: self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline,
+                                                                              every=True)}
+        failed = any(h.failed for h in hosts.values())
+        return PlaybookResult(playbook, 2 if failed else 0, "failed" if failed else "successful", hosts, run_dir)
+
+
+def check_run(tmp_path: Path, monkeypatch, role: FakeCheck, ssh_logins: bool = False) -> dict:
+    from distrun.preflight import check
+
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[head]\nnode1 ansible_host=10.0.0.1\n[workers]\nnode2 ansible_host=10.0.0.2\n"
+                   "node3 ansible_host=10.0.0.3\n")
+    monkeypatch.setattr(check, "run_playbook", role)
+    report, _ = check.run_check(inv, "test", ssh_logins=ssh_logins)
+    return report
+
+
+def test_check_logs_in_first_then_checks_banners_and_logs_in_again_after_a_change(tmp_path, monkeypatch):
+    role = FakeCheck(FP)
+    first = check_run(tmp_path, monkeypatch, role)
+    second = check_run(tmp_path, monkeypatch, role)
+    assert first["ok"] and second["ok"]
+    assert first["checks"]["ssh"]["node2"]["detail"] == "reaches node1,node3"
+    assert second["checks"]["ssh"]["node2"]["detail"].startswith("sshd answers on node1,node3")
+    role.fingerprints = {**FP, "node2": "sha256:new"}  # e.g. its user's keys were rewritten
+    third = check_run(tmp_path, monkeypatch, role)
+    assert third["ok"] and third["checks"]["ssh"]["node2"]["detail"] == "reaches node1,node3"
+    assert role.baselines == [{}, FP, FP, {}]
+    assert sshmesh.mesh_baseline(tmp_path / "hosts.ini") == role.fingerprints
+
+
+def test_a_changed_node_whose_login_fails_is_named_by_check_with_the_ssh_fix(tmp_path, monkeypatch):
+    check_run(tmp_path, monkeypatch, FakeCheck(FP))
+    role = FakeCheck({**FP, "node3": "sha256:new"},
+                     broken={("node2", "node3"): {"ok": False, "detail": "distrun@node3: Permission denied (publickey)."}})
+    report = check_run(tmp_path, monkeypatch, role)
+    assert role.baselines == [FP, {}] and not report["ok"]
+    bad = {h for h, it in report["checks"]["ssh"].items() if not it["ok"]}
+    assert bad == {"node2"}
+    assert report["checks"]["ssh"]["node2"]["detail"] == "node2 -> node3: distrun@node3: Permission denied (publickey)."
+    assert report["checks"]["ssh"]["node2"]["fix"] == SSH_FIX
+    assert sshmesh.mesh_baseline(tmp_path / "hosts.ini") == {}
+
+
+def test_check_ssh_logins_logs_in_whatever_was_proved(tmp_path, monkeypatch):
+    role = FakeCheck(FP)
+    check_run(tmp_path, monkeypatch, role)
+    check_run(tmp_path, monkeypatch, role, ssh_logins=True)
+    assert role.baselines == [{}, {}]
+
+
+def test_the_roles_full_set_has_every_node_check_banners_once_the_mesh_holds_them_all(tmp_path, monkeypatch):
+    """The role's mode variable for real: in the full set, every node (not only the head)."""
+    from distrun.transport import ansible_bridge
+
+    playbook = tmp_path / "modes.yml"
+    playbook.write_text(ONE_JUDGE_PLAY + """\
+    - name: Publish how each node's probe would check ssh
+      ansible.builtin.set_fact:
+        seen_ssh_mode: "{{ _preflight_ssh_mode }}"
+""")
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    for baseline, want in [(FP, "banner"), ({"node1": FP["node1"], "node2": FP["node2"]}, "login")]:
+        probes = mesh_probes(FP, baseline)
+        hosts = {h: {"_preflight_probe_run": {"stdout": json.dumps(p)}, "_preflight_seen": {"stdout": "/srv/distrun/.p"}}
+                 for h, p in probes.items()}
+        inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                      "preflight_inventory": "test", "preflight_log_dir": "/runs/R1/ansible"},
+                             "children": {"head": {"hosts": {"node1": None}}, "workers": {"hosts": hosts}}}}
+        inv = tmp_path / f"hosts-{want}.yml"
+        inv.write_text(json.dumps(inventory))
+        result = ansible_bridge.run_playbook(str(playbook), inv, tmp_path / f"run-{want}",
+                                             extravars={"preflight_ssh_baseline": baseline, "preflight_full": True})
+        modes = {h: (result.hosts[h].facts or {}).get("seen_ssh_mode") for h in NODES}
+        assert result.ok and modes == {h: want for h in NODES}, [h.last_error for h in result.failures()]

@@ -84,7 +84,10 @@ def hostfile(inventory: P.Inventory) -> None:
 @main.command(cls=Command)
 @P.inventory_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON: ok, checks (check -> node -> ok, detail, fix), hosts.")
-def check(inventory: P.Inventory, as_json: bool) -> None:
+@click.option("--ssh-logins", is_flag=True,
+              help="Log in from every node to every other even where the last check proved those logins "
+                   "and nothing they depend on changed (then each node only checks the others' sshd banners).")
+def check(inventory: P.Inventory, as_json: bool, ssh_logins: bool) -> None:
     """Check every node can run a job; report each check per node, with a fix for each failure.
 
     \b
@@ -95,7 +98,9 @@ def check(inventory: P.Inventory, as_json: bool) -> None:
                      digest of the env's package list are the same on every node
       ports          the rendezvous port (29500) is free on the head; a process holding
                      it is named
-      ssh            every node reaches every other node in batch mode
+      ssh            every node reaches every other node in batch mode (logins; once
+                     they were proved and nothing they depend on changed on any node,
+                     every node checks the others' sshd banners: --ssh-logins logs in)
       names          every node resolves every node name to the same address
       shared folder  writable by the training user; a file written on the head is seen
                      on every node (nfs, sshfs) or arrives by rsync (sync: "synced")
@@ -108,13 +113,13 @@ def check(inventory: P.Inventory, as_json: bool) -> None:
 
     inv = inventory.path
     if as_json:
-        report, _ = run_check(inv, inventory.label)
+        report, _ = run_check(inv, inventory.label, ssh_logins=ssh_logins)
         click.echo(json.dumps(report, indent=2))
     else:
         from distrun.ui.console import PlaybookProgress
 
         report, _ = run_check(inv, inventory.label, progress=lambda names: PlaybookProgress(
-            f"distrun check on {len(names)} node(s) from {inv}", names))
+            f"distrun check on {len(names)} node(s) from {inv}", names), ssh_logins=ssh_logins)
         print_check_report(report)
     sys.exit(ExitCode.OK if report["ok"] else ExitCode.FAILED)
 

@@ -80,11 +80,15 @@ def image_vars(cluster: Cluster) -> dict[str, Any]:
 
 
 def run_check(inventory: Path, label: str,
-              progress: Callable[[list[str]], Any] | None = None) -> tuple[dict[str, Any], Cluster]:
+              progress: Callable[[list[str]], Any] | None = None,
+              ssh_logins: bool = False) -> tuple[dict[str, Any], Cluster]:
     """Run the full preflight; the report as 'distrun check --json' prints it, and the cluster.
 
     ``progress(host_names)`` gives a context manager that is also the event handler (the live
-    table of the human output); without it nothing is printed.
+    table of the human output); without it nothing is printed. Every node logs in to every other
+    unless the last logins proved that mesh and nothing a login depends on changed on any node
+    since (sshmesh): then each checks the others' sshd banners, and a changed node sends the
+    check back to logins from every node. ``ssh_logins``: log in whatever was proved.
     """
     started = time.monotonic()
     # Read the inventory once (ansible-inventory takes a second or more): a stopped node must
@@ -93,16 +97,20 @@ def run_check(inventory: Path, label: str,
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))
     run = new_run("check", inventory)
     names = [n.name for n in cluster.nodes]
+    extravars = {"preflight_full": True, **preflight_vars(label, run.dir), **image_vars(cluster)}
+    proved = {} if ssh_logins else sshmesh.mesh_baseline(inventory)
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
-        result: PlaybookResult = run_playbook(
-            "playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
-            extravars={"preflight_full": True, **preflight_vars(label, run.dir), **image_vars(cluster)},
+        def full(baseline: dict[str, str]) -> PlaybookResult:
             # One fork per node: the full network probe's listeners wait for calls from every
             # other node, so every node's probe must run at once (with fewer forks, the nodes
             # past the first forks start when the first have given up on them).
-            forks=len(names),
-        )
-    sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # every node logged in to every other
+            return run_playbook("playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
+                                extravars={**extravars, "preflight_ssh_baseline": baseline}, forks=len(names))
+
+        result: PlaybookResult = full(proved)
+        if proved and sshmesh.unverified(result.fact(sshmesh.FACT)):
+            result = full({})  # a node changed what a login depends on: every node logs in again
+    sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # the logins' proof, when there were logins
     hosts = host_states(result, names)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
     reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]

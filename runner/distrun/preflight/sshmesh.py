@@ -1,13 +1,19 @@
-"""The ssh mesh's baseline: the nodes a full ssh login from the head last proved, per inventory.
+"""The ssh mesh's baselines: the logins a full ssh login last proved, per inventory.
 
 Before every run the head logs in as the training user to every other node of the run, as
 mpirun will (about 0.2 s, on the critical path). Every node's probe also reports a fingerprint of
 what such a login depends on there (the user's entry and ssh files, sshd's configuration and host
-keys, the boot). After a preflight whose logins from the head all passed, the runner keeps the
-fingerprints of the head and its targets; a run whose head and targets are all kept is told so
-(``preflight_ssh_baseline``) and the head only checks that each sshd answers with its banner.
-A node whose fingerprint differs from the kept one is unverified: the runner runs the preflight
-again with full logins, which pass (and are kept) or refuse the run on the real login's error.
+keys, /etc/hosts, the boot). After a preflight whose logins from the head all passed, the runner
+keeps the fingerprints of the head and its targets; a run whose head and targets are all kept is
+told so (``preflight_ssh_baseline``) and the head only checks that each sshd answers with its
+banner. A node whose fingerprint differs from the kept one is unverified: the runner runs the
+preflight again with full logins, which pass (and are kept) or refuse the run on the real login's
+error.
+
+'distrun check' does the same for the whole mesh: once every node logged in to every other and
+all passed, the runner keeps every node's fingerprint as the mesh; a later check over nodes of
+that mesh has every node check the others' banners (N(N-1) TCP connections instead of N(N-1)
+logins), and a node whose fingerprint changed sends the check back to full logins from every node.
 The role calls the pure functions through role distrun's filter plugin.
 """
 
@@ -63,23 +69,33 @@ def finding(probes: Mapping[str, Mapping[str, Any]], head: str, baseline: Mappin
     if moved:
         return (False, f"{head} -> {','.join(banner)}: sshd answers, but no login was verified since "
                        f"{','.join(moved)} changed (the user, its ssh keys or config, sshd or a reboot)",
-                "run 'distrun check' (it logs in from every node), then train again")
+                "run 'distrun check --ssh-logins' (it logs in from every node), then train again")
     parts = [f"reaches {','.join(logins)}"] if logins else []
     if banner:
         parts.append(f"sshd answers on {','.join(banner)} (login verified earlier, nothing changed since)")
     return True, "; ".join(parts), ""
 
 
-def summary(probes: Mapping[str, Mapping[str, Any]], *, head: str, baseline: Mapping[str, str] | None) -> dict[str, Any]:
-    """What the runner needs of a preflight (published as FACT): how the head checked ssh
-    ('login', 'banner' or 'none'), whether every check passed, the fingerprints of the head and
-    its targets, and the nodes a banner check left unverified."""
-    results = _ssh(probes, head)
-    how = "none" if not results else "banner" if any(r.get("check") == "banner" for r in results.values()) else "login"
-    fingerprints = {n: str(probes[n]["ssh_fingerprint"]) for n in (head, *results)
+def summary(probes: Mapping[str, Mapping[str, Any]], *, head: str, baseline: Mapping[str, str] | None,
+            every: bool = False) -> dict[str, Any]:
+    """What the runner needs of a preflight (published as FACT): how ssh was checked ('login',
+    'banner' or 'none'), whether every check passed, the fingerprints of the nodes checked, and the
+    nodes a banner check left unverified. The head's checks; with ``every`` (the full set, where
+    every node checks every other), every node's, and ``mesh`` says so."""
+    sources = sorted(n for n, p in probes.items() if _ssh(probes, n)) if every else [head]
+    results = [r for s in sources for r in _ssh(probes, s).values()]
+    nodes = {*sources, *(t for s in sources for t in _ssh(probes, s))}
+    how = "none" if not results else "banner" if any(r.get("check") == "banner" for r in results) else "login"
+    fingerprints = {n: str(probes[n]["ssh_fingerprint"]) for n in sorted(nodes)
                     if _usable(probes.get(n)) and probes[n].get("ssh_fingerprint")}
-    return {"head": head, "checked": how, "passed": bool(results) and all(r.get("ok") for r in results.values()),
-            "fingerprints": fingerprints, "unverified": changed(probes, head, baseline)}
+    passed = bool(results) and all(r.get("ok") for r in results)
+    if every:  # a mesh is proved only with every node's probe through and its fingerprint known
+        passed = passed and all(_usable(p) for p in probes.values()) and set(fingerprints) == nodes
+    out = {"head": head, "checked": how, "passed": passed, "fingerprints": fingerprints,
+           "unverified": sorted({n for s in sources for n in changed(probes, s, baseline)})}
+    if every:
+        out["mesh"] = True
+    return out
 
 
 def unverified(mesh: Mapping[str, Any] | None) -> bool:
@@ -110,10 +126,18 @@ def baseline(inventory: Path, head: str) -> dict[str, str]:
     return {str(n): str(fp) for n, fp in kept["nodes"].items()}
 
 
+def mesh_baseline(inventory: Path) -> dict[str, str]:
+    """Node -> fingerprint of the nodes among which every login was last proved ('distrun
+    check'); empty when none was kept."""
+    mesh = _read(inventory).get("mesh")
+    return {str(n): str(fp) for n, fp in mesh.items()} if isinstance(mesh, dict) else {}
+
+
 def remember(inventory: Path, mesh: Mapping[str, Any] | None) -> None:
     """Keep what a preflight's logins proved. Logins that all passed add the head's and the
-    targets' fingerprints (to the kept ones while the head is unchanged); a failed login forgets
-    everything, so the next run logs in again. Banner checks prove nothing new."""
+    targets' fingerprints (to the kept ones while the head is unchanged), and a full set's
+    logins replace the kept mesh; a failed login forgets everything, so the next run or check
+    logs in again. Banner checks prove nothing new."""
     if not isinstance(mesh, Mapping) or mesh.get("checked") != "login":
         return
     head, found = str(mesh.get("head", "")), dict(mesh.get("fingerprints") or {})
@@ -123,11 +147,17 @@ def remember(inventory: Path, mesh: Mapping[str, Any] | None) -> None:
         return
     if head not in found:
         return
+    kept = _read(inventory)
     nodes = baseline(inventory, head)
     if nodes.get(head) != found[head]:
         nodes = {}  # the other nodes were proved from a head that has changed since
     nodes.update({str(n): str(fp) for n, fp in found.items()})
-    _write(_file(inventory), {"head": head, "nodes": nodes})
+    data: dict[str, Any] = {"head": head, "nodes": nodes}
+    if mesh.get("mesh"):
+        data["mesh"] = {str(n): str(fp) for n, fp in found.items()}
+    elif isinstance(kept.get("mesh"), dict):
+        data["mesh"] = kept["mesh"]  # a changed node's fingerprint still sends the next check to logins
+    _write(_file(inventory), data)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
