@@ -253,7 +253,23 @@ def _where_lines(data: dict) -> list[str]:
                    f"{_f(med([x['phases'].get('run.yml (preflight, stage)') for x in t if x.get('phases')]))} | "
                    f"{_f(med([x['tasks'].get(probe) for x in t if (x.get('tasks') or {}).get(probe)]))} | "
                    f"{_f(med([x['phases'].get('follow (ranks run)') for x in t if (x.get('phases') or {}).get('follow (ranks run)')]))} |")
-    return out
+    return out + _check_reading(_ok(data.get("rows") or []), probe)
+
+
+def _check_reading(rows: list[dict], probe: str) -> list[str]:
+    """What the second check saved at the largest size, and what the rest of its time is."""
+    big = max(rows, key=lambda r: r["nodes"], default=None)
+    checks = [c for c in (big or {}).get("check") or [] if (c.get("tasks") or {}).get(probe)]
+    if len(checks) < 2:
+        return []
+    first, again = checks[0], checks[1]
+    facts = (again.get("tasks") or {}).get("Gathering Facts") or 0.0
+    rest = again["wall_s"] - again["tasks"][probe] - facts
+    return ["", f"Reading: at {big['nodes']} nodes the second `check`'s probe took {_f(again['tasks'][probe])} s against "
+                f"{_f(first['tasks'][probe])} s with logins ({_f(first['tasks'][probe] / again['tasks'][probe], 1)}x less); "
+                f"the rest of its {_f(again['wall_s'])} s is Ansible's fact gathering ({_f(facts)} s, which `check` "
+                f"always renews) and its other steps ({_f(rest)} s: ansible-playbook's start, the head's probe file "
+                "seen on every node, the judge), all of which grow with the work of every node on these 2 cores."]
 
 
 def _model(table: list[dict], prefix: str) -> dict:

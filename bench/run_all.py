@@ -473,7 +473,7 @@ SPLICEABLE = ("cluster", "nodes", "collect", "partition", "gdc", "train")
 SPLICE_HEADINGS = {"partition": ("## Partition",), "nodes": ("## Scale on real nodes",), "gdc": ("## GDC",), "collect": ("## Collect",),
                    "train": ("## Strong scaling", "## Training: epoch time"),
                    "cluster": ("## `setup.yml`", "## Launch overhead", "## Long runs", "## Failure latency")}
-SPLICE_ROWS = {"nodes": ("| check (median", "| launch overhead (train"),
+SPLICE_ROWS = {"nodes": ("| check, first run", "| check again", "| check (median", "| launch overhead (train"),
                "train": ("| gcn_ddp epoch", "| gcn_torch epoch", "| gcn_jittor epoch"), "collect": ("| collect with",),
                "partition": ("| partition 114M", "| reuse an existing partition"), "gdc": ("| GDC diffusion",),
                "cluster": ("| setup.yml", "| distrun train --script", "| distrun train --launcher torchrun")}
