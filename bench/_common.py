@@ -33,6 +33,29 @@ def run(cmd: list[str], *, env: dict | None = None, timeout: float = 1800, cwd: 
     return proc, time.monotonic() - t0
 
 
+def _busy_s() -> float:
+    """CPU seconds this machine's cores spent busy since boot (every process: the nodes' too)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
+    steal_guest = sum(fields[7:]) if len(fields) > 7 else 0  # steal, guest, guest_nice: not this machine's work
+    return (sum(fields) - idle - steal_guest) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def run_cpu(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess[str], float, dict]:
+    """run(), and the CPU it took: ``machine_s`` every core's busy time while it ran (the nodes'
+    work included, and whatever else ran), ``command_s`` the command's own process tree (the
+    processes it waited for), ``cores``."""
+    busy, own = _busy_s(), _children_s()
+    proc, wall = run(cmd, **kwargs)
+    return proc, wall, {"machine_s": round(_busy_s() - busy, 2), "command_s": round(_children_s() - own, 2),
+                        "cores": os.cpu_count() or 1}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

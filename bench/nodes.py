@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DISTRUN, REPO, CliHome, machine, median, run, say, write_json  # noqa: E402
+from _common import DISTRUN, REPO, CliHome, machine, median, run, run_cpu, say, write_json  # noqa: E402
 from cluster import RECAP, RUN_ID  # noqa: E402
 
 sys.path.insert(0, str(REPO))
@@ -141,8 +141,9 @@ class Nodes(CliHome):
         return row
 
     def check(self, n: int, extra: dict | None = None) -> dict:
-        proc, wall = run([DISTRUN, "check", "--inventory", self.hosts(n), "--json"], env=self.env(extra), timeout=900)
-        row: dict = {"wall_s": round(wall, 2), "rc": proc.returncode, "json_bytes": len(proc.stdout)}
+        proc, wall, cpu = run_cpu([DISTRUN, "check", "--inventory", self.hosts(n), "--json"], env=self.env(extra),
+                                  timeout=900)
+        row: dict = {"wall_s": round(wall, 2), "rc": proc.returncode, "json_bytes": len(proc.stdout), "cpu": cpu}
         try:
             out = json.loads(proc.stdout)
         except ValueError:
@@ -160,9 +161,9 @@ class Nodes(CliHome):
         return row
 
     def train(self, n: int, script: Path, *extra: str, env: dict | None = None) -> dict:
-        proc, wall = run([DISTRUN, "train", "--inventory", self.hosts(n), "--script", str(script), *extra],
-                         env=self.env(env), timeout=900)
-        row: dict = {"wall_s": round(wall, 2), "rc": proc.returncode}
+        proc, wall, cpu = run_cpu([DISTRUN, "train", "--inventory", self.hosts(n), "--script", str(script), *extra],
+                                  env=self.env(env), timeout=900)
+        row: dict = {"wall_s": round(wall, 2), "rc": proc.returncode, "cpu": cpu}
         m = RUN_ID.search(proc.stdout)
         timings = Path(m[2]) / "timings.json" if m else None
         if m:

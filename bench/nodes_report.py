@@ -253,7 +253,62 @@ def _where_lines(data: dict) -> list[str]:
                    f"{_f(med([x['phases'].get('run.yml (preflight, stage)') for x in t if x.get('phases')]))} | "
                    f"{_f(med([x['tasks'].get(probe) for x in t if (x.get('tasks') or {}).get(probe)]))} | "
                    f"{_f(med([x['phases'].get('follow (ranks run)') for x in t if (x.get('phases') or {}).get('follow (ranks run)')]))} |")
-    return out + _check_reading(_ok(data.get("rows") or []), probe)
+    return out + _check_reading(_ok(data.get("rows") or []), probe) + _cpu_lines(data)
+
+
+def _cpu(runs: list[dict]) -> dict | None:
+    """The medians of the runs' CPU figures (None when no run measured them)."""
+    cpus = [r["cpu"] for r in runs if r.get("cpu") and r.get("wall_s")]
+    if not cpus:
+        return None
+    med = statistics.median
+    return {"wall_s": med([r["wall_s"] for r in runs if r.get("cpu") and r.get("wall_s")]),
+            "machine_s": med([c["machine_s"] for c in cpus]), "command_s": med([c["command_s"] for c in cpus]),
+            "cores": cpus[0]["cores"]}
+
+
+def _cpu_lines(data: dict) -> list[str]:
+    """How busy the machine's cores were while each verb ran, and whose work it was."""
+    rows, seen = [], {}
+    for r in _ok(data.get("rows") or []):
+        checks = [c for c in r.get("check") or [] if c.get("ok") is not None]
+        for label, runs in (("`check`, first run", checks[:1]), ("`check` again", checks[1:2]),
+                            ("`train --script`, 1 s job", r.get("train") or [])):
+            c = _cpu(runs)
+            if c:
+                seen.setdefault(label, {})[r["nodes"]] = c
+                nodes_s = max(c["machine_s"] - c["command_s"], 0.0)
+                rows.append(f"| {r['nodes']} | {label} | {_f(c['wall_s'])} | {_f(c['machine_s'])} | "
+                            f"{100 * c['machine_s'] / (c['wall_s'] * c['cores']):.0f}% | {_f(c['command_s'])} | "
+                            f"{_f(nodes_s)} | {_f(nodes_s / r['nodes'], 3)} |")
+    if not rows:
+        return []
+    return ["", "CPU while each verb ran (medians): every core's busy time on this machine (the nodes are "
+            "containers on it), the share of the verb's own processes on the controller (distrun, "
+            "ansible-playbook and its forks, their ssh clients), and the rest, which is the nodes' work (with "
+            "whatever else ran: a few percent when idle):", "",
+            "| nodes | verb | wall s | CPU s, all cores | cores busy | controller's CPU s | the nodes' CPU s | per node |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|", *rows, *_cpu_reading(seen)]
+
+
+def _cpu_reading(seen: dict[str, dict[int, dict]]) -> list[str]:
+    """The controller's CPU from the smallest to the largest size, per verb."""
+    parts, busy = [], []
+    for label, by_size in seen.items():
+        if len(by_size) < 2:
+            continue
+        a, b = min(by_size), max(by_size)
+        ca, cb = by_size[a], by_size[b]
+        busy.append(f"{100 * cb['machine_s'] / (cb['wall_s'] * cb['cores']):.0f}% ({label})")
+        parts.append(f"{label} {_f(ca['command_s'])} s at {a} nodes and {_f(cb['command_s'])} s at {b} "
+                     f"({_f((cb['command_s'] - ca['command_s']) / (b - a), 2)} s per node added)")
+    if not parts:
+        return []
+    return ["", f"Reading: at the largest size the cores were busy {', '.join(busy)} of the wall time: here the wall "
+                "time is this machine's CPU, shared by the controller and every node. The controller's own CPU "
+                f"grows with the nodes: {'; '.join(parts)}. That part is the work per host of ansible-playbook's "
+                "forks and their ssh clients, and stays on the controller on real machines; the nodes' part runs on "
+                "each node's own CPU there."]
 
 
 def _check_reading(rows: list[dict], probe: str) -> list[str]:

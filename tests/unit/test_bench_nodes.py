@@ -64,3 +64,23 @@ def test_the_section_renders_its_table_and_summary_rows():
     assert [r.split(" | ")[0] for r in report.summary_rows(DATA)] == [
         "| check, first run: every node logs in to every other at 16 nodes",
         "| check again, nothing changed: sshd banners at 16 nodes", "| launch overhead (train − 1 s) at 16 nodes"]
+
+
+def test_the_cpu_table_splits_the_machines_busy_time_into_the_controllers_and_the_nodes():
+    data = {"sizes": [3], "rows": [{**_size(3, 4.0, 3.0), "check": [
+        {"wall_s": 4.0, "ok": True, "cpu": {"machine_s": 6.0, "command_s": 1.5, "cores": 2}},
+        {"wall_s": 2.0, "ok": True, "cpu": {"machine_s": 2.0, "command_s": 1.4, "cores": 2}}]}]}
+    lines = report._cpu_lines(data)
+    assert "| 3 | `check`, first run | 4.00 | 6.00 | 75% | 1.50 | 4.50 | 1.500 |" in lines
+    assert "| 3 | `check` again | 2.00 | 2.00 | 50% | 1.40 | 0.60 | 0.200 |" in lines
+    assert not any("`train" in ln for ln in lines)  # its runs measured no CPU
+    assert report._cpu_lines(DATA) == []  # a run of the benchmark before it measured CPU
+
+
+def test_the_cpu_reading_gives_the_controllers_cpu_added_per_node():
+    def size(n: int, command_s: float) -> dict:
+        return {**_size(n, 4.0, 3.0), "check": [
+            {"wall_s": 4.0, "ok": True, "cpu": {"machine_s": 8.0, "command_s": command_s, "cores": 2}}]}
+    text = "\n".join(report._cpu_lines({"sizes": [3, 13], "rows": [size(3, 2.0), size(13, 7.0)]}))
+    assert "busy 100% (`check`, first run)" in text
+    assert "`check`, first run 2.00 s at 3 nodes and 7.00 s at 13 (0.50 s per node added)" in text
