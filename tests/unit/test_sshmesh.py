@@ -422,3 +422,50 @@ def test_the_roles_full_set_has_every_node_check_banners_once_the_mesh_holds_the
                                              extravars={"preflight_ssh_baseline": baseline, "preflight_full": True})
         modes = {h: (result.hosts[h].facts or {}).get("seen_ssh_mode") for h in NODES}
         assert result.ok and modes == {h: want for h in NODES}, [h.last_error for h in result.failures()]
+
+
+class Progress:
+    """The live table 'distrun check' prints (ui.console.PlaybookProgress), recording what it is told."""
+
+    def __init__(self, names: list[str]) -> None:
+        from distrun.ui.console import PlaybookProgress
+
+        self.table = PlaybookProgress("check", names)
+        self.said: list[str] = []
+
+    def __enter__(self) -> Progress:
+        self.table.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.table.__exit__(*exc)
+
+    def __call__(self, ev: PlaybookEvent) -> None:
+        self.table(ev)
+
+    def again(self, why: str) -> None:
+        self.said.append(why)
+        self.table.again(why)
+
+
+def test_the_live_table_starts_again_with_the_logins_and_says_why(tmp_path, monkeypatch, capsys):
+    from distrun.preflight import check
+
+    check_run(tmp_path, monkeypatch, FakeCheck(FP))
+    seen: list[Progress] = []
+
+    def progress(names: list[str]) -> Progress:
+        seen.append(Progress(names))
+        return seen[-1]
+
+    role = FakeCheck({**FP, "node3": "sha256:new"})
+    inv = tmp_path / "hosts.ini"
+    monkeypatch.setattr(check, "run_playbook", lambda *a, on_event=None, **k: (
+        on_event(PlaybookEvent("failed", "node1", "judge", message="unverified")), role(*a, **k))[1])
+    report, _ = check.run_check(inv, "test", progress=progress)
+    assert report["ok"] and role.baselines == [FP, {}]
+    assert seen[0].said == ["ssh: node3 changed since the logins between the nodes were proved: "
+                            "every node logs in to every other again"]
+    assert "every node logs in to every other again" in capsys.readouterr().out
+    # The second run's table starts from nothing: only its own event is counted.
+    assert seen[0].table.hosts["node1"].failed == 1 and seen[0].table.hosts["node2"].failed == 0

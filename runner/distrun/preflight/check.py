@@ -108,8 +108,15 @@ def run_check(inventory: Path, label: str,
                                 extravars={**extravars, "preflight_ssh_baseline": baseline}, forks=len(names))
 
         result: PlaybookResult = full(proved)
-        if proved and sshmesh.unverified(result.fact(sshmesh.FACT)):
-            result = full({})  # a node changed what a login depends on: every node logs in again
+        mesh = result.fact(sshmesh.FACT)
+        if proved and sshmesh.unverified(mesh):
+            # A node changed what a login depends on: every node logs in again. The live table
+            # (when there is one) starts again too, and says why.
+            again = getattr(on_event, "again", None)
+            if callable(again):
+                again(f"ssh: {', '.join(mesh['unverified'])} changed since the logins between the nodes were "
+                      "proved: every node logs in to every other again")
+            result = full({})
     sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # the logins' proof, when there were logins
     hosts = host_states(result, names)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus

@@ -1,4 +1,4 @@
-"""The ssh mesh's baselines: the logins a full ssh login last proved, per inventory.
+"""The ssh mesh's baselines: what the last full ssh logins proved, per inventory.
 
 Before every run the head logs in as the training user to every other node of the run, as
 mpirun will (about 0.2 s, on the critical path). Every node's probe also reports a fingerprint of

@@ -148,6 +148,14 @@ class PlaybookProgress:
                           escape(printable(h.task)[:60]), style=style)
         return table
 
+    def again(self, why: str) -> None:
+        """The playbook runs again (``why``, printed): every host starts from nothing, so what
+        the first run failed on is not shown as the second run's."""
+        self.hosts = {h: HostProgress(h) for h in self.hosts}
+        console.print(f"[yellow]{escape(why)}[/yellow]")
+        if self.live is not None:
+            self.live.update(self._table())
+
     def __call__(self, ev: PlaybookEvent) -> None:
         if ev.host is not None:
             h = self.hosts.setdefault(ev.host, HostProgress(ev.host))
