@@ -42,8 +42,10 @@ def _follow(tmp_path, signum: int, preexec=None, then: int | None = None) -> sub
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DISTRUN_HOME": str(tmp_path / "state")}
     def start() -> None:
         # A shell starts a background command ('cmd &') with SIGINT ignored, and Python then keeps
-        # it ignored: give the program the terminal's default, as a command typed at a prompt has.
+        # it ignored; a suite run under nohup has SIGHUP ignored: give the program the terminal's
+        # defaults, as a command typed at a prompt has (the nohup case sets its own below).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         if preexec is not None:
             preexec()
 
@@ -126,6 +128,7 @@ def test_a_sighup_while_a_playbook_runs_only_flags_it_as_sigterm_does():
     before = signal.getsignal(signal.SIGHUP)
     saved = os.dup(1), os.dup(2)
     try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a terminal, even when the suite runs under nohup
         terminating.install()
         with FlagSignals() as flags:
             os.kill(os.getpid(), signal.SIGHUP)
