@@ -128,6 +128,18 @@ def test_logins_to_some_nodes_add_to_the_kept_ones_unless_the_head_changed(tmp_p
 
 # The runner: run.yml with banners, again with logins when a node changed, the baseline kept after.
 
+def judged_hosts(filters: dict, found: dict, mesh: dict) -> dict[str, HostProgress]:
+    """Each node as the playbook leaves it after role preflight's judge: failed where the verdict
+    blames it, and the head publishing the verdict and the ssh summary."""
+    hosts = {}
+    for h in NODES:
+        problems = filters["distrun_preflight_problems"](found, h)
+        hosts[h] = HostProgress(h, ok=3, failed=int(bool(problems)), failed_step="preflight" if problems else "",
+                                last_error=" | ".join(problems))
+    hosts["node1"].facts = {"preflight_verdict": found, sshmesh.FACT: mesh}
+    return hosts
+
+
 class FakeRole:
     """run.yml as the runner sees it: role preflight's judge on probes whose ssh results follow
     the mode the baseline given makes the role pick; staging always passes."""
@@ -146,13 +158,7 @@ class FakeRole:
         probes["node1"]["ssh"] = {t: {**ok, **(self.banner if how == "banner" else self.login).get(t, {})}
                                   for t in ("node2", "node3")}
         found = self.filters["distrun_preflight_report"](probes, **OPTIONS, ssh_baseline=baseline)
-        hosts = {}
-        for h in NODES:
-            problems = self.filters["distrun_preflight_problems"](found, h)
-            hosts[h] = HostProgress(h, ok=3, failed=int(bool(problems)), failed_step="preflight" if problems else "",
-                                    last_error=" | ".join(problems))
-        hosts["node1"].facts = {"preflight_verdict": found,
-                                sshmesh.FACT: self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline)}
+        hosts = judged_hosts(self.filters, found, self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline))
         failed = any(h.failed for h in hosts.values())
         on_event = _.get("on_event")
         if callable(on_event) and not failed:  # each probe staged the run, then each node passed the judge
@@ -341,14 +347,8 @@ class FakeCheck:
         probes = mesh_probes(self.fingerprints, baseline, None if baseline else self.broken)
         found = self.filters["distrun_preflight_report"](
             probes, **{**OPTIONS, "seen": {"node2": "/srv/distrun/.p", "node3": "/srv/distrun/.p"}}, ssh_baseline=baseline)
-        hosts = {}
-        for h in NODES:
-            problems = self.filters["distrun_preflight_problems"](found, h)
-            hosts[h] = HostProgress(h, ok=3, failed=int(bool(problems)), failed_step="preflight" if problems else "",
-                                    last_error=" | ".join(problems))
-        hosts["node1"].facts = {"preflight_verdict": found,
-                                sshmesh.FACT: self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline,
-                                                                              every=True)}
+        hosts = judged_hosts(self.filters, found,
+                             self.filters["distrun_ssh_mesh"](probes, head="node1", baseline=baseline, every=True))
         failed = any(h.failed for h in hosts.values())
         return PlaybookResult(playbook, 2 if failed else 0, "failed" if failed else "successful", hosts, run_dir)
 

@@ -120,7 +120,11 @@ def _read(inventory: Path) -> dict[str, Any]:
 def baseline(inventory: Path, head: str) -> dict[str, str]:
     """Node -> fingerprint a login from ``head`` was proved with; empty for another head (its
     logins were never tried) or when nothing was kept."""
-    kept = _read(inventory)
+    return _head_nodes(_read(inventory), head)
+
+
+def _head_nodes(kept: Mapping[str, Any], head: str) -> dict[str, str]:
+    """What ``baseline`` gives, from the file's contents as read."""
     if kept.get("head") != head:
         return {}
     return {str(n): str(fp) for n, fp in kept["nodes"].items()}
@@ -148,13 +152,14 @@ def remember(inventory: Path, mesh: Mapping[str, Any] | None) -> None:
     if head not in found:
         return
     kept = _read(inventory)
-    nodes = baseline(inventory, head)
+    proved = {str(n): str(fp) for n, fp in found.items()}
+    nodes = _head_nodes(kept, head)
     if nodes.get(head) != found[head]:
         nodes = {}  # the other nodes were proved from a head that has changed since
-    nodes.update({str(n): str(fp) for n, fp in found.items()})
+    nodes.update(proved)
     data: dict[str, Any] = {"head": head, "nodes": nodes}
     if mesh.get("mesh"):
-        data["mesh"] = {str(n): str(fp) for n, fp in found.items()}
+        data["mesh"] = proved
     elif isinstance(kept.get("mesh"), dict):
         data["mesh"] = kept["mesh"]  # a changed node's fingerprint still sends the next check to logins
     _write(_file(inventory), data)
