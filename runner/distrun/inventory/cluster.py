@@ -14,6 +14,7 @@ from typing import Any
 
 from distrun.errors import InventoryError
 from distrun.inventory import contract, rules, slurm_site
+from distrun.inventory import people as people_rules
 from distrun.inventory import read as inventory_read
 from distrun.inventory.values import check_address, check_duplicates, check_host_name, check_slots, check_values
 
@@ -54,6 +55,8 @@ class Cluster:
     slurm_existing: bool = False
     # MCA parameters that keep a run's Open MPI to its installation's own files (_openmpi_params).
     openmpi_params: tuple[tuple[str, str], ...] = ()
+    # One account per person (distrun_users), or None: every run shares the training account.
+    people: people_rules.People | None = None
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -200,6 +203,9 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
     if not shared_dir.startswith("/"):
         raise InventoryError(f"inventory {path}: distrun_shared_dir={shared_dir!r} must be an absolute path")
     env_prefix = str(hv_head.get("distrun_env_prefix") or contract.env_prefix_default(provider))
+    user = str(hv_head.get("distrun_user") or contract.default("distrun_user"))
+    # Before the contract's own check, which would say less about an entry of the list.
+    persons = people_rules.read(path, hv_head, str(hv_head.get("distrun_shared_fs_mode", "sync")), user)
     bad = data.get(inventory_read.CONTRACT_PROBLEMS) or []
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -210,7 +216,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         source=path,
         head=nodes[head_name],
         workers=tuple(nodes[n] for n in ordered),
-        user=str(hv_head.get("distrun_user") or contract.default("distrun_user")),
+        user=user,
         shared_dir=shared_dir,
         mpi_provider=provider,
         env_prefix=env_prefix,
@@ -218,6 +224,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         group_vars=hv_head,
         slurm_existing=existing,
         openmpi_params=_openmpi_params(provider, env_prefix, head_facts),
+        people=persons,
     )
 
 
