@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from typing import Any
 
@@ -10,18 +12,42 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from distrun.printable import printable
 from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 
 
+class _Rich(Console):
+    """Rich's console, except that a reader that went away is an error distrun tells (exit 7), not
+    Rich's own quiet exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def _size(name: str, stderr: bool) -> int | None:
+    """A COLUMNS or LINES that is no positive number (COLUMNS=0 from a script or a CI runner)
+    would make Rich print nothing at all: the terminal's own size then, else 80 by 24."""
+    text = os.environ.get(name)
+    if text is None or (text.isdigit() and int(text) > 0):
+        return None
+    try:
+        size = os.get_terminal_size(2 if stderr else 1)
+    except OSError:
+        size = os.terminal_size((0, 0))
+    return (size.columns or 80) if name == "COLUMNS" else (size.lines or 24)
+
+
 def _make(stderr: bool) -> Console:
     """A terminal gets colour, live tables and wrapping; a pipe, a file or a CI log gets plain
-    lines that are never wrapped or cut, whatever COLUMNS says."""
-    console = Console(stderr=stderr, highlight=False)
+    lines that are never wrapped or cut, whatever COLUMNS says. Emoji codes are never read: a
+    ':x:' in a job's line or an IPv6 address is text."""
+    width, height = _size("COLUMNS", stderr), _size("LINES", stderr)
+    console = _Rich(stderr=stderr, highlight=False, emoji=False, width=width, height=height)
     if console.is_terminal:
         return console
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return _Rich(stderr=stderr, highlight=False, emoji=False, soft_wrap=True, width=width, height=height)
 
 
 class _Console:
@@ -31,6 +57,7 @@ class _Console:
     def __init__(self, stderr: bool) -> None:
         self.stderr = stderr
         self._console: Console | None = None
+        self.lost: OSError | None = None  # the stream's reader went away, or its disk is full
 
     def current(self) -> Console:
         if self._console is None:
@@ -39,13 +66,45 @@ class _Console:
 
     def configure(self, stderr: bool) -> None:
         self._console = _make(stderr)
+        self.lost = None
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        """Rich's print, each text first made printable (it may hold what a job printed)."""
-        self.current().print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+        """Rich's print, each text first made printable (it may hold what a job printed). Where
+        the stream is no terminal, text is written as it is, byte for byte (Rich would expand its
+        tabs): markup, when the call has any, is only taken out. A reader that went away or a
+        full disk silences the stream for the rest of the command (``lost`` says so), so a run
+        that prints goes on to its end and its record; the CLI then exits 7."""
+        out = self.current()
+        try:
+            if not out.is_terminal and all(isinstance(o, str) for o in objects) and set(kwargs) <= _PLAIN_KWARGS:
+                markup = kwargs.get("markup", True)
+                texts = [printable(Text.from_markup(o, emoji=False).plain if markup else o) for o in objects]
+                out.file.write(kwargs.get("sep", " ").join(texts) + kwargs.get("end", "\n"))
+                out.file.flush()
+                return
+            out.print(*(printable(o) if isinstance(o, str) else o for o in objects), **kwargs)
+        except OSError as exc:
+            if exc.errno not in _GONE:
+                raise
+            self.lost = self.lost or exc
+            out.quiet = True
+            _to_devnull(2 if self.stderr else 1)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.current(), name)
+
+
+# print's keywords that plain text honours as Rich would; any other goes through Rich.
+_PLAIN_KWARGS = {"markup", "soft_wrap", "sep", "end", "highlight", "emoji", "crop", "overflow", "no_wrap"}
+_GONE = (errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF)
+
+
+def _to_devnull(fd: int) -> None:
+    """The descriptor of a stream nothing more can be written to, pointed at /dev/null: a flush
+    at exit then fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 console = _Console(stderr=False)
