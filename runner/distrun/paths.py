@@ -54,6 +54,17 @@ def state_dir() -> Path:
     return path
 
 
+def write_text(path: Path, text: str) -> None:
+    """``path`` written with ``text``; an OSError names the file (one raised by a write on a full
+    disk would name none, and the error line could not say where)."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def _private_dir(path: Path, what: str, fix: str) -> None:
     """Create a 0700 folder, or say in one line why it cannot be one."""
     try:

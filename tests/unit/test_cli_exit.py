@@ -1,4 +1,4 @@
-"""The distrun program's exit (cli.run, cli_parse.exit_now): it skips tearing the interpreter down,
+"""The distrun program's exit (cli.run, cli.edges.exit_now): it skips tearing the interpreter down,
 and still gives the exit code, the whole output, its exit handlers and its threads' work, as
 Python's own exit would. Run as separate processes, the way a shell or a script sees them; each
 has a time limit, so an exit that waited forever fails."""
@@ -31,7 +31,7 @@ def test_the_program_gives_its_exit_code_and_whole_output_through_a_pipe(tmp_pat
 def test_exit_handlers_run_and_output_is_flushed_first():
     done = _python(
         "import atexit, sys\n"
-        "from distrun.cli.parse import exit_now\n"
+        "from distrun.cli.edges import exit_now\n"
         "atexit.register(lambda: print('exit handler ran'))\n"
         "sys.stdout.write('unflushed line\\n')\n"
         "exit_now(3)\n")
@@ -43,7 +43,7 @@ def test_a_thread_still_running_and_an_idle_thread_pool_get_pythons_own_exit():
     done = _python(
         "import atexit, threading, time\n"
         "from concurrent.futures import ThreadPoolExecutor\n"
-        "from distrun.cli.parse import exit_now\n"
+        "from distrun.cli.edges import exit_now\n"
         "atexit.register(lambda: print('exit handler ran'))\n"
         "pool = ThreadPoolExecutor(1)\n"
         "pool.submit(print, 'pool task')\n"  # its worker then waits for more: never shut down here
@@ -55,6 +55,6 @@ def test_a_thread_still_running_and_an_idle_thread_pool_get_pythons_own_exit():
 
 
 def test_a_text_exit_is_told_on_stderr_with_status_1_and_none_is_0():
-    text = _python("from distrun.cli.parse import exit_now; exit_now('cannot go on')")
+    text = _python("from distrun.cli.edges import exit_now; exit_now('cannot go on')")
     assert (text.returncode, text.stderr.strip()) == (1, "cannot go on")
-    assert _python("from distrun.cli.parse import exit_now; exit_now(None)").returncode == 0
+    assert _python("from distrun.cli.edges import exit_now; exit_now(None)").returncode == 0

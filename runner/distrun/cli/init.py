@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -31,7 +32,7 @@ def init(name: str, head: str, workers: str, admin_user: str | None, base_dir: s
     if len(name.encode()) > 200:
         raise click.UsageError(f"the name {name[:20]}... is {len(name.encode())} bytes, too long for a folder name; "
                                "give a short one like prod")
-    written = write_inventory(Path(base_dir), name, head, workers, admin_user)
+    written = write_inventory(Path(os.path.expanduser(base_dir)), name, head, workers, admin_user)
     for f in written.files:
         console.print(f"wrote {f}", markup=False)
     console.print(f"head {written.head}, workers {', '.join(written.workers)}; read {written.files[-1]} and change "

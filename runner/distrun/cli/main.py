@@ -13,7 +13,8 @@ import click
 
 from distrun import __version__, paths
 from distrun.cli import params as P
-from distrun.cli.parse import Command, Group, exit_now
+from distrun.cli.edges import exit_now
+from distrun.cli.parse import Command, Group
 from distrun.errors import ExitCode, UserError
 from distrun.ui.console import console
 

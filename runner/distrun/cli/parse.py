@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import errno
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -15,6 +14,16 @@ from typing import Any, NoReturn
 import click
 
 from distrun import terminating
+from distrun.cli.edges import (
+    closed_streams,
+    fail,
+    os_error_line,
+    output_lost,
+    plain_encoding,
+    silence,
+    utf8_locale,
+    working_folder,
+)
 from distrun.cli.params import utf8
 from distrun.errors import EXIT_CODES, ExitCode, UserError
 from distrun.ui import console as ui
@@ -67,82 +76,6 @@ def usage_line(exc: click.ClickException) -> str:
     return f"{where}{exc.format_message().rstrip('.')}"
 
 
-def exit_now(code: str | int | None) -> NoReturn:
-    """End the process with a SystemExit's code, without tearing the interpreter down: tens of
-    milliseconds of freeing modules that whoever waits for distrun (a script, a benchmark, the
-    shell) would wait for too. Exit handlers run and output is flushed first; while a thread that
-    is not a daemon still runs, Python's own exit does it all (it waits for such threads and ends
-    idle thread pools)."""
-    import atexit
-    import threading
-
-    if any(t is not threading.current_thread() and not t.daemon for t in threading.enumerate()):
-        sys.exit(code)
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:  # sys.exit("text"): the text on stderr, status 1, as Python does
-        print(code, file=sys.stderr)
-        status = 1
-    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python's exit would run
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            pass  # a reader that went away, or a closed stream: nothing more can be told
-    os._exit(status)
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    try:
-        ui.fatal(message)
-    except (OSError, ValueError):
-        _silence(2)  # stderr is gone or full: the exit code is all that can still be told
-    sys.exit(code)
-
-
-def _silence(fd: int) -> None:
-    """Point a standard stream that cannot be written at /dev/null, so that nothing written or
-    flushed later (at exit too) fails again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    if devnull != fd:  # a closed descriptor is the first free one: /dev/null may have taken it
-        os.dup2(devnull, fd)
-        os.close(devnull)
-    name = "stdout" if fd == 1 else "stderr"
-    setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - the process's own stream
-
-
-def _closed_streams() -> list[str]:
-    """Python leaves sys.stdout or sys.stderr None when the shell closed it (>&-, 2>&-). Each
-    gets /dev/null at once, so that no file distrun opens later takes its descriptor."""
-    closed = [name for name in ("stdout", "stderr") if getattr(sys, name) is None]
-    for name in closed:
-        _silence(1 if name == "stdout" else 2)
-    return closed
-
-
-def os_error_line(exc: OSError) -> str:
-    """An OSError at the program's edge (a file or folder it writes or reads, its own output) as
-    one line: what, why, and the fix."""
-    where = exc.filename if exc.filename is not None else "distrun's output"
-    fixes = {
-        errno.ENOSPC: "the disk is full: free some space or write somewhere else",
-        errno.EDQUOT: "your disk quota is used up: free some space or write somewhere else",
-        errno.EACCES: "you may not write or read there: choose a folder you own or fix its permissions",
-        errno.EPERM: "you may not write or read there: choose a folder you own or fix its permissions",
-        errno.EROFS: "that file system is read-only: choose a writable folder",
-        errno.ENAMETOOLONG: "a name is too long for the file system: choose a shorter name",
-        errno.ENOENT: "a folder on that path does not exist: create it first or give another path",
-        errno.ENOTDIR: "a part of that path is a file, not a folder: give another path",
-        errno.EBADF: "the output is closed: give distrun a file, a pipe or /dev/null for it",
-        errno.EIO: "an I/O error: check the disk or the terminal",
-    }
-    fix = fixes.get(exc.errno or 0, "check that path and its permissions")
-    return f"{where}: {exc.strerror or exc}; {fix}"
-
-
 class _ReaderGone(Exception):  # noqa: N818 - not an error of the user's
     """EPIPE on distrun's output, carried past click (whose main would exit 1 for it itself)."""
 
@@ -156,8 +89,9 @@ class Group(click.Group):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
-        closed = _closed_streams()
+        closed = closed_streams()
         terminating.install()
+        plain_encoding()
         ui.configure()
         if closed:
             what = " and ".join(f"standard {'output' if n == 'stdout' else 'error'}" for n in closed)
@@ -165,26 +99,33 @@ class Group(click.Group):
             if "stderr" in closed and "stdout" not in closed:
                 print(f"distrun: error: {line}", file=sys.stdout, flush=True)  # the only stream left
                 sys.exit(ExitCode.LOCAL_IO)
-            _fail(line, ExitCode.LOCAL_IO)
+            fail(line, ExitCode.LOCAL_IO)
+        working_folder()
+        utf8_locale()
         try:
-            rv = super().main(args, prog_name or "distrun", complete_var, standalone_mode=False, **extra)
-            sys.stdout.flush()  # a full disk or a closed pipe on stdout is told here, not at exit
+            try:
+                rv = super().main(args, prog_name or "distrun", complete_var, standalone_mode=False, **extra)
+                sys.stdout.flush()  # a full disk or a closed pipe on stdout is told here, not at exit
+            except SystemExit:  # a verb's own exit code: unless its output was lost on the way
+                output_lost()
+                raise
+            output_lost()
         except _ShortUsage as exc:
             click.echo(exc.message, err=True)
             sys.exit(USAGE_EXIT)
         except click.ClickException as exc:
-            _fail(usage_line(exc), exc.exit_code if exc.exit_code else USAGE_EXIT)
+            fail(usage_line(exc), exc.exit_code if exc.exit_code else USAGE_EXIT)
         except UserError as exc:  # raised while the options were read (an inventory, a run id)
-            _fail(str(exc), exc.exit_code)
+            fail(str(exc), exc.exit_code)
         except click.Abort:  # Ctrl-C: click turns KeyboardInterrupt into Abort
-            _fail(terminating.word(), terminating.exit_code())
+            fail(terminating.word(), terminating.exit_code())
         except _ReaderGone:
-            _silence(1)  # the reader went away (distrun runs | head): quietly, as other tools do
+            silence(1)  # the reader went away (distrun runs | head): quietly, as other tools do
             sys.exit(ExitCode.LOCAL_IO)
         except OSError as exc:
             if exc.filename is None and exc.errno in (errno.EPIPE, errno.ENOSPC, errno.EBADF, errno.EIO, errno.EDQUOT):
-                _silence(1)  # distrun's own output failed: nothing more goes there, at exit neither
-            _fail(os_error_line(exc), ExitCode.LOCAL_IO)
+                silence(1)  # distrun's own output failed: nothing more goes there, at exit neither
+            fail(os_error_line(exc), ExitCode.LOCAL_IO)
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
@@ -204,15 +145,17 @@ class Group(click.Group):
                 raise _ReaderGone from exc
             raise
         except UserError as exc:
-            _fail(str(exc), exc.exit_code)
+            fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (terminating)
-            _fail(terminating.word(), terminating.exit_code())
+            fail(terminating.word(), terminating.exit_code())
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if not args and not ctx.resilient_parsing:
             verbs = ", ".join(self.list_commands(ctx))
             raise _ShortUsage(f"usage: distrun COMMAND [OPTIONS]  (commands: {verbs})\n"
                               "'distrun --help' says what each does; 'distrun COMMAND --help' lists its options")
+        if not args:  # completing the verb itself (distrun <TAB>)
+            return super().parse_args(ctx, args)
         own = {o for p in self.params for o in getattr(p, "opts", [])} | set(ctx.help_option_names)
         verb = next((a for a in args if not a.startswith("-") and self.get_command(ctx, a) is not None), None)
         first = args[0]
@@ -250,6 +193,8 @@ class Command(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.allow_extra_args = True
         try:
+            if not ctx.resilient_parsing:
+                self.refuse_twice(ctx, args)
             rest = super().parse_args(ctx, args)
         except click.UsageError as exc:
             exc.ctx = exc.ctx or ctx  # click's parser leaves it out: the line then names the verb
@@ -257,6 +202,29 @@ class Command(click.Command):
         if ctx.args and not ctx.resilient_parsing:
             self.refuse_extra(ctx, ctx.args)
         return rest
+
+    def refuse_twice(self, ctx: click.Context, args: list[str]) -> None:
+        """An option that takes one value, given twice (-i a ... -i b, --image x --image y): click
+        would keep the last without a word; the two values are told instead."""
+        once = {o: p for p in self.get_params(ctx) if isinstance(p, click.Option) and not p.multiple
+                and not p.is_flag and not p.count for o in p.opts + p.secondary_opts}
+        seen: dict[str, list[str]] = {}
+        words = iter(args)
+        for word in words:
+            if word == "--":
+                break
+            name, eq, value = word.partition("=") if word.startswith("--") else (word[:2], "", word[2:])
+            param = once.get(name)
+            if param is None or not word.startswith("-"):
+                continue
+            if not eq and not value:
+                value = next(words, "")
+            seen.setdefault(max(param.opts, key=len), []).append(value)
+        for flag, values in seen.items():
+            if len(values) > 1:
+                shown = " and ".join(repr(v) for v in values)
+                times = "twice" if len(values) == 2 else f"{len(values)} times"
+                raise click.UsageError(f"{flag} is given {times} ({shown}); give it once", ctx)
 
     def refuse_extra(self, ctx: click.Context, extra: list[str]) -> NoReturn:
         raise click.UsageError(f"unexpected argument {extra[0]!r} ('{ctx.command_path} --help' shows what it takes)", ctx)

@@ -117,7 +117,7 @@ class Run:
 
     def save(self) -> None:
         tmp = self.dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(asdict(self.meta), indent=2, sort_keys=True) + "\n")
+        paths.write_text(tmp, json.dumps(asdict(self.meta), indent=2, sort_keys=True) + "\n")
         os.replace(tmp, self.dir / "meta.json")
 
     def finish(self, rc: int, summary: str = "", status: str | None = None) -> None:
@@ -146,7 +146,7 @@ class Run:
     def write(self, name: str, text: str, mode: int = 0o600) -> Path:
         path = self.dir / name
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.write_text(text)
+        paths.write_text(path, text)
         path.chmod(mode)
         return path
 
