@@ -3,10 +3,11 @@
 Asking Ansible costs a Python start-up and a parse (about 0.3 s for 3 hosts, seconds for
 thousands) on every verb. The answer depends only on the inventory's files, Ansible's version
 and configuration and a few environment variables, so it is kept under a key made of exactly
-those: any change to any of them (a host var edited, a group_vars file added) is a new key and
-Ansible is asked again. Inventories whose answer depends on anything else are never kept: a
-script or an inventory plugin (their hosts come from outside the files), and vault-encrypted
-files (the answer would hold decrypted secrets).
+those: any change to any of them (a host var edited, a group_vars file added, a file behind a
+symlinked folder such as group_vars/all) is a new key and Ansible is asked again. Inventories
+whose answer depends on anything else are never kept: a script or an inventory plugin (their
+hosts come from outside the files), vault-encrypted files (the answer would hold decrypted
+secrets), and a value whose template calls a lookup (inventory/templated.py).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from distrun import paths
+from distrun.inventory import sources
 
 # Variables that change how Ansible reads an inventory (the rest of the environment does not).
 _ENV_PREFIXES = ("ANSIBLE_INVENTORY", "ANSIBLE_VARS", "ANSIBLE_VAULT", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS",
                  "ANSIBLE_HOST_PATTERN", "ANSIBLE_JINJA2", "ANSIBLE_CONNECTION_PLUGINS")
-_MAX_FILES = 2000
 _MAX_BYTES = 16 << 20
 _KEEP = 16
 
@@ -38,23 +39,6 @@ def _ansible_cfg() -> Path | None:
         if candidate.is_file():
             return candidate
     return None
-
-
-def _sources(path: Path) -> list[Path] | None:
-    """Every file Ansible reads for this inventory, or None when it has more files than are worth
-    hashing. A file inventory also reads group_vars/ and host_vars/ beside it."""
-    roots = [path] if path.is_dir() else [path, path.parent / "group_vars", path.parent / "host_vars"]
-    files: list[Path] = []
-    for root in roots:
-        if root.is_file():
-            files.append(root)
-        elif root.is_dir():
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                files += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
-        if len(files) > _MAX_FILES:
-            return None
-    return files
 
 
 def _versions() -> str:
@@ -71,6 +55,10 @@ def _versions() -> str:
     return ",".join(sorted(found)) or "no ansible"
 
 
+# An answer that holds something the files alone do not decide (a template's lookup) says so here.
+NOT_KEPT = "_distrun_not_kept"
+
+
 def read(path: Path, ask: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
     """The kept answer for this inventory, else ``ask(path)``'s (kept when it may be)."""
     key = cache_key(path)
@@ -78,7 +66,7 @@ def read(path: Path, ask: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
     if cached is not None:
         return cached
     data = ask(path)
-    if key:
+    if key and not data.get(NOT_KEPT):
         store(key, data)
     return data
 
@@ -86,7 +74,7 @@ def read(path: Path, ask: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
 def cache_key(path: Path) -> str | None:
     """The key of this inventory's answer, or None when it must not be kept (see the module doc)."""
     path = path.resolve()
-    files = _sources(path)
+    files = sources.files(path)
     if files is None:
         return None
     h = hashlib.sha256()

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import yaml
 
+from distrun import paths
 from distrun.errors import InventoryError, UserError
 from distrun.inventory import contract
 from distrun.inventory.cluster import load_cluster
 from distrun.inventory.values import check_address, check_host_name
 
 _FOLDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_USER = re.compile(r"[a-z_][a-z0-9_.-]*")
+_USER = re.compile(r"[a-z_][a-z0-9_.-]*(@[A-Za-z0-9][A-Za-z0-9.-]*)?")
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def write_inventory(base_dir: Path, name: str, head_spec: str, workers_spec: str
     if not _FOLDER.fullmatch(name):
         raise UserError(f"distrun init {name!r}: name the inventory with letters, digits and ._- (like prod)")
     if admin_user is not None and not _USER.fullmatch(admin_user):
-        raise UserError(f"--user {admin_user!r}: give a login name such as admin")
+        raise UserError(f"--user {admin_user!r}: give a login name such as admin (or admin@REALM)")
     target = base_dir / name
     if target.exists() or target.is_symlink():
         raise UserError(f"{target} already exists; choose another name or remove it (distrun init never overwrites)")
@@ -154,8 +155,8 @@ def write_inventory(base_dir: Path, name: str, head_spec: str, workers_spec: str
     files = (target / "hosts.yml", target / "group_vars" / "all.yml")
     (target / "group_vars").mkdir(parents=True)
     try:
-        files[0].write_text(hosts_yaml(shown, head, workers, addresses))
-        files[1].write_text(group_vars_yaml(admin_user))
+        paths.write_text(files[0], hosts_yaml(shown, head, workers, addresses))
+        paths.write_text(files[1], group_vars_yaml(admin_user))
         load_cluster(target)  # what 'distrun setup' will read, read now
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)

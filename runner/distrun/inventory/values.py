@@ -16,6 +16,8 @@ from distrun.inventory import rules
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _DNS = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
 _USER = re.compile(r"[a-z_][a-z0-9_-]*[$]?")
+# An ssh login: a name, or a Kerberos or directory one with its realm (alice@EXAMPLE.COM).
+_LOGIN = re.compile(r"(?!-)[A-Za-z0-9._-]+(@[A-Za-z0-9][A-Za-z0-9.-]*)?")
 # A path, a Slurm partition or time limit: printable, no space, no shell metacharacter.
 _WORD = re.compile(r"[A-Za-z0-9._:,/@%+=-]+")
 # Values that reach a shell or an #SBATCH line, and the rule each must follow.
@@ -45,7 +47,11 @@ def check_host_name(path: Path, name: str) -> None:
 
 
 def check_address(path: Path, host: str, address: str) -> None:
-    """An IP address or a DNS name: never an ssh option, never shell text."""
+    """An IP address or a DNS name: never an ssh option, never shell text, no space around it
+    (it would reach MASTER_ADDR and the hostfile as it is)."""
+    if address != address.strip():
+        raise InventoryError(f"inventory {path}: host {host} has ansible_host={_shown(address)} with spaces around "
+                             f"it; write the address alone (ansible_host: {address.strip()})")
     if rules.is_ip(address):
         return
     if address.startswith("-") or not _DNS.fullmatch(address):
@@ -76,12 +82,27 @@ def check_values(path: Path, host: str, hv: Mapping[str, Any]) -> None:
         what = value_problem(key, text)
         if what:
             raise InventoryError(f"inventory {path}: host {host} has {key}={_shown(text)}; set it to {what}")
-    for key in ("distrun_iface", "ansible_user", "ansible_ssh_user"):
+    value = hv.get("distrun_iface")
+    if value and (not _NAME.fullmatch(str(value)) or str(value).startswith("-")):
+        raise InventoryError(f"inventory {path}: host {host} has distrun_iface={_shown(value)}; use letters, digits "
+                             "and ._- only")
+    for key in ("ansible_user", "ansible_ssh_user"):
         value = hv.get(key)
-        if value and (not _NAME.fullmatch(str(value)) or str(value).startswith("-")):
-            raise InventoryError(
-                f"inventory {path}: host {host} has {key}={_shown(value)}; use letters, digits and ._- only"
-            )
+        if value and not _LOGIN.fullmatch(str(value)):
+            raise InventoryError(f"inventory {path}: host {host} has {key}={_shown(value)}; give a login name of "
+                                 "letters, digits and ._- (not starting with -), or NAME@REALM")
+    check_port(path, host, hv.get("ansible_port"))
+
+
+def check_port(path: Path, host: str, port: object) -> None:
+    """ansible_port: a TCP port, 1 to 65535 (Ansible would pass 'abc' or 0 to ssh, which never
+    reaches the node)."""
+    if port is None or port == "":
+        return
+    text = str(port)
+    if isinstance(port, bool) or not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= 65535:
+        raise InventoryError(f"inventory {path}: host {host} has ansible_port={_shown(port)}; set it to the port "
+                             "its sshd listens on, a whole number from 1 to 65535 (22 when unset)")
 
 
 EXAMPLE = ("e.g. hosts.yml: 'all: {children: {head: {hosts: {w1: {ansible_host: 10.0.0.11}}}, "
