@@ -22,7 +22,8 @@ def _size(n: int) -> str:
 @P.inventory_option
 @click.option("--from", "from_node", default=None, metavar="NODE",
               help="Take the image from this node's training user (default: this machine's own podman or docker).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON: ref, id, source, archive, nodes.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON: ref, runtime, id, source, archive, saved, moved_bytes, nodes (docs/guide/cli.md).")
 def push_image(ref: str, inventory: P.Inventory, from_node: str | None, as_json: bool) -> None:
     """Put IMAGE into the training user's image store on every node, with one id everywhere.
 
@@ -37,8 +38,10 @@ def push_image(ref: str, inventory: P.Inventory, from_node: str | None, as_json:
 
     result = push(load_cluster(inventory.path), ref, from_node)
     if as_json:
+        from distrun.ui.data import SCHEMA
+
         click.echo(json.dumps({
-            "ref": result.ref, "runtime": result.runtime, "id": f"sha256:{result.image_id}", "source": result.source,
+            "schema": SCHEMA, "ref": result.ref, "runtime": result.runtime, "id": f"sha256:{result.image_id}", "source": result.source,
             "archive": result.archive or None, "saved": result.saved, "moved_bytes": result.moved,
             "nodes": [{"host": n.host, "before": f"sha256:{n.before}" if n.before else None,
                        "after": f"sha256:{n.after}" if n.after else None, "moved_bytes": n.moved,

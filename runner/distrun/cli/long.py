@@ -35,7 +35,9 @@ def status(run_id: str, as_json: bool) -> None:
         raise UserError(f"run {run.id} is a '{run.meta.verb}' run: 'distrun status' reads train runs")
     now = view(run, ask_nodes=True)
     if as_json:
-        click.echo(json.dumps(now.as_dict(), indent=2))
+        from distrun.ui.data import SCHEMA
+
+        click.echo(json.dumps({"schema": SCHEMA, **now.as_dict()}, indent=2))
     else:
         print_status(now)
     if now.state == UNREACHABLE:

@@ -122,7 +122,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         from distrun.run.train import run_job
         from distrun.ui import data as records
         from distrun.ui.console import configure
-        from distrun.ui.run import TrainView, dry_run_json, dry_run_text
+        from distrun.ui.run import TrainView, dry_run_json, dry_run_refused, dry_run_text
 
         check_flags(workdir, script, prepare_text, program_args)
         L.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
@@ -145,7 +145,12 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
             early.discard()
         raise
     if dry_run:
-        dry = planning.dry_run(request)
+        try:
+            dry = planning.dry_run(request)
+        except UserError as exc:  # the inventory or the plan refused: with --json, said as JSON too
+            if as_json:
+                click.echo(json.dumps(dry_run_refused(inventory.path, exc), indent=2))
+            raise
         if as_json:
             click.echo(json.dumps(dry_run_json(dry), indent=2))
         else:

@@ -108,6 +108,7 @@ def network_changed(report: Report) -> bool:
 def report_json(report: Report, hosts: Mapping[str, Mapping[str, str]], elapsed: float) -> dict[str, Any]:
     ok = all(it.ok for items in report.values() for it in items.values())
     return {
+        "schema": 1,  # distrun check --json's, docs/guide/distrun-json.schema.json
         "ok": ok,
         "checks": as_dicts(report),
         "hosts": {h: dict(v) for h, v in hosts.items()},

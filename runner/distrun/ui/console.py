@@ -264,11 +264,21 @@ def fatal(message: str) -> None:
     err_console.print(f"[red]distrun: error:[/red] {escape(message)}", soft_wrap=True)
 
 
+def _marks() -> dict[bool | None, str]:
+    """✓ and ✗, or words where the output's encoding cannot hold them (PYTHONIOENCODING=ascii)."""
+    encoding = getattr(_now(console).file, "encoding", None) or "utf-8"
+    try:
+        "✓✗".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return {None: "-", True: "ok", False: "FAIL"}
+    return {None: "-", True: "✓", False: "✗"}
+
+
 def print_check_report(report: dict) -> None:
     """'distrun check': one row per check, one column per node (✓/✗, '-' not checked), then
     what failed where and its fix."""
     hosts = list(report.get("hosts") or {})
-    marks = {None: "-", True: "✓", False: "✗"}
+    marks = _marks()
     rows = [[check, *(marks[None if items.get(h) is None else bool(items[h]["ok"])] for h in hosts)]
             for check, items in report["checks"].items()]
     if not _now(console).is_terminal:
@@ -278,13 +288,14 @@ def print_check_report(report: dict) -> None:
         table.add_column("check")
         for h in hosts:
             table.add_column(escape(printable(h)), justify="center")
-        colour = {"✓": "[green]✓[/green]", "✗": "[red]✗[/red]", "-": "-"}
+        colour = {marks[True]: f"[green]{marks[True]}[/green]", marks[False]: f"[red]{marks[False]}[/red]", "-": "-"}
         for check, *cells in rows:
             table.add_row(escape(printable(check)), *(colour[c] for c in cells))
         console.print(table)
     failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
     for check, host, item in failures:
-        console.print(f"[red]✗ {escape(check)} on {escape(host)}:[/red] {escape(str(item['detail']))}", soft_wrap=True)
+        console.print(f"[red]{marks[False]} {escape(check)} on {escape(host)}:[/red] {escape(str(item['detail']))}",
+                      soft_wrap=True)
         if item.get("fix"):
             console.print(f"    fix: {escape(str(item['fix']))}", soft_wrap=True)
     verdict = "[green]all checks passed[/green]" if report["ok"] else f"[red]{len(failures)} check(s) failed[/red]"

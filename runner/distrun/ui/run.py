@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 import shlex
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
+from distrun.errors import UserError
 from distrun.launchers import launcher_named
 from distrun.launchers.options import option_lines
 from distrun.planning.jobplan import to_json
@@ -160,7 +162,14 @@ def dry_run_json(dry: DryRun) -> dict[str, Any]:
     options = {name: {"value": r.value, "from": r.origin} for name, r in dry.options.items()}
     return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
             "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.program.user_env_keys), "note": dry.note,
-            "launcher_options": options}
+            "launcher_options": options, "exit_code": 0, "error": None}
+
+
+def dry_run_refused(inventory: Path, exc: UserError) -> dict[str, Any]:
+    """--dry-run --json of a plan the inventory or the request refused: the one-line refusal and
+    the exit code, for a script that reads stdout only."""
+    return {"schema": 1, "dry_run": True, "inventory": str(inventory), "plan": None, "exit_code": exc.exit_code,
+            "error": str(exc)}
 
 
 def dry_run_text(dry: DryRun) -> str:
