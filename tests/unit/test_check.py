@@ -229,7 +229,7 @@ def test_check_reports_the_gpu_mismatch_per_node(gpu_cluster):
 
 
 def test_human_report_shows_marks_and_fix_lines(capsys):
-    from distrun.ui.console import print_check_report
+    from distrun.ui.check import print_check_report
 
     probes = healthy()
     probes["node1"]["ports"] = {"29500": {"ok": False, "detail": "in use by python3 (pid 42)"}}

@@ -23,6 +23,7 @@ from distrun.planning import run_files
 from distrun.store.runs import new_run
 
 from .cli_cases import CASES
+from .cli_cases_world import REFUSED
 from .conftest import REPO, distrun_bin
 
 TWO = str(REPO / "tests" / "golden" / "inventories" / "two-nodes")
@@ -204,7 +205,7 @@ BAD: list[Bad] = [
     Bad("hostfile: stray argument", lambda t: ["hostfile", "-i", TWO, "extra"], ("unexpected argument 'extra'", "--help")),
 ]
 
-BAD += [Bad(label, argv, expect, env, reads, code) for label, argv, expect, env, reads, code in CASES]
+BAD += [Bad(label, argv, expect, env, reads, code) for label, argv, expect, env, reads, code in CASES + REFUSED]
 
 
 @pytest.fixture

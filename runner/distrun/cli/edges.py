@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import sys
 from typing import NoReturn
 
@@ -75,7 +76,7 @@ def closed_streams() -> list[str]:
 def os_error_line(exc: OSError) -> str:
     """An OSError at the program's edge (a file or folder it writes or reads, its own output) as
     one line: what, why, and the fix (for a file of the state folder: DISTRUN_HOME)."""
-    output = exc.errno in (errno.EPIPE, errno.EBADF)
+    output = exc.errno in (errno.EPIPE, errno.EBADF) or _stdout_cannot_take_more()
     where = exc.filename if exc.filename is not None else ("standard output" if output else "a file distrun writes")
     fixes = {
         errno.ENOSPC: "the disk is full: free some space or write somewhere else",
@@ -94,6 +95,18 @@ def os_error_line(exc: OSError) -> str:
         fix = fix.replace(" or write somewhere else", "").replace("choose a writable folder", "make it writable") + (
             " (it is in distrun's state folder: or point DISTRUN_HOME at another folder)")
     return f"{where}: {exc.strerror or exc}; {fix}"
+
+
+def _stdout_cannot_take_more() -> bool:
+    """Whether standard output is what a write without a file name failed on: a device that
+    is not a terminal (/dev/full), or a file on a full disk."""
+    try:
+        st = os.fstat(1)
+        if stat.S_ISCHR(st.st_mode) and not os.isatty(1):
+            return True
+        return stat.S_ISREG(st.st_mode) and os.fstatvfs(1).f_bavail == 0
+    except OSError:
+        return False
 
 
 def _in_state_folder(path: str) -> bool:

@@ -110,7 +110,7 @@ def check(inventory: P.Inventory, as_json: bool, ssh_logins: bool) -> None:
     ssh, shared folder writable, gpus vs slots). Exit 0 when every check passes, else 1.
     """
     from distrun.preflight.check import run_check
-    from distrun.ui.console import print_check_report
+    from distrun.ui.check import print_check_report
 
     inv = inventory.path
     if as_json:

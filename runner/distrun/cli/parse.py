@@ -204,8 +204,8 @@ class Command(click.Command):
         return rest
 
     def refuse_twice(self, ctx: click.Context, args: list[str]) -> None:
-        """An option that takes one value, given twice (-i a ... -i b, --image x --image y): click
-        would keep the last without a word; the two values are told instead."""
+        """An option that takes one value, given twice with two values (-i a ... -i b, --image x
+        --image y): click would keep the last without a word; the two values are told instead."""
         once = {o: p for p in self.get_params(ctx) if isinstance(p, click.Option) and not p.multiple
                 and not p.is_flag and not p.count for o in p.opts + p.secondary_opts}
         seen: dict[str, list[str]] = {}
@@ -221,7 +221,7 @@ class Command(click.Command):
                 value = next(words, "")
             seen.setdefault(max(param.opts, key=len), []).append(value)
         for flag, values in seen.items():
-            if len(values) > 1:
+            if len(set(values)) > 1:  # the same value twice changes nothing
                 shown = " and ".join(repr(v) for v in values)
                 times = "twice" if len(values) == 2 else f"{len(values)} times"
                 raise click.UsageError(f"{flag} is given {times} ({shown}); give it once", ctx)

@@ -10,7 +10,6 @@ from typing import Any
 from rich.cells import cell_len
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +23,12 @@ class _Rich(Console):
 
     def on_broken_pipe(self) -> None:
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """A line from plain parts and (text, style) parts: nothing in it is ever read as markup or an
+    emoji code, and each part is made printable first."""
+    return Text.assemble(*((printable(p[0]), p[1]) if isinstance(p, tuple) else printable(p) for p in parts))
 
 
 def _size(name: str, stderr: bool) -> int | None:
@@ -76,9 +81,11 @@ class _Console:
         that prints goes on to its end and its record; the CLI then exits 7."""
         out = self.current()
         try:
-            if not out.is_terminal and all(isinstance(o, str) for o in objects) and set(kwargs) <= _PLAIN_KWARGS:
+            if not out.is_terminal and all(isinstance(o, str | Text) for o in objects) and set(kwargs) <= _PLAIN_KWARGS:
                 markup = kwargs.get("markup", True)
-                texts = [printable(Text.from_markup(o, emoji=False).plain if markup else o) for o in objects]
+                # printable first: Rich's Text would drop a \r or a \x07 instead of showing it.
+                texts = [o.plain if isinstance(o, Text) else
+                         Text.from_markup(printable(o), emoji=False).plain if markup else printable(o) for o in objects]
                 out.file.write(kwargs.get("sep", " ").join(texts) + kwargs.get("end", "\n"))
                 out.file.flush()
                 return
@@ -111,7 +118,7 @@ console = _Console(stderr=False)
 err_console = _Console(stderr=True)
 
 
-def _now(c: Console | _Console) -> Console:
+def current_console(c: Console | _Console) -> Console:
     return c.current() if isinstance(c, _Console) else c
 
 
@@ -130,25 +137,27 @@ def print_table(columns: list[str], rows: list[list[str]], title: str | None = N
     On a terminal no cell is cut: the ``wrap`` columns wrap; when the terminal is too narrow for
     the rest, whole columns are dropped in the order ``drop`` gives (by default the last first),
     never one of ``keep``; when even those do not fit, the rows are printed as plain lines."""
-    out = _now(console)
+    out = current_console(console)
     columns = [printable(c) for c in columns]
     rows = [[printable(c) for c in row] for row in rows]
+    title = printable(title) if title else title
     if out.is_terminal:
         order = list(drop) if drop is not None else [i for i in reversed(range(len(columns))) if i not in keep]
         shown = list(range(len(columns)))
         while True:
             if _least_width(columns, rows, shown, wrap) <= out.width:
-                out.print(_table(columns, rows, shown, wrap, title))
+                console.print(_table(columns, rows, shown, wrap, title))
                 return
             droppable = [i for i in order if i in shown and i not in keep]
             if not droppable:
                 break
             shown.remove(droppable[0])
     if title:
-        out.print(title, markup=False, soft_wrap=True)
+        console.print(title, markup=False, soft_wrap=True)
     widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
     for row in [columns, *rows]:
-        out.print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), markup=False, soft_wrap=True)
+        padded = [c.ljust(w) for c, w in zip(row[:-1], widths, strict=False)]
+        console.print("  ".join([*padded, row[-1]]), markup=False, soft_wrap=True)
 
 
 WRAP_MIN = 12  # a wrapping column narrower than this is dropped instead
@@ -163,15 +172,15 @@ def _least_width(columns: list[str], rows: list[list[str]], shown: list[int], wr
 
 
 def _table(columns: list[str], rows: list[list[str]], shown: list[int], wrap: tuple[int, ...], title: str | None) -> Table:
-    table = Table(title=escape(title) if title else None, show_edge=False)
+    table = Table(title=Text(title) if title else None, show_edge=False)
     for i in shown:
         whole = max(cell_len(r[i]) for r in [columns, *rows])
         if i in wrap:
-            table.add_column(escape(columns[i]), overflow="fold", min_width=min(whole, WRAP_MIN))
+            table.add_column(Text(columns[i]), overflow="fold", min_width=min(whole, WRAP_MIN))
         else:  # shown whole or not at all
-            table.add_column(escape(columns[i]), no_wrap=True, overflow="ignore", min_width=whole)
+            table.add_column(Text(columns[i]), no_wrap=True, overflow="ignore", min_width=whole)
     for row in rows:
-        table.add_row(*(escape(row[i]) for i in shown))
+        table.add_row(*(Text(row[i]) for i in shown))
     return table
 
 
@@ -183,12 +192,12 @@ class PlaybookProgress:
         self.hosts = {h: HostProgress(h) for h in hosts}
         self.started = time.monotonic()
         self.live: Live | None = None
-        self.interactive = _now(console).is_terminal
+        self.interactive = current_console(console).is_terminal
 
     def __enter__(self) -> PlaybookProgress:
-        console.print(f"[bold]{escape(self.title)}[/bold]")
+        console.print(styled((self.title, "bold")))
         if self.interactive:
-            self.live = Live(self._table(), console=_now(console), refresh_per_second=4, transient=False)
+            self.live = Live(self._table(), console=current_console(console), refresh_per_second=4, transient=False)
             self.live.__enter__()
         return self
 
@@ -203,15 +212,15 @@ class PlaybookProgress:
             table.add_column(col)
         for h in self.hosts.values():
             style = {"ok": "", "failed": "red", "unreachable": "red"}[h.state]
-            table.add_row(escape(printable(h.name)), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)),
-                          escape(printable(h.task)[:60]), style=style)
+            table.add_row(styled(h.name), str(h.ok), str(h.changed), str(h.failed + int(h.unreachable)),
+                          styled(printable(h.task)[:60]), style=style)
         return table
 
     def again(self, why: str) -> None:
         """The playbook runs again (``why``, printed): every host starts from nothing, so what
         the first run failed on is not shown as the second run's."""
         self.hosts = {h: HostProgress(h) for h in self.hosts}
-        console.print(f"[yellow]{escape(why)}[/yellow]")
+        console.print(styled((why, "yellow")))
         if self.live is not None:
             self.live.update(self._table())
 
@@ -232,11 +241,11 @@ class PlaybookProgress:
             return
         elapsed = time.monotonic() - self.started
         if ev.kind == "task":
-            console.print(f"  \\[{elapsed:6.1f}s] {escape(ev.task)}")
+            console.print(styled(f"  [{elapsed:6.1f}s] ", ev.task))
         elif ev.kind == "changed":
-            console.print(f"           changed: {escape(str(ev.host))}")
+            console.print(styled("           changed: ", str(ev.host)))
         elif ev.kind in ("failed", "unreachable"):
-            console.print(f"           [red]{ev.kind}: {escape(str(ev.host))}: {escape(ev.message)}[/red]")
+            console.print(styled((f"           {ev.kind}: {ev.host}: {ev.message}", "red")))
 
 
 def print_summary(result: PlaybookResult, elapsed: float) -> None:
@@ -252,51 +261,13 @@ def print_summary(result: PlaybookResult, elapsed: float) -> None:
         markup=False, soft_wrap=True,
     )
     for h in result.failures():
-        err_console.print(f"[red]{escape(h.name)}: {escape(h.last_error)}[/red]", soft_wrap=True)
+        err_console.print(styled((f"{h.name}: {h.last_error}", "red")), soft_wrap=True)
 
 
 def warn(message: str) -> None:
     """A yellow line on stderr; the text is never read as markup (it may come from a node)."""
-    err_console.print(f"[yellow]{escape(message)}[/yellow]", soft_wrap=True)
+    err_console.print(styled((message, "yellow")), soft_wrap=True)
 
 
 def fatal(message: str) -> None:
-    err_console.print(f"[red]distrun: error:[/red] {escape(message)}", soft_wrap=True)
-
-
-def _marks() -> dict[bool | None, str]:
-    """✓ and ✗, or words where the output's encoding cannot hold them (PYTHONIOENCODING=ascii)."""
-    encoding = getattr(_now(console).file, "encoding", None) or "utf-8"
-    try:
-        "✓✗".encode(encoding)
-    except (UnicodeEncodeError, LookupError):
-        return {None: "-", True: "ok", False: "FAIL"}
-    return {None: "-", True: "✓", False: "✗"}
-
-
-def print_check_report(report: dict) -> None:
-    """'distrun check': one row per check, one column per node (✓/✗, '-' not checked), then
-    what failed where and its fix."""
-    hosts = list(report.get("hosts") or {})
-    marks = _marks()
-    rows = [[check, *(marks[None if items.get(h) is None else bool(items[h]["ok"])] for h in hosts)]
-            for check, items in report["checks"].items()]
-    if not _now(console).is_terminal:
-        print_table(["check", *hosts], rows)
-    else:
-        table = Table(show_edge=False, pad_edge=False)
-        table.add_column("check")
-        for h in hosts:
-            table.add_column(escape(printable(h)), justify="center")
-        colour = {marks[True]: f"[green]{marks[True]}[/green]", marks[False]: f"[red]{marks[False]}[/red]", "-": "-"}
-        for check, *cells in rows:
-            table.add_row(escape(printable(check)), *(colour[c] for c in cells))
-        console.print(table)
-    failures = [(c, h, it) for c, items in report["checks"].items() for h, it in items.items() if not it["ok"]]
-    for check, host, item in failures:
-        console.print(f"[red]{marks[False]} {escape(check)} on {escape(host)}:[/red] {escape(str(item['detail']))}",
-                      soft_wrap=True)
-        if item.get("fix"):
-            console.print(f"    fix: {escape(str(item['fix']))}", soft_wrap=True)
-    verdict = "[green]all checks passed[/green]" if report["ok"] else f"[red]{len(failures)} check(s) failed[/red]"
-    console.print(f"{verdict} in {report.get('elapsed_s', 0):.1f}s")
+    err_console.print(styled(("distrun: error:", "red"), " ", message), soft_wrap=True)

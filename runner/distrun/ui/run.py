@@ -9,8 +9,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from distrun.errors import UserError
 from distrun.launchers import launcher_named
 from distrun.launchers.options import option_lines
@@ -25,7 +23,7 @@ from distrun.run.reconcile import RunView
 from distrun.run.stop import StopReport
 from distrun.store.runs import Run, RunStatus
 from distrun.transport.playbook_events import PlaybookResult
-from distrun.ui.console import PlaybookProgress, console, err_console, print_summary, warn
+from distrun.ui.console import PlaybookProgress, console, err_console, print_summary, styled, warn
 
 
 class TrainView(Listener):
@@ -74,10 +72,10 @@ class TrainView(Listener):
         console.print(f"  prepare| {text}", markup=False, soft_wrap=True)
 
     def node_failed(self, reason: str) -> None:
-        err_console.print(f"[red]{escape(reason)}: stopping every rank on every node[/red]", soft_wrap=True)
+        err_console.print(styled((f"{reason}: stopping every rank on every node", "red")), soft_wrap=True)
 
     def restarting(self, restart: int, max_restarts: int, hosts: list[str], reason: str) -> None:
-        err_console.print(f"[yellow]{escape(reason)}: restart {restart} of {max_restarts} on {escape(', '.join(hosts))}[/yellow]",
+        err_console.print(styled((f"{reason}: restart {restart} of {max_restarts} on {', '.join(hosts)}", "yellow")),
                           soft_wrap=True)
 
     def not_restarting(self, reason: str) -> None:
@@ -116,11 +114,11 @@ class TrainView(Listener):
                           f"(listed in left-on-nodes.json; 'distrun fetch {summary.run_id} PATH' brings them)",
                           markup=False, soft_wrap=True)
         if summary.ok:
-            console.print(f"[green]run {summary.run_id} succeeded[/green] in {summary.elapsed:.1f}s{escape(summary.accuracy)}",
+            console.print(styled((f"run {summary.run_id} succeeded", "green"), f" in {summary.elapsed:.1f}s{summary.accuracy}"),
                           soft_wrap=True)
             return
-        console.print(f"[red]run {summary.run_id} failed[/red] (launcher exit {summary.rc}) after "
-                      f"{summary.elapsed:.1f}s{escape(summary.failure)}", soft_wrap=True)
+        console.print(styled((f"run {summary.run_id} failed", "red"), f" (launcher exit {summary.rc}) after "
+                             f"{summary.elapsed:.1f}s{summary.failure}"), soft_wrap=True)
         for fix in summary.hints:
             console.print(f"  hint: {fix}", markup=False, soft_wrap=True)
 
