@@ -15,6 +15,7 @@ import os
 import stat
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from distrun import paths
@@ -214,6 +215,8 @@ def test_the_command_line_prints_what_moved_and_exits_1_naming_a_failed_node(wor
     assert lines[3].startswith(f"{REF} aaaaaaaaaaaa: ") and "moved to 3 of 3 node(s); saved from this machine" in lines[3]
     second = runner.invoke(main, ["push-image", REF, "--inventory", str(inv), "--json"], standalone_mode=False)
     data = json.loads(second.output)
+    schema = json.loads((Path(__file__).parents[2] / "docs" / "guide" / "distrun-json.schema.json").read_text())
+    jsonschema.validate(data, {**schema, "$ref": "#/$defs/push_image"})  # what cli.md documents
     assert data["moved_bytes"] == 0 and data["saved"] is False and data["id"] == f"sha256:{ID_A}"
     assert {n["host"]: n["moved_bytes"] for n in data["nodes"]} == {"n1": 0, "n2": 0, "n3": 0}
     (tmp_path / "stores" / "n3" / "localhost_train_1").unlink()
