@@ -16,7 +16,7 @@ from distrun.planning.needs import preflight_needs
 from distrun.planning.plan import build_plan
 
 from .test_check import NODES
-from .test_preflight_needs import PROBE, cluster, failed, judge, probe
+from .test_preflight_needs import PROBE, SETUP, cluster, failed, judge, probe, verdict
 
 REF = "localhost/train:1"
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -35,9 +35,8 @@ def test_a_node_without_the_image_is_named_with_the_pull_as_the_training_user():
     probes = {h: probe(h, image=image()) for h in NODES}
     probes["node2"]["image"] = image("", error="localhost/train:1: image not known")
     line = judge(probes, failed("node2"))
-    assert line == ("image: image localhost/train:1 is not in podman's images of distrun on node2 (localhost/train:1: "
-                    "image not known) on node2: give it the image: 'distrun push-image localhost/train:1 --from node1', "
-                    "or 'podman pull localhost/train:1' there as distrun")
+    assert line == ("image: image localhost/train:1 is not in podman's images of distrun on node2: give it the image: "
+                    "'distrun push-image localhost/train:1 --from node1', or 'podman pull localhost/train:1' there as distrun")
 
 
 def test_no_node_with_the_image_points_at_a_push_from_where_it_was_built():
@@ -78,7 +77,7 @@ def test_a_run_with_an_image_asks_the_nodes_for_it_and_not_for_the_envs_modules(
     assert preflight_needs(plain)["preflight_image"] == {}
     needs = preflight_needs(boxed)
     # torchrun runs in the image: torch there (the DDP workload needs nothing more).
-    assert needs["preflight_image"] == {"ref": REF, "runtime": "docker", "modules": ["torch"], "mpi": False}
+    assert needs["preflight_image"] == {"ref": REF, "runtime": "docker", "modules": ["torch"], "mpi": False, "torchrun": True}
     assert needs["preflight_modules"] == [] and needs["preflight_programs"] == {"docker": ["docker"]}
 
 
@@ -114,6 +113,7 @@ def test_the_probe_reads_the_image_id_from_the_users_podman(tmp_path):
     assert found["id"] == f"sha256:{want.removeprefix('sha256:')}" and found["ref"] == ref
     missing = run_probe_with_image(tmp_path / "2", "localhost/distrun-no-such-image:0")
     assert missing["id"] == "" and missing["error"]
+    assert ref in missing["names"]  # what the store holds, for a "did you mean"
 
 
 def test_the_probe_looks_inside_the_image_for_python3_and_the_modules(tmp_path):
@@ -126,6 +126,9 @@ def test_the_probe_looks_inside_the_image_for_python3_and_the_modules(tmp_path):
         pytest.skip(f"this machine's podman cannot run {ref} here: {contents['error']}")
     assert contents["python"].count(".") == 2 and contents["missing"] == ["distrun_no_such_module"]
     assert "mpi4py" in contents["mpi_error"] and "mpi" not in contents
+    # The shared folder, mounted and entered as the ranks do, is the node's own (device and inode).
+    assert contents["folder"] and contents["folder"] == contents["folder_here"], contents
+    assert found["driver"], found  # the runtime's storage driver, which check reports
 
 
 def test_the_probe_runs_nothing_of_an_image_that_is_not_the_pushed_one(tmp_path):
@@ -170,4 +173,55 @@ def test_the_images_open_mpi_must_have_the_nodes_major_version():
 def test_an_mpirun_run_asks_the_image_for_mpi4py_and_its_mpi():
     boxed = build_plan(cluster(), run_id="r", launcher="mpirun", workload="gcn-torch", container=Container(REF))
     assert preflight_needs(boxed)["preflight_image"] == {"ref": REF, "runtime": "podman", "modules": ["mpi4py", "torch"],
-                                                         "mpi": True}
+                                                         "mpi": True, "torchrun": False}
+
+
+# --- containers as a new user meets them: (what the nodes' probes said, the refusal's fragments) ------------
+FOLDER = {"folder": "64768:1201", "folder_here": "64768:1201"}
+CASES_7 = [
+    # The shared folder was mounted again after rootless podman's pause process started: inside its
+    # containers it is another folder (or none), and the ranks would fail with 'cannot chdir'.
+    ("a folder the pause process saw before it was mounted again", {"node2": contents(folder="2049:2", folder_here="47:1")},
+     ("node2", "do not see the shared folder the node has", "device:inode 2049:2 inside, 47:1 on the node",
+      "'podman system migrate' as distrun")),
+    ("a container that cannot enter the folder", {"node3": image(contents={"error": "Error: crun: chdir to `/srv/distrun`: "
+                                                                                   "No such file or directory"})},
+     ("node3", "cannot chdir", "pause process of distrun", "'podman system migrate'")),
+    ("a dead sshfs mount inside", {"node2": contents(folder_error="Transport endpoint is not connected: /srv/distrun")},
+     ("node2", "Transport endpoint is not connected", "podman system migrate")),
+    # Debian's python3-torch 1.13: its torchrun has no --local-addr, no --nproc-per-node.
+    ("an image whose torch is too old for torchrun's flags", {h: contents(torch="1.13.1") for h in NODES},
+     ("its torch is 1.13.1, older than the 2.0", "--local-addr", "node1, node2, node3", "torch 2.0 or newer")),
+    # A name no node has: one sentence for every node, with the close names the stores hold.
+    ("a name no node has", {h: image("", error="Error: localhost/trian:1: image not known",
+                                     names=["localhost/train:1", "docker.io/library/python:3.11"]) for h in NODES},
+     ("is not in podman's images of distrun; did you mean localhost/train:1? on node1, node2, node3",)),
+]
+
+
+@pytest.mark.parametrize("label,answers,expect", CASES_7, ids=[c[0] for c in CASES_7])
+def test_containers_as_a_new_user_meets_them(label, answers, expect):
+    probes = {h: probe(h, image=contents(**FOLDER, torch="2.3.1")) for h in NODES}
+    for h, answer in answers.items():
+        answer = dict(answer)
+        answer["torchrun"] = True
+        probes[h]["image"] = answer
+    for p in probes.values():
+        p["image"]["torchrun"] = True
+    line = judge(probes, failed(*answers))
+    assert all(f in line for f in expect), line
+    assert line.count("\n") == 0 and len(line) < 600, (len(line), line)
+
+
+def test_a_good_image_says_its_python_torch_and_a_copying_storage_driver():
+    probes = {h: probe(h, image={**contents(**FOLDER, torch="2.3.1"), "torchrun": True, "driver": "vfs"}) for h in NODES}
+    assert judge(probes, failed()) == ""
+    judged = verdict(probes, head="node1", shared_mode="sync", shared_dir="/srv/distrun", setup=SETUP,
+                     log_dir="/runs/R1/ansible")
+    detail = judged["image"]["node1"].detail
+    assert "python 3.11.2, torch 2.3.1" in detail and "storage vfs: every container start copies the whole image" in detail
+
+
+def test_torch_older_than_torchruns_flags_is_fine_where_torchrun_does_not_run():
+    probes = {h: probe(h, image={**contents(**FOLDER, torch="1.13.1"), "torchrun": False}) for h in NODES}
+    assert judge(probes, failed()) == ""

@@ -1,12 +1,19 @@
-# ruff: noqa: F821 - as_user, USER and _last_line are probe.py's, which is shipped after this file
+# ruff: noqa: F821 - as_user, CFG, USER and _last_line are probe.py's, which is shipped after this file
 """The run's container image on one node, as the training user's runtime sees it (rootless podman
 keeps images per user). Shipped in front of probe.py (``python3 -c <netprobe.py + imageprobe.py +
 probe.py>``) and called by it; standard library only.
 
 The image's id (its configuration's digest: the same content on every node, whichever registry
-or archive it came from) and, once it is there, what a rank will find inside it: a ``python3`` on
-its PATH, the modules the run imports, and, where the node's own mpirun starts each rank in a
-container of it, the Open MPI that mpi4py loads there (its major version must be the node's).
+or archive it came from), the runtime's storage driver (vfs copies the whole image at every
+container start) and, once it is there, what a rank will find inside it: a ``python3`` on its
+PATH, the modules the run imports, torch's version where the run imports torch (torchrun's
+flags need a recent one), where the node's own mpirun starts each rank in a container of it, the
+Open MPI that mpi4py loads there (its major version must be the node's), and the shared folder as
+the ranks will see it: mounted at its own path and entered, as a rank enters its run directory.
+Rootless podman's pause process keeps the mounts it saw when it first started, so a folder
+mounted again since (sshfs after a dropped connection, setup switching modes) is another folder,
+or none, inside its containers: the probe compares the folder's device and inode inside and out.
+Where the image is missing, the names the user's store does hold (for a "did you mean").
 The look inside starts one short-lived container with the run's own namespaces (host network,
 IPC and process ids: no new /proc is mounted, which rootless podman inside a container cannot do)
 as the training user; its answer is one JSON line. Nothing is written: the container is removed.
@@ -17,7 +24,7 @@ import json
 # Run by the image's python3, isolated (-I): which modules it can find (found, not imported:
 # importing torch takes seconds) and, asked for, the MPI library mpi4py loads, without MPI_Init.
 IMAGE_PYTHON_CHECK = r"""
-import importlib.util, json, platform, sys
+import importlib.util, json, os, platform, re, sys
 out = {"python": platform.python_version(), "missing": []}
 for name in json.loads(sys.argv[1]):
     try:
@@ -26,6 +33,23 @@ for name in json.loads(sys.argv[1]):
         found = False
     if not found:
         out["missing"].append(name)
+if "torch" in json.loads(sys.argv[1]) and "torch" not in out["missing"]:
+    try:
+        from importlib import metadata
+        out["torch"] = metadata.version("torch")
+    except Exception:
+        spec = importlib.util.find_spec("torch")
+        try:
+            with open(os.path.join(os.path.dirname(spec.origin), "version.py")) as f:
+                out["torch"] = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read()).group(1)
+        except Exception:
+            out["torch"] = ""
+if sys.argv[3]:
+    try:
+        st = os.stat(sys.argv[3])
+        out["folder"] = f"{st.st_dev}:{st.st_ino}"
+    except OSError as exc:
+        out["folder_error"] = f"{exc.strerror}: {sys.argv[3]}"
 if sys.argv[2] == "1":
     try:
         import mpi4py
@@ -38,13 +62,22 @@ print(json.dumps(out))
 """
 
 
-def image_contents(runtime, ref, modules, mpi):
-    """What a rank finds in the image: its python3's version, the modules it lacks, its MPI."""
+def _folder_here(folder):
+    """The shared folder's device and inode as the training user sees it on the node."""
+    proc = as_user(["stat", "-L", "-c", "%d:%i", folder], timeout=30)
+    return (proc.stdout or "").strip() if proc.returncode == 0 else ""
+
+
+def image_contents(runtime, ref, modules, mpi, folder=""):
+    """What a rank finds in the image: its python3's version, the modules it lacks, torch's
+    version, its MPI, and ``folder`` (the shared folder) mounted and entered as the ranks do."""
     # A pid namespace of its own: whatever the image starts ends with it (this runs outside every unit).
     argv = [runtime, "run", "--rm", "--network=host", "--entrypoint", "python3"]
     if runtime == "podman" and USER != "root":
         argv.append("--userns=keep-id")  # rootless: the user's own uid inside, as the ranks run
-    argv += [ref, "-I", "-c", IMAGE_PYTHON_CHECK, json.dumps(sorted(modules)), "1" if mpi else "0"]
+    if folder:
+        argv += ["--volume", f"{folder}:{folder}", "--workdir", folder]  # as container-run.sh mounts the run's folders
+    argv += [ref, "-I", "-c", IMAGE_PYTHON_CHECK, json.dumps(sorted(modules)), "1" if mpi else "0", folder]
     proc = as_user(argv, timeout=120)
     lines = (proc.stdout or "").strip().splitlines()
     if proc.returncode == 0 and lines:
@@ -53,8 +86,25 @@ def image_contents(runtime, ref, modules, mpi):
         except ValueError:
             said = None
         if isinstance(said, dict):
+            if folder:
+                said["folder_here"] = _folder_here(folder)
             return said
     return {"error": _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"}
+
+
+def _names(runtime):
+    """The image names the user's store holds (for a "did you mean"), at most 200."""
+    proc = as_user([runtime, "images", "--format", "{{.Repository}}:{{.Tag}}"], timeout=60)
+    if proc.returncode != 0:
+        return []
+    return sorted({n.strip() for n in (proc.stdout or "").splitlines() if n.strip() and "<none>" not in n})[:200]
+
+
+def _driver(runtime):
+    """The runtime's storage driver (overlay, vfs, ...), or "" when it does not say."""
+    fmt = "{{.Store.GraphDriverName}}" if runtime == "podman" else "{{.Driver}}"
+    proc = as_user([runtime, "info", "--format", fmt], timeout=60)
+    return (proc.stdout or "").strip().splitlines()[0][:40] if proc.returncode == 0 and (proc.stdout or "").strip() else ""
 
 
 def probe_image(image):
@@ -68,9 +118,12 @@ def probe_image(image):
     first = (proc.stdout or "").strip().splitlines()[:1]
     if proc.returncode != 0 or not first:
         out["error"] = _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
+        out["names"] = _names(runtime)
         return out
     image_id = first[0].strip()
     out["id"] = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
+    out["driver"] = _driver(runtime)
     if "modules" in image and out.get("pushed", out["id"]) == out["id"]:  # never an image nobody pushed
-        out["contents"] = image_contents(runtime, ref, image.get("modules") or [], bool(image.get("mpi")))
+        out["contents"] = image_contents(runtime, ref, image.get("modules") or [], bool(image.get("mpi")),
+                                         str(CFG.get("shared_dir") or ""))
     return out

@@ -28,6 +28,6 @@ def preflight_needs(plan: JobPlan) -> dict[str, Any]:
         # The partitioner runs on the head in the node's env (pymetis there), the ranks in the image.
         inside = {*WORKLOAD_MODULES.get(plan.program.workload or "", ()), *launcher.image_modules(plan)} - {"pymetis"}
         image = {**containers.image_asked(plan.launch.container), "modules": sorted(inside),
-                 "mpi": launcher.image_uses_node_mpi}
+                 "mpi": launcher.image_uses_node_mpi, "torchrun": "torch" in launcher.image_modules(plan)}
     return {"preflight_modules": modules, "preflight_programs": programs, "preflight_head_programs": head_programs,
             "preflight_image": image}
