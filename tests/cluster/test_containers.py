@@ -292,3 +292,54 @@ def test_ctrl_c_leaves_no_container_and_no_rank_on_any_node(provisioned, image_i
     for k in (1, 2, 3):
         left = cluster.exec(k, f"ps -eo pid,args | grep -e '{pattern}' || true", check=False)
         assert left.stdout.strip() == "", f"node{k} still runs:\n{left.stdout}"
+
+
+def test_a_shared_folder_mounted_again_after_podman_started_is_refused_until_podman_migrates(
+        provisioned, image_inventory, distrun_home, cell_script):
+    """Rootless podman's pause process keeps the mounts it saw when it first started for the user:
+    the shared folder mounted again since (here a copy bound over it on node2, as a remount or a
+    mode switch leaves it) is another folder inside that user's containers, where the ranks would
+    fail with 'cannot chdir'. The preflight refuses node2 in one line with the fix; the command
+    setup runs after it mounts the folder (role shared_fs's handler) makes podman see it again."""
+    import yaml
+
+    cluster = provisioned
+    shared = "/srv/distrun"
+    assert as_user(cluster, 2, f"podman run --rm --entrypoint true {IMAGE}", timeout=300).returncode == 0  # pause process up
+    cluster.exec(2, f"rm -rf {shared}-again && mkdir {shared}-again && tar -C {shared} --exclude=./runs --exclude=./partitions "
+                    f"-cf - . | tar -C {shared}-again -xf - && mkdir -p {shared}-again/runs && "
+                    f"chown -R {USER}: {shared}-again && mount --bind {shared}-again {shared}")
+    handler = next(h for h in yaml.safe_load((REPO / "roles" / "shared_fs" / "handlers" / "main.yml").read_text())
+                   if h.get("listen") == "Shared folder mounted")
+    migrate = [a.replace("{{ shared_fs_user }}", USER) for a in handler["ansible.builtin.command"]["argv"]]
+    try:
+        refused = distrun("train", "--inventory", image_inventory, "--launcher", "torchrun", "--script", str(cell_script),
+                          timeout=900)
+        out = refused.stdout + refused.stderr
+        assert refused.rc == 3, out[-3000:]
+        line = next(ln for ln in out.splitlines() if "do not see the shared folder" in ln)
+        assert "on node2:" in line and "'podman system migrate' as distrun" in line and len(line) < 800, line
+        assert cluster.exec(2, migrate, check=False, timeout=300).returncode == 0
+        ran = distrun("train", "--inventory", image_inventory, "--launcher", "torchrun", "--script", str(cell_script),
+                      timeout=900)
+        assert ran.rc == 0, (ran.stdout + ran.stderr)[-3000:]
+    finally:
+        cluster.exec(2, f"umount {shared}; rm -rf {shared}-again", check=False)
+        cluster.exec(2, migrate, check=False, timeout=300)
+
+
+def test_a_name_no_node_has_is_one_short_line_with_the_names_close_to_it(provisioned, image_inventory, cell_script):
+    res = distrun("train", "--inventory", image_inventory, "--image", "localhost/distrun-cel:1", "--launcher", "torchrun",
+                  "--script", str(cell_script), timeout=600)
+    out = res.stdout + res.stderr
+    assert res.rc == 3, out[-3000:]
+    line = next(ln for ln in out.splitlines() if "localhost/distrun-cel:1 is not in" in ln)
+    assert f"did you mean {IMAGE}? on node1, node2, node3" in line and len(line) < 600, line
+
+
+def test_check_reports_the_images_python_torch_and_storage(provisioned, image_inventory):
+    res = distrun("check", "--inventory", image_inventory, "--json", timeout=600)
+    report = json.loads(res.stdout)
+    details = {h: it["detail"] for h, it in report["checks"]["image"].items()}
+    assert all(it["ok"] for it in report["checks"]["image"].values()), details
+    assert all(re.search(r"python 3\.\d+\.\d+, torch \d+\.\d+.*, storage (overlay|vfs)", d) for d in details.values()), details

@@ -6,8 +6,8 @@ probe.py>``) and called by it; standard library only.
 The image's id (its configuration's digest: the same content on every node, whichever registry
 or archive it came from), the runtime's storage driver (vfs copies the whole image at every
 container start) and, once it is there, what a rank will find inside it: a ``python3`` on its
-PATH, the modules the run imports, torch's version where the run imports torch (torchrun's
-flags need a recent one), where the node's own mpirun starts each rank in a container of it, the
+PATH, the modules the run imports, torch's version where it has torch (torchrun's flags need a
+recent one), where the node's own mpirun starts each rank in a container of it, the
 Open MPI that mpi4py loads there (its major version must be the node's), and the shared folder as
 the ranks will see it: mounted at its own path and entered, as a rank enters its run directory.
 Rootless podman's pause process keeps the mounts it saw when it first started, so a folder
@@ -33,7 +33,11 @@ for name in json.loads(sys.argv[1]):
         found = False
     if not found:
         out["missing"].append(name)
-if "torch" in json.loads(sys.argv[1]) and "torch" not in out["missing"]:
+try:
+    has_torch = importlib.util.find_spec("torch") is not None
+except (ImportError, ValueError):
+    has_torch = False
+if has_torch:
     try:
         from importlib import metadata
         out["torch"] = metadata.version("torch")

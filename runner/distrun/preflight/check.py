@@ -76,7 +76,8 @@ def image_vars(cluster: Cluster) -> dict[str, Any]:
     container = containers.pinned(containers.choose(cluster.source, cluster.group_vars, None, None), cluster.source)
     if container is None:
         return {}
-    return {"preflight_image": containers.image_asked(container)}
+    # An empty module list still looks inside: python3's and torch's versions, the shared folder.
+    return {"preflight_image": {**containers.image_asked(container), "modules": []}}
 
 
 def run_check(inventory: Path, label: str,
