@@ -170,6 +170,8 @@ for word in [":x:", ":ok:", ":cd:", "[bold]x[/bold]", "[red]", "2001:db8:a:b::1"
             reads_inventory=True)
 refused("--workdir ':cd:' that does not exist", lambda t: [*D, "--workdir", str(t / ":cd:"), "--", "python", "x.py"],
         (":cd:", "no such folder"))
+refused("--dataset in capitals", lambda t: [*D, "--dataset", "CORA"], ("'CORA' is not one of", "did you mean cora"))
+refused("--launcher in capitals", lambda t: [*D, "--launcher", "TORCHRUN"], ("'TORCHRUN' is not one of", "did you mean torchrun"))
 refused("--launcher ':x:'", lambda t: [*D, "--launcher", ":x:"], ("':x:' is not one of",))
 refused("--env ':x:=1'", lambda t: [*D, "--env", ":x:=1"], ("':x:' is not a variable name",))
 refused("init ':ok:'", lambda t: ["init", ":ok:", "--head", "a", "--workers", "a", "--dir", str(t)], ("':ok:'",))

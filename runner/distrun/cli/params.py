@@ -60,7 +60,8 @@ class OneOf(click.Choice):
         if value in self.choices:
             return value
         choices = [str(c) for c in self.choices]
-        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
+        same_letters = [c for c in choices if c.lower() == str(value).lower()]  # 'CORA', 'MPIRUN'
+        close = same_letters or difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]}?" if close else ""
         self.fail(f"{value!r} is not one of {', '.join(choices)}{hint}", param, ctx)
 
