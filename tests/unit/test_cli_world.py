@@ -192,3 +192,17 @@ def test_check_prints_words_where_its_marks_cannot_be_shown(monkeypatch):
     text = buf.buffer.getvalue().decode("ascii")
     ui.configure()
     assert "reach  ok" in text and "env    FAIL" in text and "FAIL env on w1: no python" in text
+
+
+def test_check_never_calls_a_node_it_did_not_contact_reached(cli_env, tmp_path):
+    """A node the play failed on before any probe answered (a connection plugin that does not
+    exist, as a mistyped ansible_connection gives) is not 'reached over ssh', in --json neither."""
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[head]\nw1 ansible_host=192.0.2.11 ansible_connection=sshh\n[workers]\nw1\n")
+    env = {k: v for k, v in cli_env.items() if k != "DISTRUN_INVENTORY"}
+    proc = subprocess.run([distrun_bin(), "check", "-i", str(inv), "--json"], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["ok"] is False, proc.stderr
+    assert "w1" not in report["checks"].get("reach", {}), report["checks"]
+    assert "connection plugin 'sshh' was not found" in report["checks"]["preflight"]["w1"]["detail"]

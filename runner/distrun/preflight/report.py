@@ -53,7 +53,7 @@ def build_report(
         if st["state"] == "unreachable" or (st["state"] == "not reached" and not reached):
             report["reach"][h] = Item(False, st.get("error") or "not reached",
                                       f"start {h}, check its ansible_host and that sshd runs; then 'distrun check' again")
-        else:
+        elif st["state"] != "failed" or reached:  # failed before any probe answered: reached or not, nobody knows
             report["reach"][h] = Item(True, "reached over ssh")
     for check, items in judged.items():
         report[check].update(items)
