@@ -305,7 +305,8 @@ def test_a_shared_folder_mounted_again_after_podman_started_is_refused_until_pod
 
     cluster = provisioned
     shared = "/srv/distrun"
-    assert as_user(cluster, 2, f"podman run --rm --entrypoint true {IMAGE}", timeout=300).returncode == 0  # pause process up
+    up = as_user(cluster, 2, f"podman run --rm --network=host --entrypoint true {IMAGE}", timeout=300)
+    assert up.returncode == 0, up.stderr  # the pause process is up
     cluster.exec(2, f"rm -rf {shared}-again && mkdir {shared}-again && tar -C {shared} --exclude=./runs --exclude=./partitions "
                     f"-cf - . | tar -C {shared}-again -xf - && mkdir -p {shared}-again/runs && "
                     f"chown -R {USER}: {shared}-again && mount --bind {shared}-again {shared}")

@@ -39,7 +39,7 @@ def test_check_asks_every_node_for_the_inventorys_image(tmp_path, monkeypatch):
 
     monkeypatch.setattr(check, "run_playbook", playbook)
     for text, want in [("", None), ("[all:vars]\ndistrun_image=localhost/train:1\ndistrun_container_runtime=docker\n",
-                                   {"ref": "localhost/train:1", "runtime": "docker"})]:
+                                   {"ref": "localhost/train:1", "runtime": "docker", "modules": []})]:  # looked inside too
         inv.write_text("[head]\nw1 ansible_host=192.0.2.1\n[workers]\nw1\n" + text)
         asked.clear()
         with pytest.raises(_Stop):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from pathlib import Path
 
 import click
 import pytest
