@@ -155,6 +155,16 @@ def node_program(name: str) -> str:
         raise AnsibleFilterError(str(exc)) from None
 
 
+def people_problems(users: object, admins: object, shared_fs_mode: object, training_user: object) -> list[str]:
+    """What is wrong with the inventory's people (distrun_users, distrun_admins), one line each:
+    the runner's own rules (distrun.inventory.people)."""
+    from distrun.inventory import people
+
+    found, _ = people.problems_and_people({"distrun_users": users, "distrun_admins": admins or None},
+                                          str(shared_fs_mode), str(training_user))
+    return found
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -179,4 +189,5 @@ class FilterModule:
             "distrun_free_subid": rules.free_subid,
             "distrun_node_program": node_program,
             "distrun_user_ssh": user_ssh,
+            "distrun_people_problems": people_problems,
         }

@@ -1,0 +1,91 @@
+"""People on the real cluster: `distrun setup` makes one account per person of distrun_users on
+every node, each logs in with their own key only, and a person taken off the list loses every
+way in and every process at the next setup, while their files stay."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, distrun
+
+pytestmark = pytest.mark.cluster
+
+PEOPLE = (("alice", 2101), ("bob", 2102))
+
+
+def _keys(folder: Path) -> dict[str, Path]:
+    keys = {}
+    for name, _ in PEOPLE:
+        key = folder / f"id_{name}"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@laptop", "-f", str(key)], check=True)
+        keys[name] = key
+    return keys
+
+
+def _inventory(folder: Path, keys: dict[str, Path], names: tuple[str, ...]) -> Path:
+    """The test inventory (the same nodes and settings) with distrun_users listing ``names``."""
+    inv = folder / f"people-{'-'.join(names) or 'none'}"
+    shutil.rmtree(inv, ignore_errors=True)
+    shutil.copytree(REPO / "inventory" / "test", inv)
+    users = [{"name": n, "uid": uid, "ssh_keys": [keys[n].with_suffix(".pub").read_text().strip()]}
+             for n, uid in PEOPLE if n in names]
+    with (inv / "group_vars" / "all.yml").open("a") as f:  # JSON is YAML's flow style
+        f.write(f"\ndistrun_users: {json.dumps(users)}\ndistrun_admins: {json.dumps([n for n in names if n == 'alice'])}\n")
+    return inv
+
+
+def _login(cluster, key: Path, user: str, k: int, command: str = "id -un") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "IdentitiesOnly=yes",
+                           "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-i", str(key), "--",
+                           f"{user}@{cluster.ip(k)}", command], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.phase(1)
+def test_setup_makes_each_person_and_locks_out_who_left(provisioned, tmp_path):
+    cluster = provisioned
+    keys = _keys(tmp_path)
+    both = _inventory(tmp_path, keys, ("alice", "bob"))
+    # Setup's steps that people touch: the accounts and sshd's view of whose keys it reads.
+    first = distrun("setup", "--inventory", str(both), "--tags", "people,ssh_mesh")
+    assert first.rc == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    again = distrun("setup", "--inventory", str(both), "--tags", "people,ssh_mesh")
+    assert again.rc == 0 and again.recap()["changed"] == 0, again.stdout[-4000:]
+
+    for k in (1, 2, 3):
+        for name, uid in PEOPLE:
+            assert _login(cluster, keys[name], name, k).stdout.strip() == name
+            ids = cluster.exec(k, f"id -u {name}; id -nG {name}; stat -c %a /home/{name}").stdout.split("\n")
+            assert ids[0] == str(uid)
+            assert "distrun-users" in ids[1].split() and ("distrun-admins" in ids[1].split()) == (name == "alice")
+            assert ids[2] == "700"
+    # A key only logs in as its own person, and a key a person adds to their home logs in nowhere.
+    assert _login(cluster, keys["alice"], "bob", 2).returncode != 0
+    cluster.exec(2, f"install -d -o bob -m 0700 /home/bob/.ssh && cat > /home/bob/.ssh/authorized_keys "
+                    "&& chown bob /home/bob/.ssh/authorized_keys", input=keys["alice"].with_suffix(".pub").read_text())
+    assert _login(cluster, keys["alice"], "bob", 2).returncode != 0
+
+    # bob leaves the list while a process of his runs on node2; his home holds a file.
+    cluster.exec(2, "runuser -u bob -- bash -c 'echo mine > ~/kept; setsid sleep 600 < /dev/null > /dev/null 2>&1 &'")
+    assert cluster.exec(2, "pgrep -u bob -x sleep", check=False).returncode == 0
+    only_alice = _inventory(tmp_path, keys, ("alice",))
+    left = distrun("setup", "--inventory", str(only_alice), "--tags", "people,ssh_mesh")
+    assert left.rc == 0, left.stdout[-4000:] + left.stderr[-2000:]
+    for k in (1, 2, 3):
+        gone = _login(cluster, keys["bob"], "bob", k)
+        assert gone.returncode != 0 and "Permission denied" in gone.stderr
+        assert _login(cluster, keys["alice"], "alice", k).stdout.strip() == "alice"
+        status = cluster.exec(k, "passwd -S bob; getent passwd bob; id -nG bob").stdout
+        assert " L " in status.splitlines()[0] and status.splitlines()[1].endswith(":/usr/sbin/nologin")
+        assert "distrun-users" not in status.splitlines()[2].split()
+    assert cluster.exec(2, "pgrep -u bob", check=False).returncode == 1, "a process of bob's outlived his removal"
+    assert cluster.exec(2, "cat /home/bob/kept").stdout.strip() == "mine"
+
+    # Listed again, bob gets his account back with the keys listed now.
+    back = distrun("setup", "--inventory", str(both), "--tags", "people,ssh_mesh")
+    assert back.rc == 0, back.stdout[-4000:]
+    assert _login(cluster, keys["bob"], "bob", 3).stdout.strip() == "bob"
