@@ -79,8 +79,8 @@ def test_setup_makes_each_person_and_locks_out_who_left(provisioned, tmp_path):
         gone = _login(cluster, keys["bob"], "bob", k)
         assert gone.returncode != 0 and "Permission denied" in gone.stderr
         assert _login(cluster, keys["alice"], "alice", k).stdout.strip() == "alice"
-        status = cluster.exec(k, "passwd -S bob; getent passwd bob; id -nG bob").stdout
-        assert " L " in status.splitlines()[0] and status.splitlines()[1].endswith(":/usr/sbin/nologin")
+        status = cluster.exec(k, "chage -l bob | grep '^Account expires'; getent passwd bob; id -nG bob").stdout
+        assert "never" not in status.splitlines()[0] and status.splitlines()[1].endswith(":/usr/sbin/nologin")
         assert "distrun-users" not in status.splitlines()[2].split()
     assert cluster.exec(2, "pgrep -u bob", check=False).returncode == 1, "a process of bob's outlived his removal"
     assert cluster.exec(2, "cat /home/bob/kept").stdout.strip() == "mine"
