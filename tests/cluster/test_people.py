@@ -89,3 +89,10 @@ def test_setup_makes_each_person_and_locks_out_who_left(provisioned, tmp_path):
     back = distrun("setup", "--inventory", str(both), "--tags", "people,ssh_mesh")
     assert back.rc == 0, back.stdout[-4000:]
     assert _login(cluster, keys["bob"], "bob", 3).stdout.strip() == "bob"
+
+    # The inventory without people again: both are locked out, and a setup after that changes nothing.
+    without = distrun("setup", "--inventory", "test", "--tags", "people,ssh_mesh")
+    assert without.rc == 0, without.stdout[-4000:]
+    assert _login(cluster, keys["alice"], "alice", 1).returncode != 0
+    settled = distrun("setup", "--inventory", "test", "--tags", "people,ssh_mesh")
+    assert settled.rc == 0 and settled.recap()["changed"] == 0, settled.stdout[-4000:]
