@@ -120,6 +120,14 @@ def pushed_images_file(inventory: Path) -> Path:
     return folder / f"{_inventory_key(inventory)}.json"
 
 
+def drained_file(inventory: Path) -> Path:
+    """The nodes kept out of one inventory's runs (store/drained.py), in a private folder."""
+    folder = state_dir() / "drained"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder.chmod(0o700)
+    return folder / f"{_inventory_key(inventory)}.json"
+
+
 def inventory_search_dirs() -> list[Path]:
     """Named inventories are looked up in ./inventory first, then in the project's."""
     dirs = [Path.cwd() / "inventory"]

@@ -20,8 +20,9 @@ from distrun.inventory import read as inventory_read
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
 from distrun.planning.placement import gpu_slot_mismatches
-from distrun.preflight import sshmesh
+from distrun.preflight import gpuhealth, sshmesh
 from distrun.preflight.report import Item, Report, blamed, build_report, from_dicts, refusal, report_json
+from distrun.store import drained
 from distrun.store.runs import new_run
 from distrun.transport.ansible_bridge import run_playbook
 from distrun.transport.handshake import PREFLIGHT_FACT
@@ -44,6 +45,36 @@ def gpu_items(nodes: Sequence[Node], inventory: str) -> dict[str, Item]:
     return out
 
 
+HEALTH_FACT = "preflight_gpu_health"  # role preflight's tasks/gpu_health.yml
+
+
+def gpu_health(result: PlaybookResult, nodes: Sequence[Node]) -> dict[str, gpuhealth.Health]:
+    """Each reached node's GPU health from its reading (the fact preflight_gpu_health) and the
+    GPUs setup counted there."""
+    readings = {n.name: result.hosts[n.name].facts.get(HEALTH_FACT) for n in nodes if n.name in result.hosts}
+    usable = {n: r for n, r in readings.items() if isinstance(r, dict) and "error" not in r}
+    return gpuhealth.judge_all(usable, {n.name: n.gpus for n in nodes})
+
+
+def health_items(health: Mapping[str, gpuhealth.Health]) -> dict[str, Item]:
+    """The report's 'gpu health' row: every node's, where any node has GPUs; else no row."""
+    if not any(h.has_gpus for h in health.values()):
+        return {}
+    return {n: h.item() if h.has_gpus else Item(True, "no GPU") for n, h in health.items()}
+
+
+def settle_drains(inventory: Path, health: Mapping[str, gpuhealth.Health], report: Report,
+                  reached: Sequence[str]) -> dict[str, drained.Drain]:
+    """Drain the nodes whose GPUs are faulty; bring back the reached nodes every check passed on
+    (whatever drained them: a GPU, or a run that lost them). The marks after this check."""
+    for node, h in sorted(health.items()):
+        if h.drain_reason():
+            drained.drain(inventory, node, h.drain_reason(), drained.SOURCE_GPU_HEALTH)
+    failing = set(blamed(report))
+    drained.undrain_passed(inventory, [n for n in reached if n not in failing])
+    return drained.drained(inventory)
+
+
 def host_states(result: PlaybookResult, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """Ansible's state and last error per host; 'not reached' for one the play never saw."""
     states = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
@@ -58,12 +89,13 @@ def host_states(result: PlaybookResult, names: Sequence[str]) -> dict[str, dict[
     return states
 
 
-def report_of(result: PlaybookResult, names: Sequence[str], gpus: Mapping[str, Item] | None = None) -> Report:
+def report_of(result: PlaybookResult, names: Sequence[str], gpus: Mapping[str, Item] | None = None,
+              health: Mapping[str, Item] | None = None) -> Report:
     """The report of a preflight run: the role's verdict (the fact preflight_verdict), which of
-    ``names`` answered, and ``gpus`` (check -> node -> Item). 'distrun check' shows it whole;
-    'distrun train' refuses with its failures."""
+    ``names`` answered, ``gpus`` (GPUs against slots) and ``health`` (GPU health), node -> Item
+    each. 'distrun check' shows it whole; 'distrun train' refuses with its failures."""
     return build_report(nodes=names, hosts=host_states(result, names), judged=from_dicts(result.fact(PREFLIGHT_FACT)),
-                        gpus=gpus)
+                        gpus=gpus, more={"gpu health": health or {}})
 
 
 def preflight_vars(label: str, run_dir: Path) -> dict[str, Any]:
@@ -122,10 +154,13 @@ def run_check(inventory: Path, label: str,
     hosts = host_states(result, names)
     cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
     reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]
-    report = report_of(result, names, gpu_items(reached, label))
+    health = gpu_health(result, reached)
+    report = report_of(result, names, gpu_items(reached, label), health_items(health))
     out = report_json(report, hosts, time.monotonic() - started)
     if not result.ok:
         out["ok"] = False
+    marks = settle_drains(inventory, health, report, [n.name for n in reached])
+    out["drained"] = {n: {k: v for k, v in d.as_dict().items() if k != "node"} for n, d in sorted(marks.items())}
     run.write("check.json", json.dumps(out, indent=2) + "\n")
     run.finish(0 if out["ok"] else 1, "ok" if out["ok"] else "failed: " + ", ".join(
         c for c, items in out["checks"].items() if any(not v["ok"] for v in items.values())))

@@ -16,7 +16,7 @@ from typing import Any
 # Report order; also the rows of the human table.
 CHECKS = ("reach", "setup", "env", "mpi4py", "needs", "image", "slurm", "versions", "ports", "addresses", "network", "ssh", "names",
           "shared folder",
-          "gpus vs slots", "preflight")
+          "gpus vs slots", "gpu health", "preflight")
 LOG_DIR = "the run record's ansible/ folder"
 
 
@@ -43,9 +43,11 @@ def build_report(
     hosts: Mapping[str, Mapping[str, str]],
     judged: Report,
     gpus: Mapping[str, Item] | None = None,
+    more: Mapping[str, Mapping[str, Item]] | None = None,
 ) -> Report:
     """The whole report: which nodes answered (``hosts``: Ansible's state and last error per
-    host), the role's verdict, GPUs against slots, and a failure nothing above explains."""
+    host), the role's verdict, GPUs against slots, the controller's own checks (``more``: check
+    -> node -> Item, e.g. GPU health), and a failure nothing above explains."""
     report: Report = {c: {} for c in CHECKS}
     for h in nodes:
         st = hosts.get(h, {"state": "not reached", "error": ""})
@@ -58,6 +60,8 @@ def build_report(
     for check, items in judged.items():
         report[check].update(items)
     report["gpus vs slots"].update(gpus or {})
+    for check, extra in (more or {}).items():
+        report[check].update(extra)
     explained = {h for c, items in report.items() for h, it in items.items() if not it.ok}
     for h, st in hosts.items():
         if st["state"] == "failed" and h not in explained:

@@ -33,9 +33,10 @@ PREFLIGHT_FACT = "preflight_verdict"
 STAGED_FACT = "distrun_staged"
 
 # Tags of run.yml's tasks the runner skips: never needed by a run (the preflight's full set is
-# 'distrun check''s; role distrun's argument check, tagged 'always', is done by the runner with the
-# same spec when it read the inventory; the judge's own task fails each blamed node) ...
-RUN_SKIPS = ("preflight_shared", "always", "preflight_blame")
+# 'distrun check''s, its GPU health read too; role distrun's argument check, tagged 'always', is
+# done by the runner with the same spec when it read the inventory; the judge's own task fails
+# each blamed node) ...
+RUN_SKIPS = ("preflight_shared", "preflight_gpu_health", "always", "preflight_blame")
 # ... and, per attempt: the stage steps where there are none, the gate and unpacking where the
 # probes staged the attempt.
 STAGE_STEPS_TAG = "job_stage_steps"
