@@ -12,6 +12,8 @@ from pathlib import Path
 import click
 
 from distrun import __version__, paths
+from distrun.cli import check as C
+from distrun.cli import launcher as L
 from distrun.cli import params as P
 from distrun.cli.edges import exit_now
 from distrun.cli.parse import Command, Group
@@ -88,7 +90,16 @@ def hostfile(inventory: P.Inventory) -> None:
 @click.option("--ssh-logins", is_flag=True,
               help="Log in from every node to every other even where the last check proved those logins "
                    "and nothing they depend on changed (then each node only checks the others' sshd banners).")
-def check(inventory: P.Inventory, as_json: bool, ssh_logins: bool) -> None:
+@click.option("--bandwidth", is_flag=True,
+              help="Instead of the preflight: time an all-reduce across every rank and between each pair of nodes "
+                   "(gloo, or NCCL on GPUs), print nccl-tests' table and name a node or pair far below the rest.")
+@L.launcher_option
+@click.option("--max-bytes", default=None, metavar="SIZE", callback=C.size,
+              help="With --bandwidth: the largest message (default 16M with gloo, 1G with NCCL; 1K, 64M, 1G ...).")
+@click.option("--clear", default=None, metavar="NODE",
+              help="Bring a drained node back (drained by a faulty GPU or a run that lost it), and do nothing else.")
+def check(inventory: P.Inventory, as_json: bool, ssh_logins: bool, bandwidth: bool, launcher: str,
+          max_bytes: str | None, clear: str | None) -> None:
     """Check every node can run a job; report each check per node, with a fix for each failure.
 
     \b
@@ -106,9 +117,24 @@ def check(inventory: P.Inventory, as_json: bool, ssh_logins: bool) -> None:
       shared folder  writable by the training user; a file written on the head is seen
                      on every node (nfs, sshfs) or arrives by rsync (sync: "synced")
       gpus vs slots  a node with GPUs has slots equal to its GPU count
+      gpu health     where nodes have GPUs: nvidia-smi answers for every GPU, no
+                     uncorrected ECC error or pending row remapping, no Xid of a faulty
+                     GPU in the kernel log (24 h), persistence mode on, one driver; a
+                     faulty GPU drains its node until a check passes there (or --clear)
     'distrun train' runs the fast part first (env, mpi4py, versions, ports, head -> node
     ssh, shared folder writable, gpus vs slots). Exit 0 when every check passes, else 1.
+
+    \b
+    --bandwidth runs workloads/allreduce_bw.py on every rank as 'distrun train --script'
+    would (train's fast preflight first): bus bandwidth per message size in nccl-tests'
+    layout, then each pair of nodes; exit 1 naming a node or pair far below the rest.
     """
+    C.refuse_mixed(click.get_current_context())
+    if clear is not None:
+        C.clear(inventory.path, clear, as_json)
+        return
+    if bandwidth:
+        sys.exit(C.bandwidth(inventory.path, launcher, max_bytes, as_json))
     from distrun.preflight.check import run_check
     from distrun.ui.check import print_check_report
 
@@ -122,6 +148,7 @@ def check(inventory: P.Inventory, as_json: bool, ssh_logins: bool) -> None:
         report, _ = run_check(inv, inventory.label, progress=lambda names: PlaybookProgress(
             f"distrun check on {len(names)} node(s) from {inv}", names), ssh_logins=ssh_logins)
         print_check_report(report)
+        C.say_drained(report)
     sys.exit(ExitCode.OK if report["ok"] else ExitCode.FAILED)
 
 
