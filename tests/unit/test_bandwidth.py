@@ -239,3 +239,13 @@ def test_the_program_is_started_as_train_starts_a_script(monkeypatch, tmp_path):
     assert seen["nodes"] == [h.name for h in plan.placement.hosts]
     assert out.verdict is not None and list(out.verdict.slow_nodes) == ["node3"]
     assert out.run_id == "r1" and out.exit_code == 1
+
+
+def test_the_json_keys_are_the_published_schemas():
+    import json
+
+    schema = json.loads((REPO / "docs" / "guide" / "distrun-json.schema.json").read_text())["$defs"]["bandwidth"]
+    m = bw.read(with_pairs(1.02, 0.011, 0.012), NODES)
+    out = bw.as_json(m, bw.judge(m), "r")
+    assert set(out) == set(schema["properties"]) and set(schema["required"]) <= set(out)
+    assert set(out["sizes"][0]) == set(schema["properties"]["sizes"]["items"]["required"])

@@ -134,7 +134,7 @@ def test_check_clear_node_brings_it_back_in_one_line(cli_env, write_inventory, p
     assert res.stdout.startswith("node2 is back: cleared its drain from ") and "(check: gpu health: Xid 79 on GPU" in res.stdout
     assert dr.drained(inv) == {}
     res = run("--clear", "node2", "--json")
-    assert res.returncode == 0 and json.loads(res.stdout) == {"node": "node2", "cleared": None}
+    assert res.returncode == 0 and json.loads(res.stdout) == {"schema": 1, "node": "node2", "cleared": None}
     res = run("--clear", "node9")
     assert res.returncode == 2 and res.stderr.strip().endswith(f"--clear node9: no such node in {inv} (its nodes: node1, node2)")
     res = run("--clear", "node2", "--ssh-logins")
@@ -154,3 +154,14 @@ def test_checks_options_that_do_not_go_together_are_refused_in_one_line(cli_env,
     res = subprocess.run([distrun_bin(), "check", "-i", str(inv), *args], capture_output=True, text=True, env=cli_env,
                          timeout=120)
     assert res.returncode == 2 and said in res.stderr, res.stderr
+
+
+def test_check_says_each_node_still_drained_after_its_table(capsys):
+    from distrun.cli.check import say_drained
+
+    say_drained({"drained": {"node3": {"reason": "Xid 79 on GPU 0000:3a:00", "source": "check: gpu health",
+                                       "since": T0, "updated": T0}}})
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"drained: {dr.Drain('node3', 'Xid 79 on GPU 0000:3a:00', 'check: gpu health', T0, T0).line()}"]
+    say_drained({"drained": {}})
+    assert capsys.readouterr().out == ""

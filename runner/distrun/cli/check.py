@@ -63,7 +63,7 @@ def clear(inventory: Path, node: str, as_json: bool) -> None:
             raise UserError(f"--clear {node}: no such node in {inventory} (its nodes: {', '.join(names)})",
                             exit_code=ExitCode.USAGE)
     if as_json:
-        click.echo(json.dumps({"node": node, "cleared": gone.as_dict() if gone else None}, indent=2))
+        click.echo(json.dumps({"schema": 1, "node": node, "cleared": gone.as_dict() if gone else None}, indent=2))
     elif gone is None:
         console.print(f"{node} was not drained: nothing to clear", markup=False)
     else:

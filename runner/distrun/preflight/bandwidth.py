@@ -170,6 +170,7 @@ def problems(m: Measurement, v: Verdict) -> list[tuple[str, str]]:
 def as_json(m: Measurement, v: Verdict, run_id: str) -> dict[str, Any]:
     """'distrun check --bandwidth --json'."""
     return {
+        "schema": 1,  # docs/guide/distrun-json.schema.json's, as every --json
         "ok": v.ok, "run_id": run_id, "backend": m.backend, "device": m.device, "ranks": m.ranks,
         "hosts": list(m.hosts), "nics": dict(m.nics), "type": m.type, "redop": m.redop,
         "sizes": [vars(s) for s in m.sizes],
