@@ -265,9 +265,16 @@ def ensure_podman(log: Log = _stderr, conf: Path = CONTAINERS_CONF) -> None:
     if shutil.which("podman") is None:
         raise HarnessError(f"podman is not installed: {INSTALL_HINT}")
     applied: set[str] = set()
-    for _ in range(3):
-        proc = _podman("run", "--rm", "--network", "none", "--rootfs", str(_probe_rootfs()),
-                       "/bin/true", check=False, timeout=120)
+    busy_tries = 2  # a host busy with another cluster's setup can be slow or briefly refuse
+    for _ in range(3 + busy_tries):
+        try:
+            proc = _podman("run", "--rm", "--network", "none", "--rootfs", str(_probe_rootfs()),
+                           "/bin/true", check=False, timeout=300)
+        except HarnessError:
+            if busy_tries == 0:
+                raise
+            busy_tries -= 1
+            continue
         if proc.returncode == 0:
             return
         err = proc.stderr + proc.stdout
@@ -279,6 +286,11 @@ def ensure_podman(log: Log = _stderr, conf: Path = CONTAINERS_CONF) -> None:
             settings = _CGROUP_SETTINGS
             applied.add("cgroup")
             why = "this host's cgroup setup (hybrid v1/v2) needs runc with cgroupfs"
+        elif busy_tries > 0:
+            busy_tries -= 1
+            log(f"podcluster: podman could not run its probe container ({_last_line(err)}); trying again")
+            time.sleep(10)
+            continue
         else:
             raise HarnessError(f"podman cannot run a container: {_last_line(err)} "
                                f"(see ../shared/docs/testbed.md, beside the repository, for known host settings)")
