@@ -165,3 +165,44 @@ def test_check_says_each_node_still_drained_after_its_table(capsys):
     assert out.splitlines() == [f"drained: {dr.Drain('node3', 'Xid 79 on GPU 0000:3a:00', 'check: gpu health', T0, T0).line()}"]
     say_drained({"drained": {}})
     assert capsys.readouterr().out == ""
+
+
+THREE = ("all:\n  children:\n    head: {hosts: {node1: {ansible_host: 10.0.0.1}}}\n"
+         "    workers: {hosts: {node1: {}, node2: {ansible_host: 10.0.0.2}, node3: {ansible_host: 10.0.0.3}}}\n")
+
+
+def test_a_run_leaves_a_drained_node_out_and_says_why_and_how_it_comes_back(cli_env, write_inventory, private_state):
+    inv = write_inventory(THREE)
+    train = lambda *a: subprocess.run([distrun_bin(), "train", "-i", str(inv), "--dry-run", *a],  # noqa: E731
+                                      capture_output=True, text=True, env=cli_env, timeout=120)
+    before = json.loads(train("--json").stdout)
+    assert [h["name"] for h in before["plan"]["hosts"]] == ["node1", "node2", "node3"]
+    assert before["left_out"] == []
+    dr.drain(inv, "node2", "Xid 79 on GPU 0000:3a:00", dr.SOURCE_GPU_HEALTH, now=T0)
+    res = train("--json")
+    assert res.returncode == 0, res.stderr
+    after = json.loads(res.stdout)
+    assert [h["name"] for h in after["plan"]["hosts"]] == ["node1", "node3"]
+    assert after["plan"]["world_size"] == 2
+    assert after["left_out"] == [f"left out: {dr.drained(inv)['node2'].line()}"]
+    assert "node2" not in after["files"]["hostfile"]
+    text = train().stdout
+    assert "  left out: node2 is drained since " in text and "'distrun check --clear node2', brings it back" in text
+    # Named in --hosts, it is refused rather than dropped, in one line with the way back.
+    res = train("--hosts", "node1,node2")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--hosts node2: node2 is drained since " in res.stderr and "or leave it out of --hosts" in res.stderr
+    # Cleared, it is back in every run.
+    dr.undrain(inv, "node2")
+    assert [h["name"] for h in json.loads(train("--json").stdout)["plan"]["hosts"]] == ["node1", "node2", "node3"]
+
+
+def test_a_run_whose_every_worker_is_drained_is_refused_naming_them(cli_env, write_inventory, private_state):
+    inv = write_inventory(THREE)
+    for node in ("node1", "node2", "node3"):
+        dr.drain(inv, node, f"{node} stopped answering", "run 20251103-train-ab12", now=T0)
+    res = subprocess.run([distrun_bin(), "train", "-i", str(inv), "--dry-run"], capture_output=True, text=True,
+                         env=cli_env, timeout=120)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "every worker of inventory" in res.stderr and "node1 is drained since" in res.stderr
+    assert "(and node2, node3)" in res.stderr and "'distrun check --clear node1'" in res.stderr

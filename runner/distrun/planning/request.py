@@ -18,7 +18,7 @@ from distrun.planning.jobplan import JobPlan
 from distrun.planning.network import NetworkChoice, choose_interfaces, ifaces_from_facts
 from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, plan_files
-from distrun.planning.selection import select
+from distrun.planning.selection import select, without_drained
 from distrun.project.ready import Project, commands, load_project
 from distrun.project.workdir import node_path
 
@@ -56,9 +56,20 @@ class JobRequest:
 
 
 def load(request: JobRequest) -> Cluster:
-    """The cluster this request runs on: the inventory's, with the workers --hosts/--exclude chose."""
-    return select(load_cluster(request.inventory, paths.fact_cache_dir(request.inventory)), request.hosts,
-                  request.exclude)
+    """The cluster this request runs on: the inventory's, with the workers --hosts/--exclude chose,
+    less the drained ones (``load_noting`` says which)."""
+    return load_noting(request)[0]
+
+
+def load_noting(request: JobRequest) -> tuple[Cluster, list[str]]:
+    """``load``'s cluster and one line for each drained worker it left out (store/drained.py: a
+    node a check found unfit stays out of every run until a check passes on it)."""
+    from distrun.store import drained
+
+    chosen = select(load_cluster(request.inventory, paths.fact_cache_dir(request.inventory)), request.hosts,
+                    request.exclude)
+    marks = {node: mark.line() for node, mark in drained.drained(request.inventory).items()}
+    return without_drained(chosen, marks, request.hosts)
 
 
 def environment(request: JobRequest, cluster: Cluster) -> dict[str, str]:
@@ -146,13 +157,14 @@ class DryRun:
     project: Project | None = None  # --workdir: the folder and what a sync would send
     before: dict[str, str] = field(default_factory=dict)  # title -> command run before the launch
     options: dict[str, Resolved] = field(default_factory=dict)  # the launcher's options and their origins
+    left_out: list[str] = field(default_factory=list)  # a line per drained worker the run leaves out
 
 
 def dry_run(request: JobRequest) -> DryRun:
-    cluster = load(request)
+    cluster, left_out = load_noting(request)
     plan = make_plan(request, cluster, "DRYRUN", network(cluster))
     project = load_project(request.workdir, cluster.shared_dir) if request.workdir else None
     launcher = launcher_named(plan.launch.launcher)
     return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher.unready(cluster),
                   project, commands(cluster, plan, project) if project else {},
-                  resolve(launcher, request.launcher_options, cluster.group_vars, cluster.source))
+                  resolve(launcher, request.launcher_options, cluster.group_vars, cluster.source), left_out)

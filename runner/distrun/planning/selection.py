@@ -6,7 +6,7 @@ head stays the head (it still stages the run and runs --prepare)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from distrun.errors import PlanError
 from distrun.inventory.cluster import Cluster
@@ -42,3 +42,22 @@ def select(cluster: Cluster, hosts: Iterable[str] = (), exclude: Iterable[str] =
         raise PlanError(f"{asked} leaves no host to run ranks on in inventory {cluster.source}; keep at least one "
                         f"of {', '.join(n.name for n in cluster.workers)}")
     return dataclasses.replace(cluster, workers=chosen)
+
+
+def without_drained(cluster: Cluster, drained: Mapping[str, str], hosts: Iterable[str] = ()) -> tuple[Cluster, list[str]]:
+    """The cluster without its drained workers (``drained``: node -> the line that says why and how
+    it comes back), and those lines for the nodes left out. A drained node named in ``--hosts`` is
+    refused rather than dropped: the run asked for it by name. The head stays the head (it stages
+    the run and runs no ranks once left out of the workers)."""
+    asked = host_names(hosts)
+    named = [n for n in asked if n in drained]
+    if named:
+        raise PlanError(f"--hosts {named[0]}: {drained[named[0]]}; or leave it out of --hosts")
+    gone = [n.name for n in cluster.workers if n.name in drained]
+    if not gone:
+        return cluster, []
+    chosen = tuple(n for n in cluster.workers if n.name not in drained)
+    if not chosen:
+        raise PlanError(f"every worker of inventory {cluster.source} is drained: {drained[gone[0]]}"
+                        + (f" (and {', '.join(gone[1:])})" if gone[1:] else ""))
+    return dataclasses.replace(cluster, workers=chosen), [f"left out: {drained[n]}" for n in gone]

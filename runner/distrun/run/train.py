@@ -16,7 +16,7 @@ from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
 from distrun.planning.bundle import stage_vars
-from distrun.planning.request import JobRequest, facts_unusable, load, make_plan, network, without
+from distrun.planning.request import JobRequest, facts_unusable, load, load_noting, make_plan, network, without
 from distrun.run.busy import Pending, claim_hosts
 from distrun.run.diagnosis import failed_host
 from distrun.run.ending import RunEnd, collect_limits
@@ -173,8 +173,11 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
     t0 = time.monotonic() if t0 is None else t0
     early = early or EarlyPlaybook.for_training_run(request.inventory, bool(request.workdir))
     run_id = early.run_id if early is not None and early.run_id else new_run_id("train")
+    listener = listener or Listener()
     try:
-        cluster = load(request)  # a bad inventory leaves no record
+        cluster, left_out = load_noting(request)  # a bad inventory leaves no record
+        for line in left_out:  # drained workers: the run goes on without them, and says so first
+            listener.warn(line)
         launcher_named(request.launcher).require_ready(cluster)
         collect_limits()  # a bad limit is refused before anything starts
         hosts = claim_hosts(request, cluster, run_id)  # a plan error leaves no record either
@@ -192,7 +195,7 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
         phases.run.meta.collected = False
         phases.run.save()
         try:
-            steps, early = _Run(request, listener or Listener(), phases, cluster, claim, early), None
+            steps, early = _Run(request, listener, phases, cluster, claim, early), None
             return steps.execute()
         except UserError as exc:
             if steps is not None:

@@ -160,7 +160,7 @@ def dry_run_json(dry: DryRun) -> dict[str, Any]:
     options = {name: {"value": r.value, "from": r.origin} for name, r in dry.options.items()}
     return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
             "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.program.user_env_keys), "note": dry.note,
-            "launcher_options": options, "exit_code": 0, "error": None}
+            "launcher_options": options, "left_out": list(dry.left_out), "exit_code": 0, "error": None}
 
 
 def dry_run_refused(inventory: Path, exc: UserError) -> dict[str, Any]:
@@ -195,6 +195,7 @@ def dry_run_text(dry: DryRun) -> str:
         node = next(n for n in cluster.workers if n.name == h.name)
         address = h.address or "(Slurm picks)"
         out.append(f"  {h.name:<16} {address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
+    out += [f"  {line}" for line in dry.left_out]
     if dry.project is not None:
         s = dry.project.scan
         out.append(f"workdir:     {dry.project.local} -> {plan.program.workdir} ({s.files} files, {size_text(s.bytes)}; "
