@@ -68,8 +68,8 @@ def load_noting(request: JobRequest) -> tuple[Cluster, list[str]]:
 
     chosen = select(load_cluster(request.inventory, paths.fact_cache_dir(request.inventory)), request.hosts,
                     request.exclude)
-    marks = {node: mark.line() for node, mark in drained.drained(request.inventory).items()}
-    return without_drained(chosen, marks, request.hosts)
+    _, marks = drained.left_out(request.inventory, [n.name for n in chosen.workers])
+    return without_drained(chosen, {mark.node: mark.line() for mark in marks}, request.hosts)
 
 
 def environment(request: JobRequest, cluster: Cluster) -> dict[str, str]:
