@@ -1,0 +1,150 @@
+"""The shared folder's mount shares no uid with jobs, and no node step of stop or check waits for
+ever on a node that hangs.
+
+In sshfs mode a job looks, on every node, for the processes that serve the shared folder (the
+mount's ``sshfs`` and its ``ssh`` on the nodes that mount it, the ``sftp-server`` on the head) and
+tries to trace and to stop each one; the next ``distrun check`` must still end, and every check
+pass. Then a node's mount is made to hang by root (its sshfs process stopped): ``distrun check``
+and ``distrun stop`` end within their bound and name that node as hung. Each attack is tallied
+in tests/cluster/hostile.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from tests.harness import matrix
+
+from .conftest import REPO, distrun, new_train_run
+from .hostile import TALLY
+
+SHARED_DIR = "/srv/distrun"
+
+STOP_THE_MOUNT = textwrap.dedent(r'''
+    import ctypes, json, os, re, signal, socket, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    host = socket.gethostname().split(".")[0]
+    said = {}
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                comm = open(f"/proc/{name}/comm").read().strip()
+                cmd = open(f"/proc/{name}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if not (comm in ("sshfs", "sftp-server") or (comm == "ssh" and "sftp" in cmd) or "fileserver" in cmd):
+                continue
+            pid = int(name)
+            rec = {"comm": comm}
+            if libc.ptrace(16, pid, None, None) == 0:
+                try:
+                    os.waitpid(pid, 0x40000000)
+                except OSError:
+                    pass
+                libc.ptrace(17, pid, None, None)
+                rec["traced"] = True
+            else:
+                rec["traced"] = os.strerror(ctypes.get_errno())
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                rec["stopped"] = True
+            except OSError as e:
+                rec["stopped"] = e.strerror
+            said[name] = rec
+    sys.stdout.write("MOUNT " + json.dumps({host: said}) + "\n")
+''')
+
+SLEEPER = "import time\ntime.sleep(900)\n"
+
+
+@pytest.fixture(scope="module")
+def sshfs_mode(provisioned, tmp_path_factory):
+    inventories = matrix.inventories_by_mode("test", provisioned.inventory, REPO / "inventory" / "test" / "group_vars",
+                                             tmp_path_factory.mktemp, "M")
+    with matrix.ModeSwitch(distrun, inventories, "sync", "M") as switch:
+        yield switch.to("sshfs")
+
+
+def _said(res) -> dict:
+    found: dict = {}
+    for chunk in (res.stdout + res.stderr).split("MOUNT ")[1:]:
+        found.update(json.JSONDecoder().raw_decode(chunk)[0])
+    return found
+
+
+def _bounded(*args: str, limit: int):
+    """distrun with a limit: its result, or None when it was still running after limit seconds."""
+    try:
+        return distrun(*args, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _continue_all(cluster) -> None:
+    for k in (1, 2, 3):
+        cluster.exec(k, "pkill -CONT -x sshfs; pkill -CONT -x sftp-server; pkill -CONT -x ssh; "
+                        "pkill -CONT -f fileserver; true", check=False)
+
+
+@pytest.mark.phase(1)
+def test_a_job_can_neither_trace_nor_stop_what_serves_the_shared_folder(sshfs_mode, provisioned, tmp_path):
+    script = tmp_path / "stop_the_mount.py"
+    script.write_text(STOP_THE_MOUNT)
+    try:
+        res = distrun("train", "--inventory", sshfs_mode, "--launcher", "mpirun", "--script", str(script), timeout=600)
+        said = _said(res)
+        assert set(said) == {"node1", "node2", "node3"}, res.stdout[-3000:] + res.stderr[-2000:]
+        print(f"\nwhat the job did to the mount's processes: {json.dumps(said)}")
+        mounts = {h: [p for p in s.values() if p["comm"] in ("sshfs", "ssh")] for h, s in said.items() if h != "node1"}
+        assert all(mounts.values()), f"no mount process seen: {said}"  # the job saw them; may it act on them?
+        started = time.monotonic()
+        check = _bounded("check", "--inventory", sshfs_mode, limit=420)
+        took = time.monotonic() - started
+        print(f"the next check: {'still running' if check is None else f'exit {check.rc}'} after {took:.0f}s")
+        found = [TALLY.record("a job traces the sshfs mount's process",
+                              any(p["traced"] is True for ps in mounts.values() for p in ps)),
+                 TALLY.record("a job stops the sshfs mount's process",
+                              any(p["stopped"] is True for ps in mounts.values() for p in ps)),
+                 TALLY.record("a job stops or traces the head's sftp server",
+                              any(p["traced"] is True or p["stopped"] is True for p in said["node1"].values())),
+                 TALLY.record("the next check hangs or fails after the job", check is None or check.rc != 0)]
+        assert not any(found), (said, None if check is None else check.stdout[-3000:])
+    finally:
+        _continue_all(provisioned)
+
+
+@pytest.mark.phase(1)
+def test_check_and_stop_end_and_name_a_node_whose_mount_hangs(sshfs_mode, provisioned, distrun_home, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    before = set((distrun_home / "runs").glob("*-train-*"))
+    started = distrun("train", "--inventory", sshfs_mode, "--launcher", "mpirun", "--detach", "--script", str(script),
+                      timeout=600)
+    run = new_train_run(distrun_home, before)
+    assert started.rc == 0 and run is not None, started.stdout[-3000:] + started.stderr[-2000:]
+    try:
+        provisioned.exec(3, "pkill -STOP -x sshfs")  # node3's shared folder hangs: any access to it waits
+        t0 = time.monotonic()
+        check = _bounded("check", "--inventory", sshfs_mode, "--json", limit=600)
+        t1 = time.monotonic()
+        stop = _bounded("stop", run.name, limit=600)
+        t2 = time.monotonic()
+        print(f"\ncheck: {'still running' if check is None else f'exit {check.rc}'} after {t1 - t0:.0f}s; "
+              f"stop: {'still running' if stop is None else f'exit {stop.rc}'} after {t2 - t1:.0f}s")
+        assert check is not None and stop is not None, "a node step of check or stop did not end"
+        assert check.rc == 1, check.stdout[-3000:] + check.stderr[-2000:]
+        hung = [f"{name} on {host}" for name, hosts in json.loads(check.stdout)["checks"].items()
+                for host, item in hosts.items() if not item["ok"] and "hung" in item["detail"]]
+        assert any(h.endswith("node3") for h in hung), check.stdout[-3000:]
+        assert stop.rc == 1 and "node3" in stop.stderr and "hung" in stop.stderr, stop.stdout[-2000:] + stop.stderr
+    finally:
+        _continue_all(provisioned)
+        distrun("stop", run.name, timeout=600)

