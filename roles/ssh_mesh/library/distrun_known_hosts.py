@@ -1,7 +1,10 @@
 #!/usr/bin/python
 """Ansible module of role ssh_mesh: every node's host keys in one known_hosts, in one call.
 
-Runs as the training user. Each entry is a whole known_hosts line (``aliases keytype key``).
+Runs as root. With ``user`` (the training user's ~/.ssh/known_hosts) it reads and writes the file
+with that user's rights alone (role distrun's module_utils/distrun_fsuser.py: root that switched
+only its filesystem identity, no process of the user's), so a link there reaches nothing the user
+could not; without it, root's own file (root's store of what root's logins trust). Each entry is a whole known_hosts line (``aliases keytype key``).
 The file ends up holding every entry; a line that names one of an entry's aliases with a key
 type the entries manage, but is not one of the entries (a rebuilt node's old key, an old alias
 list), is removed. Every other line (the user's own hosts, hashed lines, comments) stays as it is.
@@ -16,6 +19,7 @@ import stat
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.distrun_fsuser import FsUserError, as_user_fs
 
 DOCUMENTATION = r"""
 module: distrun_known_hosts
@@ -25,6 +29,7 @@ description:
     not entries; other lines stay. Reports changed only when the file's lines change.
 options:
   path: {description: The known_hosts file., type: path, required: true}
+  user: {description: 'The user whose file it is, read and written with that user''s rights; empty: root''s own.', type: str, default: ""}
   entries: {description: 'Whole known_hosts lines: "alias,alias,... keytype key".', type: list, elements: str, required: true}
 author: distrun
 """
@@ -79,28 +84,41 @@ def write(path: str, lines: list[str]) -> None:
         raise
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={"path": {"type": "path", "required": True},
-                       "entries": {"type": "list", "elements": "str", "required": True}},
-        supports_check_mode=True,
-    )
-    path = module.params["path"]
+def converge(path: str, entries: list[str], check_mode: bool) -> dict:
+    """The file made to hold the entries: {"changed", "lines"}, or {"failed": why}."""
     try:
         with open(path) as fh:
             current = fh.read().splitlines()
     except FileNotFoundError:
         current = []
-    except OSError as exc:
-        module.fail_json(msg=f"cannot read {path}: {exc.strerror}")
     try:
-        lines = merged(current, module.params["entries"])
+        lines = merged(current, entries)
     except ValueError as exc:
-        module.fail_json(msg=str(exc))
+        return {"failed": str(exc)}
     changed = lines != current or os.path.islink(path)
-    if changed and not module.check_mode:
+    if changed and not check_mode:
         write(path, lines)
-    module.exit_json(changed=changed, lines=len(lines))
+    return {"changed": changed, "lines": len(lines)}
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"path": {"type": "path", "required": True},
+                       "user": {"type": "str", "default": ""},
+                       "entries": {"type": "list", "elements": "str", "required": True}},
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        if p["user"]:
+            said = as_user_fs(p["user"], converge, p["path"], list(p["entries"]), module.check_mode)
+        else:
+            said = converge(p["path"], list(p["entries"]), module.check_mode)
+    except (FsUserError, OSError) as exc:
+        module.fail_json(msg=f"cannot write {p['path']}: {getattr(exc, 'strerror', None) or exc}")
+    if said.get("failed"):
+        module.fail_json(msg=said["failed"])
+    module.exit_json(**said)
 
 
 if __name__ == "__main__":
