@@ -89,9 +89,18 @@ def _copy_facts(source: Path, dest: Path) -> None:
             os.replace(tmp, dest / f.name)
 
 
-def _keep_facts(run_cache: Path, inventory: Path) -> None:
-    """ansible-runner caches facts per run; keep the newest per host for plans and dry runs."""
-    if run_cache.is_dir():
+# The playbooks whose facts the inventory's cache keeps: those that gather them, as root (setup,
+# the preflight of 'distrun check'). A run's playbooks (run.yml, stop, collect) run steps as the
+# training user, and any module's answer may carry facts: whatever such a step said stays in that
+# run's own cache, never in the one setup, check and every later run read (the node's Python
+# that root starts is one of those facts).
+KEEPS_FACTS = frozenset({"setup.yml", "playbooks/preflight.yml"})
+
+
+def _keep_facts(run_cache: Path, inventory: Path, playbook: str) -> None:
+    """ansible-runner caches facts per run; keep the newest per host for plans and dry runs,
+    from the playbooks that gather them (KEEPS_FACTS) only."""
+    if playbook in KEEPS_FACTS and run_cache.is_dir():
         _copy_facts(run_cache, paths.fact_cache_dir(inventory))
 
 
@@ -142,7 +151,7 @@ def playbook_result(playbook: str, runner: Any, events: EventReader, inventory: 
     """A finished call's result; its recorded command scrubbed and its facts kept for the inventory."""
     artifact_dir = Path(runner.config.artifact_dir)
     _scrub_command(artifact_dir / "command", late)
-    _keep_facts(artifact_dir / "fact_cache", inventory)
+    _keep_facts(artifact_dir / "fact_cache", inventory, playbook)
     return PlaybookResult(
         playbook=playbook,
         rc=int(runner.rc if runner.rc is not None else 1),
