@@ -177,8 +177,10 @@ def test_mpiruns_daemons_on_other_nodes_start_through_each_nodes_relay(make_plan
     agent = argv[argv.index("orte_launch_agent") + 1].split(" ")
     assert agent == ["python3", "-I", installed, "join", plan.run_id, "0", "orted"]
     # The ssh that starts them reads the system's client configuration, never the training
-    # user's ~/.ssh/config (a job's ProxyCommand would run in this run).
-    assert argv[argv.index("plm_rsh_agent") + 1] == "ssh -F /etc/ssh/ssh_config -o BatchMode=yes"
+    # user's ~/.ssh/config (a job's ProxyCommand would run in this run), and logs in with the
+    # attempt's certificate (the run's hosts, minutes, the relay only).
+    assert argv[argv.index("plm_rsh_agent") + 1] == (
+        f"ssh -F /etc/ssh/ssh_config -o BatchMode=yes -i {plan.run_dir}/attempts/0/mesh-key")
     scripts = launch_scripts(plan)
     head = plan.placement.head.name
     assert sorted(scripts) == sorted(h.name for h in plan.placement.hosts)

@@ -178,6 +178,7 @@ def launch(tmp_path: Path, monkeypatch, role: FakeRole) -> int | None:
                                       "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
     monkeypatch.setattr(launching, "run_playbook", role)
     monkeypatch.setattr(follow, "launch", lambda cluster, plan, hosts: {})
+    monkeypatch.setattr(launching.certificate, "issue", lambda cluster, plan: {})  # no CA here: no head of a cluster
     request = JobRequest(inventory=inv, launcher="torchrun", workload="ddp", np=3)
     return train._Run(request, Listener(), Phases(new_run("train", inv)), cluster).launch()
 

@@ -137,11 +137,14 @@ def test_push_runs_rsync_over_the_inventorys_ssh_as_the_training_user(tmp_path):
 
 def test_pull_protects_the_nodes_ignored_files_and_takes_everything_else_from_the_head():
     argv = pull_argv("node1", "/srv/distrun/workdirs/p-1", ["--filter=- .git", "--filter=- __pycache__/",
-                                                           "--filter=+ /keep.log", "--filter=- *.log"])
+                                                           "--filter=+ /keep.log", "--filter=- *.log"],
+                      "/srv/distrun/runs/r1/attempts/0/mesh-key")
     assert argv[-2:] == ["node1:/srv/distrun/workdirs/p-1/", "/srv/distrun/workdirs/p-1/"]
     assert ["--filter=- .git", "--filter=- __pycache__/", "--filter=R /keep.log", "--filter=P *.log"] == [
         a for a in argv if a.startswith("--filter")]
-    assert "--delete" in argv and "--mkpath" in argv and "--rsh=ssh -o BatchMode=yes" in argv
+    assert "--delete" in argv and "--mkpath" in argv
+    # The system's ssh configuration only, and the attempt's certificate (the run's hosts, minutes).
+    assert ("--rsh=ssh -F /etc/ssh/ssh_config -o BatchMode=yes -i /srv/distrun/runs/r1/attempts/0/mesh-key") in argv
 
 
 RSYNC_OUTPUT = """\
@@ -193,7 +196,7 @@ def test_a_nodes_pull_brings_the_heads_prepare_output_and_keeps_its_own_outputs(
     head = tree(tmp_path / "head", {**project, "prepared/part-0.txt": "written by --prepare on the head",
                                     "pkg/__pycache__/m.pyc": "the head's bytecode"})
     node = tmp_path / "node"
-    argv = pull_argv("head", "/unused", rsync_filters(rules))
+    argv = pull_argv("head", "/unused", rsync_filters(rules), "/unused/mesh-key")
     argv[-2:] = [f"{head}/", f"{node}/"]
     subprocess.run(argv, check=True, capture_output=True)
     assert files_under(node) == {".gitignore", "train.py", "old.py", "prepared/part-0.txt"}

@@ -145,6 +145,13 @@ def user_ssh(options: object = ()) -> list[str]:
     return [*remote.USER_SSH, *options]
 
 
+def public_key_problem(text: object) -> str:
+    """Why text is not exactly one public key line (``<type> <base64> [comment]``), or ""."""
+    from distrun.inventory.people import key_problem
+
+    return key_problem(text) or "" if isinstance(text, str) else "is not text"
+
+
 def node_program(name: str) -> str:
     """Where setup installs a node program (role job's install step) and the runner names it."""
     from distrun.transport import nodeprog
@@ -190,4 +197,5 @@ class FilterModule:
             "distrun_node_program": node_program,
             "distrun_user_ssh": user_ssh,
             "distrun_people_problems": people_problems,
+            "distrun_public_key_problem": public_key_problem,
         }

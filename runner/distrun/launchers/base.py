@@ -74,6 +74,9 @@ class Launcher(ABC):
     # With --image: the node's own launcher starts each rank in a container, so the image's MPI
     # must be the node's (Open MPI's major version: the hybrid model), checked by the preflight.
     image_uses_node_mpi: bool = False
+    # The launcher logs in from its host to the run's other hosts over ssh (mpirun's daemons): the
+    # attempt then gets an ssh certificate for the run's hosts (run/certificate.py).
+    logs_in: bool = False
 
     # Its own settings (options.py): what 'distrun train --launcher-opt KEY=VALUE' may set, and
     # the inventory key each also reads; the CLI's checks and help come from them.

@@ -38,8 +38,9 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         argv += ["--mca", "orte_launch_agent", " ".join([*nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "join"),
                                                           "orted"])]
         # ssh with the system's client configuration only: a ~/.ssh/config a job wrote would run
-        # its ProxyCommand or LocalCommand in this later run (ORTE splits the agent at spaces).
-        argv += ["--mca", "plm_rsh_agent", " ".join(remote.USER_SSH)]
+        # its ProxyCommand or LocalCommand in this later run (ORTE splits the agent at spaces);
+        # it logs in with the attempt's certificate (the run's hosts, minutes, the relay only).
+        argv += ["--mca", "plm_rsh_agent", " ".join(remote.run_ssh(rundir.mesh_key(plan)))]
     # Open MPI's own parameter file and components only, in the daemons (and the ranks) too: never
     # the training user's ~/.openmpi, which a job can write (the daemons read it before they run).
     for name, value in plan.launch.openmpi_params:
@@ -76,6 +77,7 @@ class Mpirun(Launcher):
     owned_params = {flag: envnames.OPEN_MPI_PARAMS for flag in ("--mca", "-mca")}
     mpi_world = True
     image_uses_node_mpi = True
+    logs_in = True
     rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),
                       "LOCAL_RANK": ("OMPI_COMM_WORLD_LOCAL_RANK",),
                       "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE",)}

@@ -28,13 +28,15 @@ from distrun.store.runs import Run
 from distrun.transport import rundir
 
 
-def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_workloads: bool = True) -> tuple[str, str]:
+def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_workloads: bool = True,
+               private: Mapping[str, str] | None = None) -> tuple[str, str]:
     """Pack what a run needs on its nodes into one archive, sent in one round trip per host.
 
     ``run/`` holds the rendered files and launch scripts (exact text, 0644; scripts 0755) and
     the user's program; ``workloads/`` the reference workloads, whose digest names a marker on
-    the nodes so unchanged workloads are not unpacked again. The archive is stored base64 in
-    the run record (it travels as a task's stdin). Returns (bundle path, workloads digest).
+    the nodes so unchanged workloads are not unpacked again; ``private`` files (the attempt's ssh
+    key and certificate) are 0600. The archive is stored base64 in the run record (0600; it travels
+    on the upload's stdin). Returns (bundle path, workloads digest).
     """
     src = paths.project_dir() / "workloads"
     wl_files = sorted(p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if with_workloads else []
@@ -53,6 +55,8 @@ def run_bundle(run: Run, files: dict[str, str], script: Path | None, with_worklo
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, text in sorted(files.items()):
             add(tar, f"run/{name}", text.encode(), 0o755 if name.endswith(".sh") else 0o644)
+        for name, text in sorted((private or {}).items()):
+            add(tar, f"run/{name}", text.encode(), 0o600)
         if script is not None:
             add(tar, f"run/{script.name}", script.read_bytes(), 0o644)
         for f in wl_files:
@@ -76,13 +80,14 @@ def common_vars(plan: JobPlan) -> dict[str, Any]:
 
 def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str],
                script: Path | None, jittor_warm: bool, env: dict[str, str] | None = None,
-               workdir_pull: list[str] | None = None) -> dict[str, Any]:
+               workdir_pull: list[str] | None = None, private: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Extravars of run.yml and stage.yml.
 
     ``env`` (the user's --env) goes in its own 0600 file, never in the bundle, the plan or an
     extravar: ansible-runner records extravars, and the bundle is a logged task's stdin.
     """
-    bundle, digest = run_bundle(run, {**files, **launch_files(plan, scripts)}, script.resolve() if script else None)
+    bundle, digest = run_bundle(run, {**files, **launch_files(plan, scripts)}, script.resolve() if script else None,
+                                private=private)
     env_file = str(run.write(rundir.ENV_FILE, render_env_file(env), mode=0o600)) if env else ""
     return {
         "distrun_env_file": env_file,
@@ -97,6 +102,8 @@ def stage_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str
         "distrun_partition_parts": partition_parts(plan),
         # Sync mode: each rank host's rsync of the head's copy of the workdir (workdir.pull_argv).
         "distrun_workdir_pull_argv": list(workdir_pull or []),
+        # The attempt's ssh key (its certificate beside it), with which the stage step's copies log in.
+        "distrun_mesh_key": rundir.mesh_key(plan) if private else "",
     }
 
 
@@ -118,10 +125,10 @@ def planned_network(plan: JobPlan, network: NetworkChoice | None) -> dict[str, d
 
 def run_vars(plan: JobPlan, run: Run, files: dict[str, str], scripts: dict[str, str], *, script: Path | None,
              env: dict[str, str], network: NetworkChoice | None, preflight: bool,
-             workdir_pull: list[str] | None = None) -> dict[str, Any]:
+             workdir_pull: list[str] | None = None, private: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Extravars of run.yml: the stage step's, what this run needs and the network to verify."""
     return {
-        **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env, workdir_pull),
+        **stage_vars(plan, run, files, scripts, script, needs_jittor(plan), env, workdir_pull, private),
         "distrun_planned_network": planned_network(plan, network),
         "distrun_skip_preflight": not preflight,
         "distrun_checkpoint_dir": plan.checkpoint_dir,

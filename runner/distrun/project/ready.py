@@ -19,6 +19,7 @@ from distrun.planning.jobplan import JobPlan
 from distrun.project.prepare import prepare_argv, run_prepare
 from distrun.project.workdir import Scan, SyncStats, node_path, parse_stats, pull_argv, push, push_argv, read_rules, rsync_filters
 from distrun.store.runs import Run
+from distrun.transport import rundir
 from distrun.transport.playbook_events import PlaybookResult
 
 # The fact the stage step publishes on each rank host with its rsync's report (roles/job).
@@ -48,7 +49,8 @@ def pull_hosts(cluster: Cluster, plan: JobPlan) -> list[str]:
 
 
 def pull_command(cluster: Cluster, plan: JobPlan, project: Project) -> list[str]:
-    return pull_argv(cluster.head.name, project.node_path, project.filters) if pull_hosts(cluster, plan) else []
+    return (pull_argv(cluster.head.name, project.node_path, project.filters, rundir.mesh_key(plan))
+            if pull_hosts(cluster, plan) else [])
 
 
 def size_text(n: int) -> str:

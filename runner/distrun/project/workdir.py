@@ -24,6 +24,7 @@ from pathlib import Path
 from distrun.errors import UserError
 from distrun.inventory.cluster import Node
 from distrun.project.ignore_rules import IgnoreRule, parse_ignore
+from distrun.transport.remote import run_ssh
 
 IGNORE_FILES = (".gitignore", ".distrunignore")  # the later file of a folder wins over the earlier
 ENV_FILE = ".distrun_env"
@@ -166,9 +167,10 @@ def push_argv(node: Node, user: str, local: Path, target: str, filters: list[str
     ]
 
 
-def pull_argv(head: str, target: str, filters: list[str]) -> list[str]:
+def pull_argv(head: str, target: str, filters: list[str], key: str) -> list[str]:
     """A rank host's rsync of the head's copy (sync mode), run there as the training user over
-    the ssh mesh. Everything the head holds comes, what a prepare step wrote included (but never
+    the ssh mesh, logged in with the attempt's certificate (``key``: remote.run_ssh). Everything
+    the head holds comes, what a prepare step wrote included (but never
     what NEVER_SENT names); what the ignore files match is never deleted on the node (its own
     outputs)."""
     fixed = {f"--filter={r}" for r in NEVER_SENT}
@@ -176,7 +178,7 @@ def pull_argv(head: str, target: str, filters: list[str]) -> list[str]:
                for r in filters if r.startswith(("--filter=+", "--filter=-"))]
     return [
         "rsync", "--recursive", "--links", "--perms", "--times", "--omit-dir-times", "--delete", "--mkpath",
-        "--stats", "--itemize-changes", f"--chmod={CHMOD}", "--rsh=ssh -o BatchMode=yes",
+        "--stats", "--itemize-changes", f"--chmod={CHMOD}", f"--rsh={shlex.join(run_ssh(key))}",
         *protect, f"{head}:{target}/", f"{target}/",
     ]
 

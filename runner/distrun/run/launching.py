@@ -21,6 +21,7 @@ from distrun.preflight import sshmesh
 from distrun.preflight.check import preflight_refusal, preflight_vars
 from distrun.preflight.report import from_dicts, network_changed
 from distrun.project.ready import Project, commands, load_project, make_ready, pull_command, record_pulls
+from distrun.run import certificate
 from distrun.run.busy import Pending
 from distrun.run.collect import collect_hosts
 from distrun.run.follow import Starter
@@ -192,7 +193,8 @@ class Launching:
         env = environment(request, cluster)
         extravars = {**run_vars(plan, run, files, scripts, script=request.script, env=env, network=net,
                                 preflight=request.preflight,
-                                workdir_pull=pull_command(cluster, plan, project) if project else None),
+                                workdir_pull=pull_command(cluster, plan, project) if project else None,
+                                private=certificate.issue(cluster, plan)),
                      **self.preflight_vars(),
                      "preflight_ssh_baseline": {} if login else sshmesh.baseline(request.inventory, cluster.head.name),
                      hs.CLAIM_GATE_VAR: str(run.dir / hs.CLAIM_GATE) if self.claim is not None else ""}

@@ -51,6 +51,11 @@ TORCHRUN = "torchrun"  # torchrun's --log-dir, one folder per host
 STARTED = "started"  # one marker per started rank, written by the rank wrapper
 SLURM_OUTPUT = "slurm-%j.out"  # the batch step's output, %j: the job id
 SLURM_JOBIDS = "slurm-jobids"  # the driver's submitted jobs
+# The attempt's ssh key pair (0600) and its certificate from the head's user CA: the run's hosts,
+# minutes, the relay's mesh verb only (roles/job/files/sign.py). ssh reads the certificate from
+# beside the key.
+MESH_KEY = "mesh-key"
+MESH_CERT = "mesh-key-cert.pub"
 
 
 def launch_script(host: str) -> str:
@@ -109,6 +114,11 @@ def attempt_path(plan: JobPlan) -> str:
     """The plan's attempt's folder on the nodes, absolute."""
     rel = attempt_folder(plan)
     return f"{plan.run_dir}/{rel}" if rel else plan.run_dir
+
+
+def mesh_key(plan: JobPlan) -> str:
+    """The attempt's ssh key on the nodes, absolute (its certificate beside it: MESH_CERT)."""
+    return f"{attempt_path(plan)}/{MESH_KEY}"
 
 
 def in_attempt(plan: JobPlan, name: str) -> str:
