@@ -164,7 +164,7 @@ def test_collect_stops_at_a_file_count_and_says_where_the_rest_is(tmp_path, monk
     d = tmp_path / "srv" / "runs" / "r1"
     for i in range(60):
         write(d / "many" / f"f{i:03}.txt", 0)
-    script = collect.tar_command(str(d), getpass.getuser(), False, collect_rules.run_end_selection(), max_files=20)
+    script = collect.pack_command(str(d), getpass.getuser(), collect_rules.run_end_selection(), max_files=20)
     packed = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
     tar_start = packed.index(b"\0") + 1  # no listing: every empty file is selected
     members = subprocess.run(["tar", "-tzf", "-"], input=packed[tar_start:], capture_output=True, check=True).stdout
@@ -179,3 +179,35 @@ def test_collect_stops_at_a_file_count_and_says_where_the_rest_is(tmp_path, monk
     assert error.kind == collect.Failure.CAPPED and error.final and "the cap of 20 files" in error.why
     assert f"the rest stays in {d} on n1" in error.why and "DISTRUN_COLLECT_MAX_FILES" in error.why
     assert "distrun fetch" in str(error)
+
+
+def test_collect_brings_no_deep_folder_chains_and_no_name_that_is_not_text(tmp_path):
+    """A few files at the end of long folder chains would make the controller thousands of folders
+    (a file cap does not count them), and a name with control bytes or bytes that are not UTF-8
+    would be stored as it is: the node's packer walks no deeper than the cap and packs no such
+    name, and this side stops at the entries' cap and stores no such name either."""
+    d = tmp_path / "srv" / "runs" / "r1"
+    for c in range(5):
+        write(d / "deep" / f"c{c}" / Path(*["d"] * 50) / "f", 1)
+    write(d / "shallow" / "a" / "b" / "ok.txt", 3)
+    base = os.fsencode(d)
+    for name in (b"ctl-\x1b[2J\x07", b"bad-\xff\xfe"):
+        with open(os.path.join(base, name), "wb") as fh:
+            fh.write(b"x")
+    pulled = collect.pull_run(local_cluster(), str(d), ["n1"], tmp_path / "dest", collect_rules.run_end_selection(),
+                              max_depth=8)
+    got = sorted(str(p.relative_to(tmp_path / "dest" / "n1")) for p in (tmp_path / "dest" / "n1").rglob("*"))
+    assert got == ["shallow", "shallow/a", "shallow/a/b", "shallow/a/b/ok.txt"], got
+    assert pulled.errors == {}
+    stayed = [p for _, p in pulled.left["n1"].files]
+    assert sorted(stayed) == ["bad-\\xff\\xfe", "ctl-\\x1b[2J\\x07"], stayed  # escaped, on the node
+    # Under a cap of entries: files and the folders they need count alike.
+    for i in range(30):
+        write(d / "wide" / f"w{i:02}" / "x" / "f", 1)
+    capped = collect.pull_run(local_cluster(), str(d), ["n1"], tmp_path / "d2", collect_rules.run_end_selection(),
+                              max_entries=40)
+    made = list((tmp_path / "d2" / "n1").rglob("*"))
+    assert len(made) <= 40, len(made)
+    error = capped.errors["n1"]
+    assert error.kind == collect.Failure.CAPPED and "the cap of 40 files and folders" in error.why
+    assert "DISTRUN_COLLECT_MAX_ENTRIES" in error.why

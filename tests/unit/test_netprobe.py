@@ -19,10 +19,11 @@ import pytest
 from distrun.preflight.netjudge import cause
 from distrun.preflight.netjudge import verdict as net_verdict
 
+from .probe_text import probe_text
 from .test_preflight_needs import failed, judge, probe
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files"
-SHIPPED = (FILES / "netprobe.py").read_text() + "\n" + (FILES / "probe.py").read_text()
+SHIPPED = probe_text()
 NODES = ["node1", "node2", "node3"]
 ADDRESS = {"node1": "127.0.0.11", "node2": "127.0.0.12", "node3": "127.0.0.13"}
 

@@ -129,18 +129,21 @@ def _render(task: dict, files: Path, **values) -> list[str]:
 def test_the_stage_step_and_the_probes_stage_files_send_the_runners_source():
     """Role job's stage step, and the files run.yml hands the preflight's probe for its stage step."""
     stage = yaml.safe_load((FILES.parent / "tasks" / "stage.yml").read_text())[0]
-    argv = _render(stage, FILES, _job_stage_config={"run_id": "r1"})
-    assert argv[:2] == ["/usr/bin/python3", "-c"] and argv[2] == nodeprog.text("stage").rstrip()
+    fsuser = str(nodeprog.part_path(nodeprog.FSUSER))
+    argv = _render(stage, FILES, _job_stage_config={"run_id": "r1"}, _job_fsuser=fsuser)
+    assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[3] == nodeprog.text("stage")
     repo = FILES.parents[2]
     play = yaml.safe_load((repo / "playbooks" / "run.yml").read_text())
     files = next(t["vars"]["preflight_stage_files"] for p in play for t in p.get("tasks", [])
                  if isinstance(t.get("vars"), dict) and "preflight_stage_files" in t["vars"])
     listed = ast.literal_eval(_jinja().from_string(files).render(playbook_dir=str(repo / "playbooks"), distrun_stage_early=True))
     probe = yaml.safe_load((repo / "roles" / "preflight" / "tasks" / "probe.yml").read_text())[0]
-    argv = _render(probe, repo / "roles" / "preflight" / "files", _preflight_config={}, preflight_stage_files=listed)
+    argv = _render(probe, repo / "roles" / "preflight" / "files", _preflight_config={}, preflight_stage_files=listed,
+                   _preflight_fsuser=fsuser)
     assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage")
-    shipped = "".join((repo / "roles" / "preflight" / "files" / f).read_text() for f in ("netprobe.py", "imageprobe.py", "probe.py"))
-    assert argv[4] == shipped  # the probe itself: its three files, whole, as one word
+    shipped = "".join([nodeprog.part_path(nodeprog.FSUSER).read_text()] + [
+        (repo / "roles" / "preflight" / "files" / f).read_text() for f in ("netprobe.py", "imageprobe.py", "userprobe.py", "probe.py")])
+    assert argv[4] == shipped  # the probe itself: the switch of identity and its three files, whole, as one word
 
 
 def test_the_stop_task_sends_the_same_source_as_the_runner():

@@ -15,8 +15,9 @@ from distrun.planning.containers import Container
 from distrun.planning.needs import preflight_needs
 from distrun.planning.plan import build_plan
 
+from .probe_text import probe_text
 from .test_check import NODES
-from .test_preflight_needs import PROBE, SETUP, cluster, failed, judge, probe, verdict
+from .test_preflight_needs import SETUP, cluster, failed, judge, probe, verdict
 
 REF = "localhost/train:1"
 A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -87,7 +88,7 @@ def run_probe_with_image(tmp_path: Path, ref: str, inside: dict | None = None) -
     (prefix / "bin" / "python").symlink_to(sys.executable)
     cfg = {"host": "here", "user": getpass.getuser(), "env_prefix": str(prefix), "mpi_prefix": "/usr",
            "shared_dir": str(tmp_path), "image": {"ref": ref, "runtime": "podman", **(inside or {})}}
-    shipped = (PROBE.parent / "imageprobe.py").read_text() + "\n" + PROBE.read_text()  # as probe.yml ships it
+    shipped = probe_text()  # as probe.yml ships it
     out = subprocess.run([sys.executable, "-c", shipped, json.dumps(cfg)], capture_output=True, text=True,
                          timeout=180)
     assert out.returncode == 0, out.stderr

@@ -14,6 +14,7 @@ from distrun.preflight.judge import verdict
 from distrun.preflight.report import build_report, refusal
 from distrun.transport import nodeprog
 
+from .probe_text import probe_text
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe
 
@@ -120,7 +121,7 @@ def test_a_stray_extra_address_for_the_head_is_refused_even_behind_the_right_one
 
 def run_probe(user: str, prefix: str) -> dict:
     cfg = {"host": "here", "user": user, "env_prefix": prefix, "mpi_prefix": "/usr", "shared_dir": "/tmp"}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(cfg)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -140,7 +141,7 @@ def test_the_probe_reports_a_program_missing_from_the_env_and_a_present_module(t
     cfg = {"host": "here", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "/usr", "shared_dir": str(tmp_path),
            "modules": ["json", "no_such_module_x"], "programs": {"torchrun": [f"{tmp_path}/bin/torchrun"]},
            "mount_fstypes": ["fuse.sshfs"]}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(cfg)], capture_output=True, text=True,
                          timeout=120)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert found["needs"]["module json"]["ok"]

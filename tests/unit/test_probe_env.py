@@ -17,7 +17,8 @@ import pytest
 
 from distrun.transport.remote import USER_SSH
 
-from .test_probe_ssh import PROBE, run_probe
+from .probe_text import probe_text
+from .test_probe_ssh import run_probe
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the probe keeps env records only as root (a job, running as the training user, "
@@ -131,7 +132,7 @@ def test_a_planted_json_module_cannot_forge_the_envs_versions(tmp_path):
     (home / "json.py").write_text('print(\'{"python": "forged", "mpi4py": "9.9.9"}\')\nraise SystemExit(0)\n')
     config = {"host": "here", "user": "root", "env_prefix": str(prefix), "mpi_prefix": "", "shared_dir": "/tmp",
               "ssh_timeout": 2, "user_ssh": list(USER_SSH), "env_records_dir": str(tmp_path / "records")}
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE.read_text(), json.dumps(config)], cwd=home,
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", probe_text(), json.dumps(config)], cwd=home,
                          env={**os.environ, "PYTHONPATH": str(home)}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout.strip().splitlines()[-1])

@@ -18,6 +18,8 @@ import pytest
 
 from distrun.transport.remote import USER_SSH
 
+from .probe_text import probe_text
+
 PROBE = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files" / "probe.py"
 HOME = pwd.getpwnam("root").pw_dir.strip("/")  # the probes below check as root: its home, under the folder
 
@@ -25,7 +27,7 @@ HOME = pwd.getpwnam("root").pw_dir.strip("/")  # the probes below check as root:
 def run_probe(**cfg) -> dict:
     base = {"host": "here", "user": "root", "env_prefix": "/nonexistent", "mpi_prefix": "", "shared_dir": "/tmp",
             "ssh_timeout": 2, "user_ssh": list(USER_SSH)}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps({**base, **cfg})], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps({**base, **cfg})], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -173,8 +175,10 @@ def test_the_probe_running_as_root_never_follows_a_link_or_waits_on_a_fifo_in_th
 # nodes and more, a target's sshd drops pending connections past MaxStartups (10 by default).
 
 FAKE_SSH = r"""#!/bin/sh
-# ssh as the probe calls it: ... -- TARGET true. Logs start and end; 'busy' drops the first try.
-eval "target=\${$(($# - 1))}"
+# ssh as the probe calls it: ... -N ... -- USER@TARGET. Logs start and end; 'busy' drops the first try.
+eval "target=\${$#}"
+target="${target#*@}"
+SSH_LOG="$(dirname "$0")/../ssh.log"  # the probe runs ssh with an environment of its own
 echo "start $target $(date +%s.%N)" >> "$SSH_LOG"
 echo "$*" >> "$SSH_LOG.argv"
 sleep 0.3
@@ -199,7 +203,7 @@ def test_the_mesh_logs_in_to_a_ring_of_the_others_a_few_at_a_time_and_retries_a_
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SSH_LOG": str(log)}
     base = {"host": "n05", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "", "shared_dir": str(tmp_path),
             "ssh_timeout": 2, "user_ssh": list(USER_SSH), "ssh_targets": targets}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(base)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(base)], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     ssh = json.loads(out.stdout.strip().splitlines()[-1])["ssh"]
@@ -216,8 +220,12 @@ def test_the_mesh_logs_in_to_a_ring_of_the_others_a_few_at_a_time_and_retries_a_
         running += 1 if kind == "start" else -1
         most = max(most, running)
     assert most <= 4, f"{most} logins at once"
-    # Every login reads the system's client configuration only: never ~/.ssh/config, which a job
-    # can write (its ProxyCommand or LocalCommand would run here, outside every run's unit).
+    # Every login is root's, with root's node key and known hosts, reads the system's client
+    # configuration only (never a ~/.ssh/config a job wrote) and runs nothing on the target (-N):
+    # no process of the training user's answers for it, here or there.
     argvs = (tmp_path / "ssh.log.argv").read_text().splitlines()
     assert len(argvs) == len(targets) + 1, argvs  # 'busy' twice
-    assert all(a.startswith("-F /etc/ssh/ssh_config -o BatchMode=yes -o ConnectTimeout=2 -- ") for a in argvs), argvs
+    assert all(a.startswith("-F /etc/ssh/ssh_config -o BatchMode=yes -o IdentitiesOnly=yes -i /etc/distrun/node_key "
+                            "-o UserKnownHostsFile=/etc/distrun/known_hosts -o StrictHostKeyChecking=yes "
+                            "-o ConnectTimeout=2 -N -f -o ControlMaster=yes ") for a in argvs), argvs
+    assert all(a.split(" -- ")[1].startswith("root@") and len(a.split(" -- ")[1].split()) == 1 for a in argvs), argvs

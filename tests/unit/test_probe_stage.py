@@ -18,6 +18,7 @@ from distrun.run import staging
 from distrun.transport import nodeprog
 from distrun.transport.remote import USER_SSH
 
+from .probe_text import probe_text
 from .test_security import SECRET, local_upload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def probe(shared: Path, run_id: str, upload: str, **cfg) -> dict:
              "shared_dir": str(shared), "workloads_digest": "d1", "upload": upload}
     config = {"host": "here", "user": ME, "env_prefix": "/nonexistent", "mpi_prefix": "", "shared_dir": str(shared),
               "ssh_timeout": 2, "user_ssh": list(USER_SSH), "stage": stage, **cfg}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(config), nodeprog.text("stage")],
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(config), nodeprog.text("stage")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert SECRET not in out.stdout + out.stderr

@@ -439,10 +439,12 @@ def test_collect_stops_at_the_byte_cap_with_a_clear_line(tmp_path):
     assert (tmp_path / "d2" / "n1" / "ranks" / "big").stat().st_size == 300_000
 
 
-def test_collect_runs_the_tar_as_the_training_user():
-    command = collect.tar_command("/srv/d/runs/r1", "trainer", True, collect_rules.run_end_selection())
-    assert command.startswith("sudo -n -u trainer -- env -u BASH_ENV -u ENV bash --norc --noprofile -c ")
-    assert "sudo" not in collect.tar_command("/srv/d/runs/r1", "trainer", False, collect_rules.run_end_selection())
+def test_collect_packs_as_root_with_the_training_users_rights():
+    """Where the connection is root, the packer is root's (no process of the user's to trace) and
+    takes the user's filesystem identity itself; only a login as that user runs it as that user."""
+    command = collect.pack_command("/srv/d/runs/r1", "trainer", collect_rules.run_end_selection())
+    assert command.startswith("c=") and 'if [ "$(id -u)" = 0 ]; then exec bash -c "$c"; ' in command
+    assert '"user": "trainer"' in command and "pack.py" in command
 
 
 def test_collect_limits_from_the_environment_are_checked(monkeypatch):

@@ -13,6 +13,7 @@ from distrun.preflight import sharedfs
 from distrun.preflight.judge import verdict
 from distrun.preflight.report import build_report, refusal
 
+from .probe_text import probe_text
 from .test_check import NODES, SETUP
 from .test_preflight_needs import OK_STATES, failed, probe
 
@@ -96,7 +97,7 @@ def test_setup_names_each_node_whose_folder_is_not_the_heads():
 def test_the_probe_reports_the_mounts_above_the_shared_folder(tmp_path):
     cfg = {"host": "here", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "/usr",
            "shared_dir": str(tmp_path / "shared"), "shared_fs_mounts": True}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(cfg)], capture_output=True, text=True,
                          timeout=120)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     lines = found["shared_fs_mounts"]

@@ -22,6 +22,7 @@ from distrun.preflight import report as judge_report
 from distrun.store.runs import new_run
 
 from .conftest import REPO, distrun_bin
+from .probe_text import probe_text
 
 PROBE = REPO / "roles" / "preflight" / "files" / "probe.py"
 
@@ -175,7 +176,7 @@ def test_the_probe_reads_sinfo_on_the_users_path(tmp_path, sinfo, partition, exp
     cfg = {"host": "here", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "/usr", "shared_dir": str(tmp_path),
            "slurm": True, "slurm_partition": partition}
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(cfg)], capture_output=True, text=True,
                          env=env, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1])["slurm"] == expect
 
@@ -184,7 +185,7 @@ def test_the_probe_names_the_slurm_commands_missing_from_path(tmp_path):
     cfg = {"host": "here", "user": "root", "env_prefix": sys.prefix, "mpi_prefix": "/usr", "shared_dir": str(tmp_path),
            "slurm": True}
     env = {**os.environ, "PATH": "/nonexistent"}
-    out = subprocess.run([sys.executable, "-c", PROBE.read_text(), json.dumps(cfg)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", probe_text(), json.dumps(cfg)], capture_output=True, text=True,
                          env=env, timeout=120)
     found = json.loads(out.stdout.strip().splitlines()[-1])["slurm"]
     # The probe also looks in the usual folders, whatever PATH says.

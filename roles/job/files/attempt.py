@@ -1,12 +1,13 @@
 """distrun's node program for one attempt's launcher on one node, once started (role job's
 files/launch.py starts it): follow it to its end, say its state.
 
-``python3 -I -c <nodecommon.py + this file> VERB '<config JSON>'``, as the training user.
-Standard library only; Python 3.9 or newer. Every verb prints one JSON object as its last line,
-``{"verb": VERB, ...}``; a bad call prints one line on stderr and exits 2 (nodecommon.py: the
-protocol, the names and the config's checks). The config names the attempt: ``run``,
-``host``, ``attempt`` (its number), ``dir`` (the attempt's folder, absolute), ``script``, ``log``
-and ``exit_file`` (names in that folder), ``user`` (the training user).
+``python3 -I -c <nodecommon.py + distrun_fsuser.py + this file> VERB '<config JSON>'``: as root
+with the training user's filesystem identity (no process of that user's, which a job could trace
+and make say anything, speaks for the run), else as that user. Standard library only; Python 3.9
+or newer. Every verb prints one JSON object as its last line, ``{"verb": VERB, ...}``; a bad call
+prints one line on stderr and exits 2 (nodecommon.py: the protocol, the names and the config's
+checks). The config names the attempt: ``run``, ``host``, ``attempt`` (its number), ``dir`` (the
+attempt's folder), ``script``, ``log`` and ``exit_file`` (names in it), ``user`` (the training user).
 
   follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
           launcher's end: {"exit": rc} or {"error": why}
@@ -25,10 +26,11 @@ import stat
 import sys
 import time
 
-if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
-    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
-    with open(_HEAD, encoding="utf-8") as _head:
-        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): the head and the switch of identity
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    for _part in (f"{_HERE}/nodecommon.py", f"{_HERE}/../../distrun/module_utils/distrun_fsuser.py"):
+        with open(_part, encoding="utf-8") as _fh:
+            exec(compile(_fh.read(), _part, "exec"))  # the same one namespace as the composed source on a node
 
 START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this did not start
 LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer one is cut
@@ -275,7 +277,19 @@ def state(cfg: dict) -> dict:
     return said
 
 
-VERBS = {"follow": follow, "state": state}
+def as_the_user(verb):
+    """The verb with the training user's filesystem identity where this program is root."""
+    def run(cfg: dict) -> dict:
+        if os.geteuid() == 0 and cfg.get("user") != "root":
+            try:
+                become(cfg["user"])  # noqa: F821 - distrun_fsuser.py, sent in front of this program
+            except FsUserError as exc:  # noqa: F821
+                return {"verb": verb.__name__, "error": str(exc)}
+        return verb(cfg)
+    return run
+
+
+VERBS = {"follow": as_the_user(follow), "state": as_the_user(state)}
 
 
 def main(argv: list[str]) -> int:

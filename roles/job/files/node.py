@@ -1,7 +1,7 @@
 """distrun's node program: what one node knows of a run's processes, as one JSON line.
 
-``python3 -I -c <nodecommon.py + this file> VERB '<config JSON>'`` (or ``python3 node.py VERB
-...``), as the training user or as root (below). Standard library only; Python 3.9 or newer.
+``python3 -I -c <nodecommon.py + this file> VERB '<config JSON>'``, as the training user or as
+root (below). Standard library only; Python 3.9 or newer.
 Every verb prints exactly one JSON object on stdout, ``{"verb": VERB, ...}``; a bad call prints
 one line on stderr and exits 2 (nodecommon.py: the protocol, the names and the unit's).
 
@@ -11,7 +11,8 @@ one line on stderr and exits 2 (nodecommon.py: the protocol, the names and the u
          after N s: {"units": n, "stopped": n, "killed": n, "survived": [{"pid", "comm", "why"}]}
   claim  {"host": H, "run": R, "hold_s": N}  take this host for run R: {"claimed": true} and then
          held while a line arrives on stdin at least every N s; or {"claimed": false, "held":
-         bool, "runs": [...]}: the run whose controller holds it, or the runs with processes here
+         bool, "runs": [...]}: the run whose controller holds it, or the runs with processes here;
+         by root, in root's /run/distrun/claims: no job can hold, trace or stop it
 "proc" in any config names another /proc (a test's view of chosen processes).
 
 Called by root (``"user"`` in the config names the training user), stop first stops the run's
@@ -337,6 +338,9 @@ def stop(cfg: dict) -> dict:
     return {"verb": "stop", "run": run, "units": units, "stopped": len(found | set(seen)), "killed": len(killed), "survived": survived}
 
 
+CLAIMS = os.path.join(RECORDS, "claims")  # root's claims: a root process holds its lock there
+
+
 def claim(cfg: dict) -> dict:
     """Take the host for a run, or say who has it; then hold it while the controller's lines come."""
     import fcntl
@@ -344,26 +348,26 @@ def claim(cfg: dict) -> dict:
     host, run, hold = cfg["host"], cfg["run"], float(cfg.get("hold_s", 20))
     if not NAME.fullmatch(str(host)):
         raise CallError(f"host {host!r} is not a plain name")
-    home = pwd.getpwuid(os.getuid()).pw_dir
-    folder = os.path.join(home, ".cache", "distrun")
+    folder = CLAIMS if os.geteuid() == 0 else os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".cache", "distrun")
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        if os.geteuid() == 0 and (os.lstat(folder).st_uid != 0 or os.lstat(folder).st_mode & 0o022):
+            raise OSError(errno.EPERM, "not a folder only root writes")
         lock = os.open(os.path.join(folder, f"busy-{host}.lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        return {"verb": "claim", "claimed": False, "error": f"cannot write {folder}: {exc.strerror}"}
+        return {"verb": "claim", "claimed": False, "error": f"cannot write the claims' folder: {exc.strerror}"}
     named = os.path.join(folder, f"busy-{host}.run")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = (_read(named, 80) or b"").decode(errors="replace").strip()
         return {"verb": "claim", "claimed": False, "held": True, "runs": [holder if NAME.fullmatch(holder) else ""]}
-    others = sorted(r for r in scan({"proc": cfg.get("proc")})["runs"] if r != run)
+    others = sorted(r for r in scan({"proc": cfg.get("proc"), "user": cfg.get("user")})["runs"] if r != run)
     if others:
         return {"verb": "claim", "claimed": False, "held": False, "runs": others}
     try:
-        fd = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        os.write(fd, f"{run}\n".encode())
-        os.close(fd)
+        with open(os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as fh:
+            fh.write(f"{run}\n")
     except OSError as exc:
         return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
     answer({"verb": "claim", "claimed": True, "runs": []})

@@ -1,9 +1,13 @@
-"""Put a run's files in place on one node, as the training user, in one round trip.
+"""Put a run's files in place on one node, with the training user's rights, in one round trip.
 
 Run by role job's stage step as a raw command (a script needs no Ansible module around it):
-``python3 -c <nodecommon.py + this file> <config JSON>`` (nodecommon.py, the node programs' shared
-head: the run id's rule); on a run's first attempt, by role preflight's probe
-instead, as the training user, after its checks (the same round trip). The runner sent the run's files ahead of the play over
+``python3 -I -c <distrun_fsuser.py + nodecommon.py + this file> <config JSON>`` (role distrun's
+module_utils/distrun_fsuser.py: the switch of a root process's filesystem identity; nodecommon.py,
+the node programs' shared head: the run id's rule); on a run's first attempt, by role preflight's
+probe instead, after its checks (the same round trip). Run as root, it first takes the training
+user's filesystem identity (the config's ``user``) and stays root otherwise: every file it reads or
+writes is checked as that user's, and no process of that user's is involved, whose answer a job
+could forge. The runner sent the run's files ahead of the play over
 the run's ssh connection, into the training user's ``~/.cache/distrun/incoming/<run id>.json``
 (a 0600 file: the bundle, base64 of a tar.gz holding run/ and workloads/, and the run's
 variables, possibly secrets, which never go on a command line); the config says whether that
@@ -22,10 +26,11 @@ import pwd
 import sys
 import tarfile
 
-if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
-    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
-    with open(_HEAD, encoding="utf-8") as _head:
-        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): the head and the switch of identity
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    for _part in (f"{_HERE}/nodecommon.py", f"{_HERE}/../../distrun/module_utils/distrun_fsuser.py"):
+        with open(_part, encoding="utf-8") as _fh:
+            exec(compile(_fh.read(), _part, "exec"))  # the same one namespace as the composed source on a node
 
 
 class StageError(Exception):
@@ -38,9 +43,22 @@ def safe_run_id(run_id: str) -> bool:
     return plain_name(run_id)
 
 
+def fs_uid() -> int:
+    """The uid this process acts on files with (the kernel's filesystem uid: the training user's
+    after the switch, root's own otherwise)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Uid:"):
+                    return int(line.split()[4])
+    except (OSError, IndexError, ValueError):
+        pass
+    return os.getuid()
+
+
 def incoming_path(run_id: str) -> str:
     """Where the runner's upload for run_id waits, in the training user's own home."""
-    home = pwd.getpwuid(os.getuid()).pw_dir
+    home = pwd.getpwuid(fs_uid()).pw_dir
     return os.path.join(home, ".cache", "distrun", "incoming", f"{run_id}.json")
 
 
@@ -147,7 +165,8 @@ def take_upload(run_id: str) -> dict:
     return data
 
 
-def main(cfg: dict) -> None:
+def staged(cfg: dict) -> dict:
+    """Stage the run: {"changed", "staged", "created"}, or StageError."""
     run_id = str(cfg.get("run_id", ""))
     if not safe_run_id(run_id):
         raise StageError(f"distrun_run_id={run_id} is empty or unsafe; runs are staged by 'distrun train'")
@@ -160,7 +179,16 @@ def main(cfg: dict) -> None:
     except OSError as exc:
         raise StageError(f"staging into {cfg['run_dir']} failed: {exc}") from None
     # created: what a refused run removes again when it was staged before the judge (preflight's probe).
-    print(json.dumps({"changed": updated, "staged": run_id, "created": created}))
+    return {"changed": updated, "staged": run_id, "created": created}
+
+
+def main(cfg: dict) -> None:
+    if os.geteuid() == 0 and cfg.get("user"):
+        try:
+            become(str(cfg["user"]))  # noqa: F821 - distrun_fsuser.py, sent in front of this program
+        except FsUserError as exc:  # noqa: F821
+            raise StageError(f"not staged: {exc}") from None
+    print(json.dumps(staged(cfg)))
 
 
 if __name__ == "__main__":

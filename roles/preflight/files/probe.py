@@ -1,14 +1,23 @@
 """distrun preflight probe: everything one node can tell about itself, as one JSON line.
 
-Runs as root with the node's system Python (``python3 -c <netprobe.py + imageprobe.py + this file>
-'<config json>'``) and drops to the training user for every check the job would do as that user, so one
-round trip per host gathers the env, versions, the shared folder, ssh to the other nodes, name
-resolution, (on the head, as root, to name the owning process) the launch ports, and TCP
-connections between the nodes (netprobe.py). It changes nothing except the shared-folder probe
-file, which the role removes again, (as root) its own record of the env's versions, which saves
-starting the env's Python while nothing they depend on changed, and, given a run's stage step
-(role job's files/stage.py as the second argument), the run's files, unpacked as the training
-user after the checks (stage_run). Standard library only.
+Runs as root with the node's system Python (``python3 -c <distrun_fsuser.py + netprobe.py +
+imageprobe.py + userprobe.py + this file> '<config json>'``), so one round trip per host gathers the env, versions,
+the shared folder, ssh to the other nodes, name resolution, (on the head, to name the owning
+process) the launch ports, and TCP connections between the nodes (netprobe.py). It changes nothing
+except the shared-folder probe file, which the role removes again, its own record of the env's
+versions, which saves starting the env's Python while nothing they depend on changed, and, given a
+run's stage step (role job's files/stage.py as the second argument), the run's files, unpacked
+after the checks (stage_run).
+
+Root believes no process of the training user's uid: a job of that user can trace any of them,
+or feed them through files it writes, and make them say anything. So what root records or decides
+on comes from root's own processes (the env's Python and Open MPI's mpirun are root's files, run
+as root and isolated); what the training user may do (write the shared folder, run a program,
+unpack the run's files) is done or asked by a forked root process that took only that user's
+filesystem identity (userprobe.py: the user's rights, no process of the user's).
+ssh to the other nodes logs in as the training user with root's node key, certified by the user
+CA (role ssh_mesh), and runs nothing there. Only the container image's checks run the runtime as
+the user (its image store is that user's). Standard library only.
 """
 
 import contextlib
@@ -34,7 +43,7 @@ ROOT = CFG.get("ssh_fingerprint_root") or "/"
 ENV_RECORDS = CFG.get("env_records_dir") or "/var/cache/distrun/preflight"
 ENV_RECORD_MAX_AGE_S = 86400
 
-# Run by the env's Python as the training user: versions by package metadata (importing torch or
+# Run by the env's Python as root: versions by package metadata (importing torch or
 # jittor is slow, and jittor compiles at first import), mpi4py by loading libmpi without MPI_Init.
 # -I: neither the working directory, PYTHON* variables nor the user's site folder (~/.local, which
 # a job can write) reach sys.path; the env's own site-packages still do.
@@ -135,32 +144,15 @@ def fan_out(fn, items, *args, limit=FAN_OUT, **kwargs):
     return {item: waiter(item) for item in todo}
 
 
-def as_user(argv, timeout=60):
-    """Run argv as the training user (from root), or directly when we already are that user.
-    The working directory is / (root's), never the user's home: a job can write its home, and a
-    program that reads its working directory (Python's -c puts it first on sys.path) would run
-    what the job planted there."""
-    kwargs = {"cwd": "/"}
-    if os.geteuid() == 0 and USER != "root":
-        pw = pwd.getpwnam(USER)
-        kwargs.update({"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(USER, pw.pw_gid),
-                       "env": {"HOME": pw.pw_dir, "USER": USER, "LOGNAME": USER,
-                               "PATH": f"{PREFIX}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}})
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
-    except FileNotFoundError as exc:
-        return subprocess.CompletedProcess(argv, 127, "", str(exc))
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout}s")
-
-
 def probe_env():
     python = f"{PREFIX}/bin/python"
     if not os.path.exists(python):
         return {"ok": False, "detail": f"{python} is missing"}, {}
-    proc = as_user([python, *ENV_FLAGS, ENV_SCRIPT, json.dumps(CFG.get("modules", []))])
+    # As root: the env is root's (setup checked that no one else can change it), and a process of
+    # the training user would answer whatever a job tracing it made it say.
+    proc = run([python, *ENV_FLAGS, ENV_SCRIPT, json.dumps(CFG.get("modules", []))])
     if proc.returncode != 0:
-        return {"ok": False, "detail": f"{python} does not start as {USER}: {_last_line(proc.stderr)}"}, {}
+        return {"ok": False, "detail": f"{python} does not start: {_last_line(proc.stderr)}"}, {}
     try:
         return {"ok": True, "detail": python}, json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -266,7 +258,7 @@ def probe_openmpi():
         # A site's Slurm: its MPI is the site's, behind srun; nothing of distrun's to compare.
         return "the site's (srun)" if CFG.get("slurm") else "unknown (no distrun fact: run distrun setup)"
     mpirun = f"{CFG['mpi_prefix'].rstrip('/')}/bin/mpirun"
-    proc = as_user([mpirun, "--version"])
+    proc = run([mpirun, "--version"])
     m = re.search(r"\(Open MPI\)\s+(\S+)", proc.stdout)
     if m:
         return m.group(1)
@@ -282,8 +274,7 @@ SSH_TRIES = 3
 
 def probe_ssh(target):
     for attempt in range(SSH_TRIES):
-        proc = as_user([*CFG["user_ssh"], "-o", f"ConnectTimeout={TIMEOUT}", "--", target, "true"],
-                       timeout=TIMEOUT + 10)
+        proc = run(login_argv(target), timeout=TIMEOUT + 10)
         if proc.returncode == 0:
             return {"ok": True, "check": "login", "detail": "ssh in batch mode works"}
         if attempt + 1 < SSH_TRIES and proc.returncode == 255 and SSH_BUSY.search(proc.stderr or ""):
@@ -303,11 +294,11 @@ def ssh_order(targets, me):
 
 def probe_banner(target):
     """The cheap check, once a login from here to target was verified and nothing it depends on
-    changed: target's sshd answers with its SSH banner where the training user's ssh would connect
+    changed: target's sshd answers with its SSH banner where the system's ssh configuration connects
     (``ssh -G`` resolves the host and port from the system's config without connecting). A target
     reached through a proxy, or whose config ssh cannot read, gets the full login instead."""
     conf = {}
-    proc = as_user([*CFG["user_ssh"], "-G", "--", target], timeout=TIMEOUT + 10)
+    proc = run([*CFG["user_ssh"], "-G", "--", target], timeout=TIMEOUT + 10)
     for line in proc.stdout.splitlines():
         key, _, value = line.partition(" ")
         conf.setdefault(key.lower(), value.strip())
@@ -428,9 +419,11 @@ def _listed(folder):
 
 
 def probe_writable(path):
-    proc = as_user(["test", "-w", path])
-    if proc.returncode == 0:
-        return {"ok": True, "detail": f"{path} is writable by {USER}"}
+    try:
+        if user_files(_writable, path):
+            return {"ok": True, "detail": f"{path} is writable by {USER}"}
+    except FsUserError as exc:  # noqa: F821 - distrun_fsuser.py, shipped in front
+        return {"ok": False, "detail": f"{path}: {exc}"}
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -488,21 +481,13 @@ def probe_ports(specs):
     return result
 
 
-def probe_shared_file(path, targets):
-    """The head writes the probe file; in sync mode it also rsyncs it to every other node."""
-    made = as_user(["touch", path])
-    if made.returncode != 0:
-        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {_last_line(made.stderr)}"}, {}
-    synced = {}
-    if targets:
-        rsh = " ".join([*CFG["user_ssh"], "-o", f"ConnectTimeout={TIMEOUT}"])
-        rsyncs = fan_out(lambda t: as_user(["rsync", "--archive", "--rsh", rsh, path, f"{t}:{os.path.dirname(path)}/"],
-                                           timeout=TIMEOUT + 30), targets)
-        procs = {t: wait() for t, wait in rsyncs.items()}
-        for t, proc in procs.items():
-            synced[t] = ({"ok": True, "detail": "synced"} if proc.returncode == 0
-                         else {"ok": False, "detail": f"rsync from the head failed: {_last_line(proc.stderr)}"})
-    return {"ok": True, "file": path, "detail": f"wrote {path}"}, synced
+def probe_shared_file(path):
+    """The head writes the probe file (nfs, sshfs, external: every other node must see it)."""
+    try:
+        user_files(_new_file, path)
+    except FsUserError as exc:  # noqa: F821 - distrun_fsuser.py, shipped in front
+        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {exc}"}
+    return {"ok": True, "file": path, "detail": f"wrote {path}"}
 
 
 def _search_path():
@@ -521,7 +506,7 @@ def probe_programs(programs):
         found = ""
         for c in candidates:
             path = c if "/" in c else next((f"{d}/{c}" for d in _search_path() if os.path.exists(f"{d}/{c}")), "")
-            if path and as_user(["test", "-x", path]).returncode == 0:
+            if path and _may_run(path):
                 found = path
                 break
         where = os.path.dirname(candidates[0]) if "/" in candidates[0] else "PATH"
@@ -533,13 +518,14 @@ SLURM_PROGRAMS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 
 
 def probe_slurm(partition):
-    """A Slurm the user does not administer, seen from its login node as the training user: the
-    client commands distrun runs are there, sinfo answers, and the partition (if one is set) is up."""
+    """A Slurm the user does not administer, seen from its login node (as the probe: the training
+    user there): the client commands distrun runs are there, sinfo answers, and the partition (if
+    one is set) is up."""
     found = probe_programs({p: [p] for p in SLURM_PROGRAMS})
     missing = [p for p, r in found.items() if not r["ok"]]
     if missing:
         return {"ok": False, "kind": "programs", "detail": f"{', '.join(missing)} not found on PATH for {USER}"}
-    sinfo = as_user([found["sinfo"]["detail"], "--noheader", "--format=%P %a %D %t"], timeout=30)
+    sinfo = run([found["sinfo"]["detail"], "--noheader", "--format=%P %a %D %t"], timeout=30)
     if sinfo.returncode != 0:
         return {"ok": False, "kind": "sinfo",
                 "detail": f"sinfo failed as {USER}: {_last_line(sinfo.stderr or sinfo.stdout) or f'exit {sinfo.returncode}'}"}
@@ -566,7 +552,10 @@ def probe_mount(path, fstypes):
     Read from /proc/self/mounts, not by stat: a FUSE mount that only its user may enter is not
     stat-able by root.
     """
-    as_user(["stat", "-c", "%n", path + "/."])  # an automount (nfs x-systemd.automount) mounts on access
+    try:  # an automount (nfs x-systemd.automount) mounts on access
+        user_files(os.path.isdir, path + "/.")
+    except FsUserError:  # noqa: F821 - distrun_fsuser.py, shipped in front
+        pass
     want = os.path.normpath(path)
     found = ""
     with open("/proc/self/mounts", encoding="utf-8") as fh:
@@ -640,7 +629,7 @@ def main():
 
 def stage_run(config, script):
     """A run's stage step in this round trip (role job's files/stage.py, passed as the second
-    argument): as the training user, and only where the user exists and the shared folder is
+    argument): with the training user's rights (user_files), and only where the user exists and the shared folder is
     writable by it (and mounted, where it must be), so nothing lands in an empty mount point;
     checked here, beside the same checks in the report. The runner starts nothing before the
     judge passed every node, and removes what was staged when it refuses the run.
@@ -658,15 +647,17 @@ def stage_run(config, script):
     failed = [c["detail"] for c in checks if not c.get("ok")]
     if failed:
         return {"stage_error": "not staged: " + "; ".join(failed)}
-    proc = as_user([sys.executable, "-I", "-S", "-c", script, json.dumps(config)], timeout=300)
-    if proc.returncode:
-        return {"stage_error": _last_line(proc.stderr) or f"the stage step exited {proc.returncode}"}
     try:
-        said = json.loads(proc.stdout.strip().splitlines()[-1])
+        said = user_files(_stage_in_child, script, config)
+    except FsUserError as exc:  # noqa: F821 - distrun_fsuser.py, shipped in front
+        return {"stage_error": str(exc)}
+    if "error" in said:
+        return {"stage_error": said["error"]}
+    try:
         return {"staged": str(said["staged"]), "stage_changed": bool(said.get("changed")),
                 "stage_created": [str(d) for d in said.get("created") or []]}
-    except (ValueError, IndexError, KeyError, TypeError):
-        return {"stage_error": f"the stage step said {_last_line(proc.stdout)!r}"}
+    except (KeyError, TypeError):
+        return {"stage_error": f"the stage step said {str(said)[:300]!r}"}
 
 
 def body(report):
@@ -727,7 +718,7 @@ def body(report):
         STEP = "shared folder probe file"
         # A unique name: two checks at once, or a file left by a killed check, never match.
         path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{os.urandom(6).hex()}")
-        report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
+        report["shared_probe"] = probe_shared_file(path)
 
 
 STEP = "start"

@@ -37,15 +37,17 @@ def launch_command(plan: JobPlan, host: str) -> str:
 
 
 def tail_command(plan: JobPlan, host: str) -> str:
-    """The head's session: the launcher's log as it grows, then how the launcher ended."""
+    """The head's session: the launcher's log as it grows, then how the launcher ended. Root with
+    the training user's filesystem identity where the connection can be root: no process of that
+    user's, which a job could trace and make say anything, speaks for the run."""
     cfg = _attempt(plan, host)
-    return as_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
+    return as_root_or_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
 
 
 def wait_command(plan: JobPlan, host: str) -> str:
     """Another launch host's session (torchrun): how its launcher ended, once it has."""
     cfg = {**_attempt(plan, host), "log": ""}
-    return as_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
+    return as_root_or_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
 
 
 STOP_GRACE_S = 8  # TERM, then KILL to what outlives it: within run_each's 15 s for the stop

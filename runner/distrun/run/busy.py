@@ -27,7 +27,7 @@ from distrun.planning.request import JobRequest, make_plan
 from distrun.run.staging import write_gate
 from distrun.store.runs import RUN_ID_RE
 from distrun.transport import nodeprog
-from distrun.transport.remote import as_user, open_masters, shell_argv
+from distrun.transport.remote import as_root_or_user, open_masters, shell_argv
 
 HEARTBEAT_S = 5
 # Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
@@ -38,10 +38,12 @@ PROC = "/proc"
 
 
 def claim_command(host: str, run_id: str, user: str) -> str:
-    """On host, as the training user: the node program's claim, which takes the host's lock and
-    holds it while the controller's heartbeats come, or says who holds it, or which other runs
-    have processes there (its scan: role job's files/node.py says by what evidence)."""
-    return as_user(user, nodeprog.command("claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC}))
+    """On host, as root where the connection can be root (else as the training user): the node
+    program's claim, which takes the host's lock and holds it while the controller's heartbeats
+    come, or says who holds it, or which other runs have processes there (its scan: role job's
+    files/node.py says by what evidence)."""
+    return as_root_or_user(user, nodeprog.command("claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC,
+                                                            "user": user}))
 
 
 @dataclass

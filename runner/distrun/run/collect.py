@@ -8,8 +8,6 @@ rule), so nothing is lost silently.
 
 from __future__ import annotations
 
-import getpass
-import shlex
 import subprocess
 import tarfile
 import threading
@@ -21,14 +19,23 @@ from typing import IO, Any
 
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster, Node
-from distrun.run.collect_rules import Left, Selection
-from distrun.transport.remote import USER_BASH, shell_argv
-
-COLLECT_TIMEOUT_S = 600
-COLLECT_MAX_BYTES = 2 << 30
-# Files per node: a job's thousands of empty files cost the controller inodes and time that
-# bytes do not count. The node's packer stops one past it, so the controller sees the cap hit.
-COLLECT_MAX_FILES = 10000
+from distrun.printable import printable
+from distrun.run.collect_rules import (
+    COLLECT_MAX_BYTES,
+    COLLECT_MAX_DEPTH,
+    COLLECT_MAX_ENTRIES,
+    COLLECT_MAX_FILES,
+    COLLECT_TIMEOUT_S,
+    SMALL_BYTES,
+    Caps,
+    Left,
+    Selection,
+    folders_of,
+    plain_name,
+    size_text,
+)
+from distrun.transport import nodeprog
+from distrun.transport.remote import as_root_or_user, shell_argv
 
 
 class Failure(StrEnum):
@@ -103,41 +110,19 @@ def _safe(member: tarfile.TarInfo) -> bool:
     return member.isfile() or member.isdir()
 
 
-def tar_command(run_dir: str, user: str, as_user: bool, selection: Selection,
-                max_files: int = COLLECT_MAX_FILES) -> str:
-    """The node-side command: refuse a run dir that is a link, whose runs folder is a link, or
-    that is not where it should be once every link above it is resolved (a job may replace its
-    run dir or the runs folder); then print the files the selection leaves (``size<TAB>path<NUL>``
-    each, when it lists them), one more NUL, and a tar of the plain files it selects (never a
-    link: find does not follow one), at most ``max_files`` + 1 of them. It runs as the training user (``as_user``: through sudo),
-    so it reads nothing that user could not read anyway."""
-    runs_dir = run_dir.rstrip("/").rsplit("/", 1)[0]
-    test = selection.find_test()
-    listing = (f"find . -xdev -type f ! {test} -printf '%s\\t%P\\0' 2>/dev/null | head -z -n {LIST_MAX + 1}; "
-               if selection.listed else "")
-    script = (
-        f"d={shlex.quote(run_dir)}; r={shlex.quote(runs_dir)}; "
-        'name="${d##*/}"; '
-        'if [ -L "$d" ] || [ -L "$r" ] || [ ! -d "$d" ] || '
-        '[ "$(cd -P -- "$d" 2>/dev/null && pwd)" != "$(cd -P -- "$r/.." 2>/dev/null && pwd)/${r##*/}/$name" ]; '
-        f'then echo "$d is a link or not a folder inside $r" >&2; exit {_REFUSED_RC}; fi; '
-        'cd -P -- "$d" || exit 1; '
-        + listing
-        + "printf '\\0'; "
-        f"find . -xdev -type f {test} -print0 2>/dev/null | head -z -n {max_files + 1} | "
-        f"exec tar --null --no-recursion -T - -c{'z' if selection.gzip else ''}f -"
-    )
-    if not as_user:
-        return script
-    return f"sudo -n -u {shlex.quote(user)} -- {USER_BASH} {shlex.quote(script)}"
-
-
-def _runs_as(node: Node, user: str) -> bool:
-    """Whether the shell ``shell_argv`` opens on node is already the training user's."""
-    if node.connection == "local":
-        return getpass.getuser() == user
-    hv = node.hostvars
-    return str(hv.get("ansible_user") or hv.get("ansible_ssh_user") or getpass.getuser()) == user
+def pack_command(run_dir: str, user: str, selection: Selection, max_files: int = COLLECT_MAX_FILES,
+                 max_entries: int = COLLECT_MAX_ENTRIES, max_depth: int = COLLECT_MAX_DEPTH) -> str:
+    """The node-side command: role job's files/pack.py, root with the training user's filesystem
+    identity where the connection can be root (else that user): it refuses a run dir that is a
+    link, whose runs folder is a link, or that is not where it should be once every link above it
+    is resolved (exit 3), then prints the files the selection leaves (``size<TAB>path<NUL>`` each,
+    when it lists them), one more NUL, and a tar of the plain files it selects, never through a
+    link, down to ``max_depth`` folders, with names that are text only, stopping one file past
+    ``max_files`` or one entry past ``max_entries`` (files and the folders they need)."""
+    cfg = {"user": user, "run_dir": run_dir, "patterns": selection.regex(), "small": SMALL_BYTES if selection.small else -1,
+           "listed": selection.listed, "gzip": selection.gzip, "max_files": max_files, "max_entries": max_entries,
+           "max_depth": max_depth, "list_max": LIST_MAX}
+    return as_root_or_user(user, nodeprog.command("pack", cfg, program="pack"))
 
 
 class _Rest:
@@ -181,20 +166,19 @@ def read_listing(stream: IO[bytes]) -> tuple[Left, bytes]:
     return left, buf[end + 1:]
 
 
-def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
-          max_files: int, timeout_s: float) -> _NodePull:
+def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, caps: Caps) -> _NodePull:
     """Unpack node's selected files of run_dir into dest: why it failed (or None), what stays there, what came."""
     out = _NodePull()
-    out.error = _stream(node, run_dir, dest, user=user, selection=selection, max_bytes=max_bytes,
-                        max_files=max_files, timeout_s=timeout_s, out=out)
+    out.error = _stream(node, run_dir, dest, user=user, selection=selection, caps=caps, out=out)
     return out
 
 
-def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, max_bytes: int,
-            max_files: int, timeout_s: float, out: _NodePull) -> PullError | None:
+def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, caps: Caps,
+            out: _NodePull) -> PullError | None:
     """_pull's stream, counting into ``out``; why it failed, or None."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    command = tar_command(run_dir, user, not _runs_as(node, user), selection, max_files)
+    command = pack_command(run_dir, user, selection, caps.max_files, caps.max_entries, caps.max_depth)
+    timeout_s = caps.timeout_s
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except (OSError, UserError) as exc:
@@ -209,19 +193,21 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
     timer = threading.Timer(timeout_s, expire)
     timer.start()
     capped = ""
+    folders: set[str] = set()
     try:
         out.left, rest = read_listing(proc.stdout)
         with tarfile.open(fileobj=_Rest(rest, proc.stdout), mode="r|*") as tar:  # type: ignore[call-overload]
             for member in tar:
-                if not _safe(member):
+                if not _safe(member) or not plain_name(member.name):
+                    if not plain_name(member.name):  # never stored: it stays on the node, listed
+                        out.left.files.append((member.size, printable(member.name.encode(errors="surrogateescape")
+                                                                      .decode(errors="backslashreplace"))))
                     continue
-                if member.isfile() and out.bytes + member.size > max_bytes:
-                    capped = f"the cap of {_size(max_bytes)}"
-                    break
-                if member.isfile() and out.files >= max_files:
-                    capped = f"the cap of {max_files} files"
+                capped = caps.passed(member, out.files, out.bytes, folders)
+                if capped:
                     break
                 tar.extract(member, dest, set_attrs=False, **_DATA_FILTER)
+                folders |= folders_of(member)
                 if member.isfile():
                     out.files += 1
                     out.bytes += member.size
@@ -242,7 +228,8 @@ def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selec
     if capped:
         proc.kill()
         proc.wait()
-        raise_var = "DISTRUN_COLLECT_MAX_MB" if "MiB" in capped else "DISTRUN_COLLECT_MAX_FILES"
+        raise_var = ("DISTRUN_COLLECT_MAX_MB" if "MiB" in capped else "DISTRUN_COLLECT_MAX_DEPTH" if "deep" in capped
+                     else "DISTRUN_COLLECT_MAX_ENTRIES" if "folders" in capped else "DISTRUN_COLLECT_MAX_FILES")
         return PullError(Failure.CAPPED, f"stopped at {capped} after {out.files} file(s) ({_size(out.bytes)}); "
                          f"the rest stays in {run_dir} on {node.name} (to bring it: raise {raise_var} and "
                          f"'distrun fetch RUN PATH')")
@@ -266,19 +253,22 @@ def _last_line(proc: subprocess.Popen) -> str:
 
 
 def _size(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
+    return size_text(n)
 
 
 def pull_run(cluster: Cluster, run_dir: str, hosts: list[str], dest: Path, selection: Selection, *,
              max_bytes: int = COLLECT_MAX_BYTES, max_files: int = COLLECT_MAX_FILES,
+             max_entries: int = COLLECT_MAX_ENTRIES, max_depth: int = COLLECT_MAX_DEPTH,
              timeout_s: float = COLLECT_TIMEOUT_S) -> Pulled:
     """Pull the selected files of every host's run_dir into dest/<host>, all hosts at once, with
     the listing of the others. Each host brings at most ``max_bytes`` of file data in ``max_files``
-    files within ``timeout_s``."""
+    files and ``max_entries`` files and folders, ``max_depth`` folders deep, within ``timeout_s``;
+    a name that is not text (control characters, bytes that are not UTF-8) is never stored."""
     nodes = {n.name: n for n in cluster.nodes}
+    caps = Caps(max_bytes, max_files, max_entries, max_depth, timeout_s)
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
         futures = {h: pool.submit(_pull, nodes[h], run_dir, dest / h, user=cluster.user, selection=selection,
-                                  max_bytes=max_bytes, max_files=max_files, timeout_s=timeout_s) for h in hosts}
+                                  caps=caps) for h in hosts}
     out = Pulled()
     for h, f in futures.items():
         node = f.result()

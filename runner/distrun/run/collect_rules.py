@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shlex
+import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from distrun.transport.rundir import ATTEMPT_FILES, ATTEMPTS
 
@@ -25,6 +28,58 @@ SMALL_BYTES = 1 << 20
 LOG_NAMES = ("*.log", "*.out", "*.err")
 # The record's file listing what stayed on each node.
 LEFT_FILE = "left-on-nodes.json"
+# What one node's collect may bring, and how long it may take.
+COLLECT_TIMEOUT_S = 600
+COLLECT_MAX_BYTES = 2 << 30
+# Files per node: a job's thousands of empty files cost the controller inodes and time that
+# bytes do not count. The node's packer stops one past it, so the controller sees the cap hit.
+COLLECT_MAX_FILES = 10000
+# Entries per node (files and the folders they need) and folders deep: a few files at the end of
+# long folder chains would make the controller thousands of folders, which files do not count.
+COLLECT_MAX_ENTRIES = 20000
+COLLECT_MAX_DEPTH = 32
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def plain_name(name: str) -> bool:
+    """Whether a member's name is text a terminal can show as it is: UTF-8 (tarfile keeps bytes
+    that are not as surrogates) without control characters. Other names are never stored here."""
+    return not _CONTROL.search(name) and not any(0xDC80 <= ord(c) <= 0xDCFF for c in name)
+
+
+def size_text(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def folders_of(member: tarfile.TarInfo) -> set[str]:
+    """The folders a member needs (itself too, when it is one), as relative paths."""
+    parts = PurePosixPath(member.name).parts
+    return {"/".join(parts[:k]) for k in range(1, len(parts) + (0 if member.isfile() else 1))}
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one node's collect may bring: bytes of file data, files, entries (files and the
+    folders they need), folders deep, seconds."""
+
+    max_bytes: int = COLLECT_MAX_BYTES
+    max_files: int = COLLECT_MAX_FILES
+    max_entries: int = COLLECT_MAX_ENTRIES
+    max_depth: int = COLLECT_MAX_DEPTH
+    timeout_s: float = COLLECT_TIMEOUT_S
+
+    def passed(self, member: tarfile.TarInfo, files: int, size: int, folders: set[str]) -> str:
+        """The cap a member would pass after ``files`` files of ``size`` bytes in ``folders``
+        ("" when none)."""
+        if member.isfile() and size + member.size > self.max_bytes:
+            return f"the cap of {size_text(self.max_bytes)}"
+        if member.isfile() and files >= self.max_files:
+            return f"the cap of {self.max_files} files"
+        if len(PurePosixPath(member.name).parts) - (1 if member.isfile() else 0) > self.max_depth:
+            return f"the cap of {self.max_depth} folders deep"
+        if files + len(folders | folders_of(member)) + (1 if member.isfile() else 0) > self.max_entries:
+            return f"the cap of {self.max_entries} files and folders"
+        return ""
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from pathlib import Path
 
 from distrun.errors import UserError
@@ -21,18 +20,22 @@ from distrun.run.diagnosis import RunSummary, summarise
 from distrun.run.follow import Outcome, follow
 from distrun.run.listener import Listener
 from distrun.store.runs import Run
+from distrun.transport import nodeprog
 from distrun.transport.ansible_bridge import run_playbook
-from distrun.transport.remote import as_user, run_each
+from distrun.transport.remote import as_root_or_user, run_each
 
 # Lines the runner keeps in memory to read the result and the failure from (the rest is in launcher.log).
 KEEP_LINES = 4000
 
 
 def collect_limits() -> dict[str, int]:
-    """Bytes, files and seconds one node's collect may take: DISTRUN_COLLECT_MAX_MB,
-    DISTRUN_COLLECT_MAX_FILES and DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
+    """Bytes, files, entries (files and folders), folders deep and seconds one node's collect may
+    take: DISTRUN_COLLECT_MAX_MB, DISTRUN_COLLECT_MAX_FILES, DISTRUN_COLLECT_MAX_ENTRIES,
+    DISTRUN_COLLECT_MAX_DEPTH and DISTRUN_COLLECT_TIMEOUT_S on the controller, else the defaults."""
     limits: dict[str, int] = {}
     for var, key, scale in (("DISTRUN_COLLECT_MAX_MB", "max_bytes", 1 << 20), ("DISTRUN_COLLECT_MAX_FILES", "max_files", 1),
+                            ("DISTRUN_COLLECT_MAX_ENTRIES", "max_entries", 1),
+                            ("DISTRUN_COLLECT_MAX_DEPTH", "max_depth", 1),
                             ("DISTRUN_COLLECT_TIMEOUT_S", "timeout_s", 1)):
         text = os.environ.get(var)
         if text:
@@ -121,8 +124,11 @@ class RunEnd:
         if not plan.program.user_env_keys:
             return
         nodes = {n.name: n for n in cluster.nodes if n.name in hosts}
-        done = run_each(nodes, dict.fromkeys(nodes, as_user(plan.launch.user, f"rm -f -- {shlex.quote(plan.env_file)}")), 30)
-        kept = sorted(h for h, d in done.items() if d.rc != 0)
+        # Root with the training user's rights where the connection can be root (role job's files.py).
+        done = run_each(nodes, dict.fromkeys(nodes, as_root_or_user(plan.launch.user, nodeprog.command(
+            "remove", {"user": plan.launch.user, "run": plan.run_id, "paths": [plan.env_file]}, program="files"))), 30)
+        kept = sorted(h for h, d in done.items()
+                      if d.rc != 0 or ((nodeprog.answer(d.out, "remove") or {"kept": [h]}).get("kept")))
         if kept:
             self.listener.warn(f"the run's env.sh (its --env values) could not be removed on {', '.join(kept)}: "
                                f"remove {plan.env_file} there")

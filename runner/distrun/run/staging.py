@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from distrun.inventory.cluster import Cluster
-from distrun.transport.remote import as_user, run_each
+from distrun.transport import nodeprog
+from distrun.transport.remote import Done, as_root_or_user, run_each
 
 UPLOAD_TIMEOUT_S = 120
 # What the gate file says when every host got the run's files.
 UPLOADED = "ok"
-_INCOMING = '"$(getent passwd "$(id -un)" | cut -d: -f6)/.cache/distrun/incoming"'
 
 
 def write_gate(path: Path, answer: str) -> None:
@@ -38,12 +37,10 @@ def write_gate(path: Path, answer: str) -> None:
 
 
 def upload_command(user: str, run_id: str) -> str:
-    """As the training user: keep stdin as the run's upload, 0600 in a 0700 folder of its own home."""
-    name, tmp = shlex.quote(f"{run_id}.json"), shlex.quote(f".{run_id}.tmp")
-    return as_user(user, (
-        f'set -eu; umask 077; d={_INCOMING}; mkdir -p "$d"; '
-        f'cat > "$d"/{tmp}; mv -f "$d"/{tmp} "$d"/{name}; echo DISTRUN_UPLOADED'
-    ))
+    """Keep stdin as the run's upload, 0600 in a 0700 folder of the training user's home: root with
+    that user's filesystem identity where the connection can be root (role job's files.py), so no
+    process of that user's, which any job of the account could trace, ever reads the run's secrets."""
+    return as_root_or_user(user, nodeprog.command("put", {"user": user, "run": run_id}, program="files"))
 
 
 class Upload:
@@ -69,7 +66,7 @@ class Upload:
         command = upload_command(cluster.user, run_id)
         try:
             done = run_each(nodes, {h: command for h in hosts}, UPLOAD_TIMEOUT_S, inputs={h: payload for h in hosts})
-            failed = {h: d.last_line() for h, d in done.items() if not (d.rc == 0 and "DISTRUN_UPLOADED" in d.out)}
+            failed = {h: _why(d) for h, d in done.items() if not _put(d)}
             answer = UPLOADED if not failed else "; ".join(f"{h}: {why}" for h, why in failed.items())
         except Exception as exc:  # noqa: BLE001 - the gate must get an answer, whatever happened
             answer = f"{type(exc).__name__}: {exc}"
@@ -80,17 +77,24 @@ class Upload:
         self.thread.join(timeout)
 
 
+def _put(done: Done) -> bool:
+    said = nodeprog.answer(done.out, "put") if done.rc == 0 else None
+    return said is not None and isinstance(said.get("put"), int)
+
+
+def _why(done: Done) -> str:
+    said = nodeprog.answer(done.out, "put")
+    return str(said["error"]) if said and said.get("error") else done.last_line()
+
+
 def discard(cluster: Cluster, hosts: Sequence[str], run_id: str,
             created: Mapping[str, Sequence[str]] | None = None) -> None:
     """Remove an upload that was never staged (a run refused before its stage step): it may hold
     the run's secrets; and ``created`` (host -> the run's folders the preflight's probe staged
-    there before the run was refused), as the training user. Best effort: a host that does not
-    answer keeps them, its user's (the upload 0600)."""
+    there before the run was refused), with the training user's rights (files.py). Best effort:
+    a host that does not answer keeps them, its user's (the upload 0600)."""
     nodes = {n.name: n for n in cluster.nodes}
-    name = shlex.quote(f"{run_id}.json")
-    commands = {}
-    for h in hosts:
-        if h in nodes:
-            folders = " ".join(shlex.quote(d) for d in (created or {}).get(h, ()))
-            commands[h] = as_user(cluster.user, f"rm -f {_INCOMING}/{name}" + (f"; rm -rf -- {folders}" if folders else ""))
+    commands = {h: as_root_or_user(cluster.user, nodeprog.command(
+        "remove", {"user": cluster.user, "run": run_id, "paths": list((created or {}).get(h, ()))}, program="files"))
+        for h in hosts if h in nodes}
     run_each(nodes, commands, 10)

@@ -10,6 +10,7 @@ import json
 import shlex
 from enum import StrEnum
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from distrun import paths
@@ -33,8 +34,11 @@ LAUNCHER_STATES = tuple(LauncherState)
 RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py's evidence)
 
 # The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
-# launcher started, in a unit where it runs as root) and attempt.py (that launcher followed, its state).
-PROGRAMS = ("node", "launch", "attempt")
+# launcher started, in a unit where it runs as root), attempt.py (that launcher followed, its state)
+# sign.py (the attempt's ssh certificate, from the user CA root keeps on the head), files.py (the
+# run's files the runner writes or removes in the training user's folders, with that user's rights)
+# and pack.py (a run's files packed for collect, with that user's rights, capped).
+PROGRAMS = ("node", "launch", "attempt", "sign", "files", "pack")
 # Every program sent behind the head: stage.py too (the run's files unpacked), which role job's
 # stage step and role preflight's probe send themselves (the runner has no verb of it), and the
 # installed ones below.
@@ -46,8 +50,11 @@ HEAD = "nodecommon"
 # under a name that carries its text's digest, so a node set up by another version of distrun
 # has no file of that name (the preflight says to run setup) rather than an older protocol.
 INSTALLED = ("relay",)
-# Files composed between the head and a program: the relay's mesh verb parses with mesh.py.
-PARTS = {"relay": ("mesh",)}
+# Files composed between the head and a program: the relay's mesh verb parses with mesh.py; the
+# programs that act on the training user's files as root take that user's filesystem identity
+# with role distrun's switch (module_utils/distrun_fsuser.py, also the Ansible modules' own).
+FSUSER = "fsuser"
+PARTS = {"relay": ("mesh",), "attempt": (FSUSER,), "stage": (FSUSER,), "files": (FSUSER,), "pack": (FSUSER,)}
 PROGRAMS_DIR = "/usr/local/lib/distrun"
 
 
@@ -58,9 +65,16 @@ def text(program: str = "node") -> str:
 files for the preflight's probe compose the same two files; role job's install step the relay's three)."""
     if program not in SOURCES:
         raise ValueError(f"no node program {program!r}")
-    files = paths.project_dir() / "roles" / "job" / "files"
-    texts = [(files / f"{name}.py").read_text() for name in (HEAD, *PARTS.get(program, ()), program)]
+    texts = [part_path(name).read_text() for name in (HEAD, *PARTS.get(program, ()), program)]
     return "".join(t if t.endswith("\n") else t + "\n" for t in texts[:-1]) + texts[-1]
+
+
+def part_path(name: str) -> Path:
+    """Where a program or a part of one lies in the project."""
+    roles = paths.project_dir() / "roles"
+    if name == FSUSER:
+        return roles / "distrun" / "module_utils" / "distrun_fsuser.py"
+    return roles / "job" / "files" / f"{name}.py"
 
 
 def installed(program: str) -> str:
@@ -75,6 +89,13 @@ def relay_argv(run_id: str, attempt: int, verb: str) -> list[str]:
     """The installed relay for one attempt of a run: ``serve`` (the launch script of a node a
     launcher reaches over ssh) or ``join`` (the command, which follows, handed to that node's relay)."""
     return ["python3", "-I", installed("relay"), verb, run_id, str(int(attempt))]
+
+
+def mesh_command() -> str:
+    """The command every certificate of the user CA forces on the nodes: the installed relay's
+    mesh verb (role ssh_mesh writes it into each node's principals file; sign.py into each run's
+    certificate)."""
+    return f"/usr/bin/python3 -I {installed('relay')} mesh"
 
 
 def command(verb: str, config: dict[str, Any], program: str = "node") -> str:

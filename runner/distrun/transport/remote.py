@@ -150,6 +150,13 @@ USER_BASH = "env -u BASH_ENV -u ENV bash --norc --noprofile -c"
 USER_SSH = ("ssh", "-F", "/etc/ssh/ssh_config", "-o", "BatchMode=yes")
 
 
+def run_ssh(key: str) -> tuple[str, ...]:
+    """USER_SSH for a run's own logins: with the attempt's key, whose certificate (beside it)
+    opens only the run's hosts, for minutes, and only distrun's relay. Where the run has no
+    certificate (the connection to the head could not be root), ssh goes on with the user's own."""
+    return (*USER_SSH, "-i", key)
+
+
 def as_user(user: str, command: str) -> str:
     """command run by bash as user, whoever the connection logs in as.
 
@@ -175,10 +182,12 @@ def as_root_or_user(user: str, command: str) -> str:
     """command run by bash as root where the connection can be root (logged in as root, or sudo
     without a password), else as user: the node programs contain a run in a unit only as root."""
     u = shlex.quote(user)
-    c = shlex.quote(command)
+    # The command once, in a variable: a node program's text is tens of kilobytes, and the kernel
+    # takes at most 128 KiB in one argument.
     return (
-        f'if [ "$(id -u)" = 0 ]; then exec bash -c {c}; '
-        f"elif sudo -n true 2>/dev/null; then exec sudo -n -- bash -c {c}; "
-        f'elif [ "$(id -un)" = {u} ]; then exec {USER_BASH} {c}; '
-        f"else exec sudo -n -u {u} -- {USER_BASH} {c}; fi"
+        f"c={shlex.quote(command)}; "
+        'if [ "$(id -u)" = 0 ]; then exec bash -c "$c"; '
+        'elif sudo -n true 2>/dev/null; then exec sudo -n -- bash -c "$c"; '
+        f'elif [ "$(id -un)" = {u} ]; then exec {USER_BASH} "$c"; '
+        f'else exec sudo -n -u {u} -- {USER_BASH} "$c"; fi'
     )
