@@ -88,6 +88,15 @@ def manager_hidden(uid: int, runtime: str = "/run/user") -> list:
     return ["-p", f"InaccessiblePaths={runtime}"]
 
 
+# What a run has to itself, and what ends with its unit: its own /tmp (removed at the unit's end),
+# its own /dev/shm (a memory folder of the unit's, gone with it: a plain TemporaryFileSystem would be
+# root's 0755), its own System V IPC and POSIX message queues (a namespace that ends with its last
+# process), and a /proc that shows it only its own user's processes (no other account's, root's
+# included). RemoveIPC= is not used: it would remove every IPC object of the user's uid, which
+# other runs of the same account hold.
+PRIVATE = ("-p", "PrivateTmp=yes", "-p", "PrivateIPC=yes", "-p", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
+           "-p", "ProtectProc=invisible")
+
 _LIMIT = re.compile(r"[a-z]{2,8}")
 _LIMIT_VALUE = re.compile(r"(?:[0-9]{1,19}|infinity)(?::(?:[0-9]{1,19}|infinity))?")
 
@@ -147,7 +156,7 @@ def launch(cfg: dict) -> dict:
                 f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
                 "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
                 "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}", *manager_hidden(user.pw_uid), *limits]
+                "-p", f"ExecStopPost={post}", *manager_hidden(user.pw_uid), *PRIVATE, *limits]
         argv += [f"--setenv={k}={v}" for k, v in env.items()]
         argv += ["/bin/bash", script]
         prune(RECORDS)
