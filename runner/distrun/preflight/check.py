@@ -77,7 +77,8 @@ def settle_drains(inventory: Path, health: Mapping[str, gpuhealth.Health], repor
 
 def host_states(result: PlaybookResult, names: Sequence[str]) -> dict[str, dict[str, str]]:
     """Ansible's state and last error per host; 'not reached' for one the play never saw."""
-    states = {h.name: {"state": h.state, "error": h.last_error} for h in result.hosts.values()}
+    states = {h.name: ({"state": "hung", "error": f"hung: its probe did not end within {h.hung_s} s"} if h.hung_s
+                       else {"state": h.state, "error": h.last_error}) for h in result.hosts.values()}
     judged = blamed(from_dicts(result.fact(PREFLIGHT_FACT)))
     for h in result.hosts.values():
         # The judge's own task failed the play on this node (run.yml's one-task judge): the

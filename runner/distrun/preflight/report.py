@@ -52,7 +52,11 @@ def build_report(
     for h in nodes:
         st = hosts.get(h, {"state": "not reached", "error": ""})
         reached = any(h in items for items in judged.values())
-        if st["state"] == "unreachable" or (st["state"] == "not reached" and not reached):
+        if st["state"] == "hung":
+            report["reach"][h] = Item(False, st.get("error") or "hung",
+                                      f"look at what hangs on {h} (a shared folder that stopped answering: 'findmnt "
+                                      f"-o TARGET,FSTYPE', the mount's unit; a process stuck in state D), then 'distrun check' again")
+        elif st["state"] == "unreachable" or (st["state"] == "not reached" and not reached):
             report["reach"][h] = Item(False, st.get("error") or "not reached",
                                       f"start {h}, check its ansible_host and that sshd runs; then 'distrun check' again")
         elif st["state"] != "failed" or reached:  # failed before any probe answered: reached or not, nobody knows

@@ -51,7 +51,10 @@ def stop_report(result: PlaybookResult, outputs: dict[str, str], run_id: str = "
     for name in sorted(set(result.hosts) | set(outputs)):
         h = result.hosts.get(name)
         got = nodeprog.answer(outputs.get(name, ""), "stop")
-        if h is not None and (h.unreachable or h.failed):
+        if h is not None and h.hung_s:
+            report.missed[name] = (f"hung: its stop step did not end within {h.hung_s} s (a process of the run "
+                                   "waits where no signal reaches it, in a shared folder that stopped answering, say)")
+        elif h is not None and (h.unreachable or h.failed):
             report.missed[name] = ("unreachable: " if h.unreachable else "") + (h.last_error or "failed")
         elif got is None or not isinstance(got.get("stopped"), int):
             report.missed[name] = "no report from the stop step"

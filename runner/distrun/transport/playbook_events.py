@@ -28,6 +28,9 @@ class HostProgress:
     # through the tasks together, so a step is the play's, and a run_once task may publish it).
     # A playbook's steps say so themselves; the runner never reads a play's or a task's name.
     failed_step: str = ""
+    # The seconds a task of this host was given before Ansible stopped it (its ``timeout:``): the
+    # node hung there (a process in a hung filesystem, a stopped sshd session). 0: none did.
+    hung_s: int = 0
 
     @property
     def state(self) -> str:
@@ -144,6 +147,9 @@ class EventReader:
                 h.facts.update({k: v for k, v in facts.items() if not str(k).startswith("_") and k != STEP_FACT})
             h.last_error = f"{task}: {_message(res)}"
             h.failed_step = h.failed_step or self.step
+            timed = res.get("timedout")
+            if isinstance(timed, Mapping) and isinstance(timed.get("period"), int):
+                h.hung_s = timed["period"]
             self.emit(PlaybookEvent("failed", name, task, _message(res), res))
         elif kind == "runner_on_unreachable" and name:
             h = self.host(name)
