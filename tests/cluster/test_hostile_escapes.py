@@ -50,14 +50,16 @@ JOB = textwrap.dedent(r"""
         rc = f"{home}/.bashrc"  # first, before the usual "not interactive: return"
         kept = open(rc).read() if os.path.exists(rc) else ""
         with open(rc, "w") as f:
-            f.write(f"touch /tmp/bashrc-ran-{tag}\n{kept}")
+            f.write(f"touch {home}/bashrc-ran-{tag}\n{kept}")
         said["systemd-run"] = sh(f"XDG_RUNTIME_DIR=/run/user/{os.getuid()} systemd-run --user --collect -- "
                                  f"bash -c 'exec -a escapee-unit-{tag} sleep 600'")
     comm.Barrier()
+    # The run's own certificate (the only key a job can read): its hosts, minutes, the relay only.
+    cert = f"-o IdentitiesOnly=yes -i {os.environ['DISTRUN_RUN_DIR']}/attempts/0/mesh-key"
     if rank == 0:  # from node1 to node2
-        said["mesh"] = sh(f"ssh -o BatchMode=yes node2 \"{away('escapee-mesh')}\"")
+        said["mesh"] = sh(f"ssh -o BatchMode=yes {cert} node2 \"{away('escapee-mesh')}\"")
         said["own-key"] = sh(f"ssh -o BatchMode=yes -o IdentitiesOnly=yes -i /tmp/jobkey-{tag} node2 \"{away('escapee-key')}\"")
-        said["login-check"] = sh("ssh -o BatchMode=yes node2 true")
+        said["login-check"] = sh(f"ssh -o BatchMode=yes {cert} node2 true")
     comm.Barrier()
     # one write: the text layer is unbuffered (PYTHONUNBUFFERED), where print() writes its end apart
     sys.stdout.write("ESCAPES " + json.dumps({socket.gethostname().split(".")[0]: said}) + "\n")
@@ -97,7 +99,7 @@ def test_a_job_starts_nothing_outside_its_run_through_ssh_or_the_user_manager(pr
         # The cluster key: distrun's own login check passes, a command of the job's is refused.
         assert node1["login-check"]["rc"] == 0, node1
         mesh = _alive(provisioned, f"escapee-mesh-{tag}")
-        assert not TALLY.record("the cluster key starts a process outside the run on another node",
+        assert not TALLY.record("the run's certificate starts a process outside the run on another node",
                                 any(mesh.values()) or node1["mesh"]["rc"] == 0), (mesh, node1["mesh"])
         assert "refused" in node1["mesh"]["err"] and "distrun launcher" in node1["mesh"]["err"], node1["mesh"]
 
@@ -108,7 +110,7 @@ def test_a_job_starts_nothing_outside_its_run_through_ssh_or_the_user_manager(pr
         assert "Permission denied" in node1["own-key"]["err"], node1["own-key"]
 
         # The login shell never ran the ~/.bashrc the job wrote before the key's forced command.
-        ran = provisioned.exec(2, f"test -e /tmp/bashrc-ran-{tag}", check=False).returncode == 0
+        ran = provisioned.exec(2, f"test -e {HOME}/bashrc-ran-{tag}", check=False).returncode == 0
         assert not TALLY.record("the login shell runs a startup file the job wrote", ran)
 
         # No systemd user manager to start a unit outside the run's.
@@ -118,7 +120,7 @@ def test_a_job_starts_nothing_outside_its_run_through_ssh_or_the_user_manager(pr
     finally:
         for k in (1, 2, 3):
             provisioned.exec(k, f"pkill -f -- '[e]scapee-[a-z]*-{tag}' ; "
-                                f"rm -f /tmp/bashrc-ran-{tag} /tmp/jobkey-{tag} /tmp/jobkey-{tag}.pub; "
+                                f"rm -f {HOME}/bashrc-ran-{tag} /tmp/jobkey-{tag} /tmp/jobkey-{tag}.pub; "
                                 f"sed -i '/{tag}/d' {HOME}/.bashrc; sed -i '/job@away/d' {HOME}/.ssh/authorized_keys; "
                                 f"runuser -u distrun -- env XDG_RUNTIME_DIR=/run/user/$(id -u distrun) "
                                 f"systemctl --user stop 'run-*' 2>/dev/null; true", check=False)
@@ -139,11 +141,11 @@ HOME_CONFIG_JOB = textwrap.dedent(r"""
     os.makedirs(f"{home}/.ssh", exist_ok=True)
     with open(f"{home}/.ssh/config", "w") as f:
         f.write("Host *\n    PermitLocalCommand yes\n"
-                f"    LocalCommand touch /tmp/sshcfg-ran-{tag}; nohup setsid bash -c 'exec -a escapee-sshcfg-{tag} "
+                f"    LocalCommand touch {home}/sshcfg-ran-{tag}; nohup setsid bash -c 'exec -a escapee-sshcfg-{tag} "
                 "sleep 600' </dev/null >/dev/null 2>&1 &\n")
-    agent = f"/tmp/forkagent-{tag}.sh"
+    agent = f"{home}/forkagent-{tag}.sh"  # in the home: each run's /tmp is its own
     with open(agent, "w") as f:
-        f.write(f"#!/bin/sh\ntouch /tmp/forkagent-ran-{tag}\nexec \"$@\"\n")
+        f.write(f"#!/bin/sh\ntouch {home}/forkagent-ran-{tag}\nexec \"$@\"\n")
     os.chmod(agent, 0o755)
     os.makedirs(f"{home}/.openmpi", exist_ok=True)
     with open(f"{home}/.openmpi/mca-params.conf", "w") as f:
@@ -172,7 +174,7 @@ def test_configuration_a_job_wrote_into_the_home_runs_nothing_in_later_checks_or
     plain.write_text(PLAIN_JOB)
 
     def marked(name: str) -> dict[int, bool]:
-        return {k: provisioned.exec(k, f"test -e /tmp/{name}-ran-{tag}", check=False).returncode == 0 for k in (1, 2, 3)}
+        return {k: provisioned.exec(k, f"test -e {HOME}/{name}-ran-{tag}", check=False).returncode == 0 for k in (1, 2, 3)}
 
     try:
         res = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--script", str(plant), "--", tag,
@@ -208,6 +210,6 @@ def test_configuration_a_job_wrote_into_the_home_runs_nothing_in_later_checks_or
     finally:
         for k in (1, 2, 3):
             units = f"{HOME}/.config/systemd/user"
-            provisioned.exec(k, f"pkill -f -- '[e]scapee-[a-z]*-{tag}'; rm -rf /tmp/sshcfg-ran-{tag} /tmp/forkagent-{tag}.sh "
-                                f"/tmp/forkagent-ran-{tag} {HOME}/.ssh/config {HOME}/.openmpi {units}/escapee-{tag}.service "
+            provisioned.exec(k, f"pkill -f -- '[e]scapee-[a-z]*-{tag}'; rm -rf {HOME}/sshcfg-ran-{tag} {HOME}/forkagent-{tag}.sh "
+                                f"{HOME}/forkagent-ran-{tag} {HOME}/.ssh/config {HOME}/.openmpi {units}/escapee-{tag}.service "
                                 f"{units}/default.target.wants/escapee-{tag}.service; true", check=False)
