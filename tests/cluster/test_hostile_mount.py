@@ -56,6 +56,7 @@ STOP_THE_MOUNT = textwrap.dedent(r'''
             try:
                 os.kill(pid, signal.SIGSTOP)
                 rec["stopped"] = True
+                os.kill(pid, signal.SIGCONT)  # the run's own files are on the mount: it goes on
             except OSError as e:
                 rec["stopped"] = e.strerror
             said[name] = rec
