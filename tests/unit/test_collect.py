@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from distrun.cli.main import main
@@ -40,6 +41,7 @@ def write(path: Path, size: int) -> None:
 
 
 # What a run dir holds after an mpirun run and one restart: size, and whether it comes home.
+REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = {
     "launcher-n1.log": (300, True),
     "launcher-n1.pid": (5, True),
@@ -96,11 +98,23 @@ def test_the_playbooks_fallback_applies_the_same_rule(run_dir):
     """The collect playbook (for a node the stream could not bring) keeps a file when the
     selection's regex matches './<path>' or it is at most SMALL_BYTES: the same files as find."""
     sel = collect_rules.run_end_selection()
-    regex = re.compile(sel.regex())
-    by_regex = {name for name, (size, _) in RUN_DIR.items() if regex.match("./" + name) or size <= collect_rules.SMALL_BYTES}
+    regex, never = re.compile(sel.regex()), re.compile(sel.never_regex())
+    write(run_dir / "attempts" / "0" / "mesh-key", 400)  # small, an attempt's own: and never brought
+    names = [*RUN_DIR, "attempts/0/mesh-key"]
+    sizes = {**{name: size for name, (size, _) in RUN_DIR.items()}, "attempts/0/mesh-key": 400}
+    by_regex = {name for name in names if (regex.match("./" + name) or sizes[name] <= collect_rules.SMALL_BYTES)
+                and not never.match("./" + name)}
     out = subprocess.run(["bash", "-c", f"cd {run_dir} && find . -type f {sel.find_test()} -printf '%P\\n'"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert by_regex == set(out) == {name for name, (_, comes) in RUN_DIR.items() if comes}
+    # the role's default rule (its fallback without the runner's extra-var) says the same
+    default = yaml.safe_load((REPO / "roles" / "job" / "defaults" / "main.yml").read_text())["job_collect_never"]
+    found = re.search(r"default\('(.*)'\)", default)
+    assert found, default
+    role = re.compile(found.group(1).replace("\\\\", "\\"))
+    for name in [*names, "mesh-key", "attempts/12/mesh-key", "attempts/0/mesh-key.pub", "out/mesh-key", "attempts/a/b/mesh-key"]:
+        assert bool(role.match("./" + name)) == bool(never.match("./" + name)), name
+
 
 
 def test_listing_records_from_a_node_are_not_trusted():

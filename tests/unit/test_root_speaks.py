@@ -87,9 +87,12 @@ def test_the_packer_reads_with_the_users_rights_never_through_a_link_and_keeps_i
     (run / "secret.log").symlink_to(top / "root-only")
     (run / "deep" / "a" / "b" / "c").mkdir(parents=True)
     (run / "deep" / "a" / "b" / "c" / "x.log").write_text("deep\n")
+    (run / "attempts" / "0").mkdir(parents=True)  # the attempt's ssh key: small, and never brought
+    (run / "attempts" / "0" / "mesh-key").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
     for p in [runs, *runs.rglob("*")]:
         os.lchown(p, pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
-    cfg = {"user": "nobody", "run_dir": str(run), "patterns": collect_rules.run_end_selection().regex(),
+    selection = collect_rules.run_end_selection()
+    cfg = {"user": "nobody", "run_dir": str(run), "patterns": selection.regex(), "never": selection.never_regex(),
            "small": 1 << 20, "listed": True, "gzip": False, "max_files": 10, "max_entries": 100, "max_depth": 2}
     done = _program("pack", "pack", cfg)
     assert done.returncode == 0, done.stderr
@@ -97,6 +100,7 @@ def test_the_packer_reads_with_the_users_rights_never_through_a_link_and_keeps_i
     members = subprocess.run(["tar", "-tf", "-"], input=tar, capture_output=True, check=True).stdout.decode().split()
     assert members == ["ranks/rank.0.log"], members  # the link is no file; the deep one is past the cap
     assert b"root's secret" not in done.stdout
+    assert b"PRIVATE KEY" not in done.stdout and b"mesh-key" not in done.stdout  # not sent, not even listed
     # A run dir replaced by a link is refused, exit 3 (collect's protocol), one line.
     shutil.rmtree(run)
     run.symlink_to(top)

@@ -101,6 +101,7 @@ def pack(cfg: dict, out) -> None:
     run_dir = cfg["run_dir"]
     check_run_dir(run_dir)
     chosen = re.compile(cfg.get("patterns") or r"(?!)")
+    never = re.compile(cfg.get("never") or r"(?!)")  # neither travels nor is listed (an attempt's key)
     small, listed = int(cfg.get("small", -1)), bool(cfg.get("listed"))
     max_files, max_entries = int(cfg["max_files"]), int(cfg["max_entries"])
     max_depth, list_max = int(cfg["max_depth"]), int(cfg.get("list_max", 10000))
@@ -109,6 +110,8 @@ def pack(cfg: dict, out) -> None:
     for rel, st, depth in files:
         text = plain_text(rel) if b"\0" not in rel else None
         path = "./" + (text if text is not None else shown(rel))
+        if never.fullmatch(path):
+            continue
         if text is not None and (chosen.fullmatch(path) or 0 <= st.st_size <= small):
             travel.append((rel, text))
         else:

@@ -119,7 +119,8 @@ def pack_command(run_dir: str, user: str, selection: Selection, max_files: int =
     when it lists them), one more NUL, and a tar of the plain files it selects, never through a
     link, down to ``max_depth`` folders, with names that are text only, stopping one file past
     ``max_files`` or one entry past ``max_entries`` (files and the folders they need)."""
-    cfg = {"user": user, "run_dir": run_dir, "patterns": selection.regex(), "small": SMALL_BYTES if selection.small else -1,
+    cfg = {"user": user, "run_dir": run_dir, "patterns": selection.regex(), "never": selection.never_regex(),
+           "small": SMALL_BYTES if selection.small else -1,
            "listed": selection.listed, "gzip": selection.gzip, "max_files": max_files, "max_entries": max_entries,
            "max_depth": max_depth, "list_max": LIST_MAX}
     return as_root_or_user(user, nodeprog.command("pack", cfg, program="pack"))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from distrun.transport.rundir import ATTEMPT_FILES, ATTEMPTS
+from distrun.transport.rundir import ATTEMPT_FILES, ATTEMPTS, MESH_KEY
 
 # Files of the job's own up to this size come home with its logs; bigger ones stay, listed.
 SMALL_BYTES = 1 << 20
@@ -38,6 +38,9 @@ COLLECT_MAX_FILES = 10000
 # long folder chains would make the controller thousands of folders, which files do not count.
 COLLECT_MAX_ENTRIES = 20000
 COLLECT_MAX_DEPTH = 32
+# What never leaves a node, whatever a selection says: an attempt's ssh private key (valid for
+# minutes, but a key all the same: a run's record on the controller is no place for it).
+NEVER = (f"{ATTEMPTS}/*/{MESH_KEY}", MESH_KEY)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -106,13 +109,19 @@ class Selection:
     small: bool = False
     listed: bool = False
     gzip: bool = True
+    never: tuple[str, ...] = NEVER  # neither travels nor is listed, even when a pattern names it
 
     def find_test(self) -> str:
         """The selection as a find(1) expression."""
         paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.patterns)
         if self.small:
             paths += f" -o -size -{SMALL_BYTES + 1}c"
-        return f"\\( {paths} \\)"
+        never = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.never)
+        return f"\\( {paths} \\)" + (f" ! \\( {never} \\)" if never else "")
+
+    def never_regex(self) -> str:
+        """``never`` as one regular expression over './'-prefixed relative paths."""
+        return "|".join(f"(?:{fnmatch.translate('./' + p)})" for p in self.never) or "(?!)"
 
     def regex(self) -> str:
         """The patterns as one regular expression over './'-prefixed relative paths (the

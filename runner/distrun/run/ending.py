@@ -107,6 +107,7 @@ class RunEnd:
             result = run_playbook("playbooks/collect.yml", self.inventory, self.run.dir,
                                   extravars={**common_vars(plan), "distrun_collect_dest": str(dest),
                                              "distrun_collect_keep": selection.regex(),
+                                             "distrun_collect_never": selection.never_regex(),
                                              "distrun_collect_small_bytes": SMALL_BYTES},
                                   limit=",".join(retry))
             lost_msgs += [f"{h.name} ({h.last_error})" for h in result.failures()]
