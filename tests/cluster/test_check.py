@@ -135,7 +135,8 @@ def test_a_shared_folder_the_user_cannot_write_gets_its_cause_and_fix(provisione
 
 
 def test_ssh_between_workers_is_checked_pairwise(provisioned):
-    keys = "/etc/ssh/distrun_keys/distrun"  # root's file of the keys sshd takes for the training user
+    # root's file of the certificate principals sshd takes for the training user on node3
+    keys = "/etc/ssh/distrun_principals/distrun"
     check_json()  # the mesh proved: the check below logs in again because node3 changed
     provisioned.exec(3, f"mv {keys} {keys}.off")
     try:

@@ -412,7 +412,7 @@ def test_the_roles_full_set_has_every_node_check_banners_once_the_mesh_holds_the
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     for baseline, want in [(FP, "banner"), ({"node1": FP["node1"], "node2": FP["node2"]}, "login")]:
         probes = mesh_probes(FP, baseline)
-        hosts = {h: {"_preflight_probe_run": {"stdout": json.dumps(p)}, "_preflight_seen": {"stdout": "/srv/distrun/.p"}}
+        hosts = {h: {"_preflight_probe_run": {"stdout": json.dumps(p)}, "_preflight_seen": {"exists": True, "path": "/srv/distrun/.p"}}
                  for h, p in probes.items()}
         inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                                       "preflight_inventory": "test", "preflight_log_dir": "/runs/R1/ansible"},

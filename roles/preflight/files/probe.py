@@ -395,15 +395,18 @@ def _user_ssh(h, home):
 
 def ssh_fingerprint():
     """A digest of everything on this node a login as the training user depends on (the user's
-    passwd entry, ssh files, the system's ssh configuration and root's keys file of the user, host
-    keys, /etc/hosts, and the boot: a reboot counts as a change). Missing or unreadable files
+    passwd entry, ssh files, the system's ssh configuration, root's keys and principals files of the
+    user, the user CA sshd trusts, root's node key's certificate and known_hosts, host keys,
+    /etc/hosts, and the boot: a reboot counts as a change). Missing or unreadable files
     count as such. Local reads only, no process started."""
     pw = pwd.getpwnam(USER)
     h = hashlib.sha256(f"user {pw.pw_uid} {pw.pw_gid} {pw.pw_dir} {pw.pw_shell}\0".encode())
     _user_ssh(h, os.path.join(ROOT, pw.pw_dir.lstrip("/")))
     system = ["/etc/ssh/sshd_config", "/etc/ssh/ssh_config", "/etc/ssh/ssh_known_hosts", "/etc/hosts",
-              "/proc/sys/kernel/random/boot_id"]
-    system += [p for d in ("/etc/ssh/sshd_config.d", "/etc/ssh/ssh_config.d", "/etc/ssh/distrun_keys") for p in _listed(d)]
+              "/proc/sys/kernel/random/boot_id", "/etc/ssh/distrun_user_ca.pub",
+              f"{NODE_KEY}-cert.pub", ROOT_KNOWN_HOSTS]  # noqa: F821 - userprobe.py, shipped in front
+    system += [p for d in ("/etc/ssh/sshd_config.d", "/etc/ssh/ssh_config.d", "/etc/ssh/distrun_keys",
+                           "/etc/ssh/distrun_principals") for p in _listed(d)]
     system += [p for p in _listed("/etc/ssh") if p.rsplit("/", 1)[-1].startswith("ssh_host_") and p.endswith("_key.pub")]
     for path in sorted(set(system)):
         h.update(f"system {path}\0".encode() + _plain(os.path.join(ROOT, path.lstrip("/"))) + b"\0")
@@ -481,13 +484,15 @@ def probe_ports(specs):
     return result
 
 
-def probe_shared_file(path):
-    """The head writes the probe file (nfs, sshfs, external: every other node must see it)."""
+def probe_shared_file(path, targets):
+    """The head writes the probe file (nfs, sshfs, external: every other node must see it); in
+    sync mode it also copies it to every other node, as a run's stage step does."""
     try:
         user_files(_new_file, path)
     except FsUserError as exc:  # noqa: F821 - distrun_fsuser.py, shipped in front
-        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {exc}"}
-    return {"ok": True, "file": path, "detail": f"wrote {path}"}
+        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {exc}"}, {}
+    copies = fan_out(copy_as_user, targets, path, TIMEOUT)  # noqa: F821 - userprobe.py if targets else {}
+    return {"ok": True, "file": path, "detail": f"wrote {path}"}, {t: wait() for t, wait in copies.items()}
 
 
 def _search_path():
@@ -718,7 +723,7 @@ def body(report):
         STEP = "shared folder probe file"
         # A unique name: two checks at once, or a file left by a killed check, never match.
         path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{os.urandom(6).hex()}")
-        report["shared_probe"] = probe_shared_file(path)
+        report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
 
 
 STEP = "start"
