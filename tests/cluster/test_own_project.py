@@ -230,7 +230,8 @@ def test_init_writes_a_two_node_inventory_that_setup_converges_and_train_runs(pr
     assert setup.rc == 0, setup.stdout[-4000:]
     assert setup.recap()["hosts"] == 2, setup.stdout[-3000:]
     # Sync mode copies whatever the earlier tests left in the shared folder: content, not setup.
-    node_list = ("/etc/hosts", "hostfile", "Copy the shared folder")
+    # Root's node key is certified for the nodes of the list by name.
+    node_list = ("/etc/hosts", "hostfile", "Copy the shared folder", "Certify root's node key for the nodes")
     unexpected = {t for t in _changed_tasks(setup.stdout) if not any(word in t for word in node_list)}
     assert not unexpected, f"setup changed more than the node list: {sorted(unexpected)}\n" + setup.stdout[-6000:]
     print(f"Jittor on the nodes: {jittor_nodes.wait(provisioned)}", flush=True)

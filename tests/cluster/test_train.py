@@ -259,7 +259,8 @@ def test_torchrun_numbers_its_ranks_by_address_and_each_node_pulls_that_ranks_pa
     inv = tmp_path / "head-node3"
     shutil.copytree(REPO / "inventory" / "test" / "group_vars", inv / "group_vars")
     hosts = yaml.safe_load(provisioned.inventory.read_text())
-    hosts["all"]["children"]["head"]["hosts"] = {"node3": None}
+    # The user CA stays where setup made it (node1, the setup's head): it signs the run's certificate.
+    hosts["all"]["children"]["head"]["hosts"] = {"node3": {"ssh_mesh_key_host": "node1"}}
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
     result = distrun("train", "--inventory", str(inv), "--launcher", "torchrun", "--workload", "gcn-torch",
                      "--epochs", "5", timeout=900)
