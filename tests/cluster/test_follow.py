@@ -1,5 +1,6 @@
-"""Following a run whose run directory a launch host can no longer read: the follower acts as the
-training user, and says what went wrong on which host and path instead of "lost contact"."""
+"""A run whose run directory a launch host can no longer read: the follower is root's (it holds
+what it follows open, with the training user's rights), so the ranks' own result stands; what can
+no longer be done there is said with the host, the path and the cause, never "lost contact"."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ def test_a_launch_host_whose_run_directory_is_unreadable_is_named_with_that_caus
     run = _latest_run(distrun_home)
     try:
         said = " ".join((result.stdout + result.stderr).split())
-        assert result.rc != 0, said[-3000:]
+        assert result.rc == 0 and f"run {run.name} succeeded" in said, said[-3000:]  # every rank did
         run_dir = f"/srv/distrun/runs/{run.name}"
-        assert (f"node3: the run directory {run_dir} is no longer readable as user distrun" in said
-                or f"node3: cannot enter the run directory {run_dir} as user distrun" in said), said[-3000:]
+        assert f"collect from node3 refused: the run directory {run_dir} is not readable as its user" in said, said[-3000:]
+        assert f"could not be removed on node3: remove {run_dir}/env.sh there" in said, said[-3000:]
+        assert "per-rank logs: 2 of 3 collected" in said, said[-3000:]
         assert "lost contact" not in said, said[-3000:]
         assert not run_processes(provisioned, run.name)
     finally:

@@ -83,7 +83,9 @@ def walk(top: str, max_depth: int):
         try:
             with os.scandir(os.path.join(base, rel) if rel else base) as entries:
                 items = sorted(entries, key=lambda e: e.name)
-        except OSError:
+        except OSError as exc:
+            if not rel:  # the run directory itself: nothing of it can travel, and the node says why
+                raise Refused(f"the run directory {top} is not readable as its user ({exc.strerror})") from None
             continue
         for e in items:
             path = rel + b"/" + e.name if rel else e.name

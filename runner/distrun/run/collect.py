@@ -43,7 +43,7 @@ class Failure(StrEnum):
     playbook, file by file) would not fix them, so such a node is reported, not retried."""
 
     UNREACHABLE = "unreachable"  # ssh could not reach it (the playbook would wait for the same timeout)
-    REFUSED = "refused"  # its run dir is a link or outside the runs folder
+    REFUSED = "refused"  # its run dir is a link, outside the runs folder, or not readable as its user
     CAPPED = "capped"  # its run dir is over the cap of bytes or files, or the pull over its time
     OTHER = "failed"  # anything else (an unpacking error, the node's command failing)
 
