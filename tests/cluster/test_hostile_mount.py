@@ -1,12 +1,14 @@
 """The shared folder's mount shares no uid with jobs, and no node step of stop or check waits for
 ever on a node that hangs.
 
-In sshfs mode a job looks, on every node, for the processes that serve the shared folder (the
-mount's ``sshfs`` and its ``ssh`` on the nodes that mount it, the ``sftp-server`` on the head) and
-tries to trace and to stop each one; the next ``distrun check`` must still end, and every check
-pass. Then a node's mount is made to hang by root (its sshfs process stopped): ``distrun check``
-and ``distrun stop`` end within their bound and name that node as hung. Each attack is tallied
-in tests/cluster/hostile.py."""
+In sshfs mode the mount is root's on both ends: root finds, on every node, the processes that
+serve the shared folder (the mount's ``sshfs`` and its ``ssh`` on the nodes that mount it, distrun's
+file server and the sudo and login shell that started it on the head), none of them the training
+user's. A job is given their ids (its /proc does not show them) and tries to trace and to stop
+each one: the kernel refuses both ("Operation not permitted"), every one still runs afterwards,
+and the next ``distrun check`` ends and passes. Then a node's mount is made to hang by root (its
+sshfs process stopped): ``distrun check`` and ``distrun stop`` end within their bound and name that
+node as hung. Each attack is tallied in tests/cluster/hostile.py."""
 
 from __future__ import annotations
 
@@ -24,32 +26,25 @@ from .hostile import TALLY
 
 SHARED_DIR = "/srv/distrun"
 
+# The job is given, per node, the processes that serve the mount there (root found them: the
+# run's /proc shows it no other account's processes, so a job learns their ids only by guessing,
+# which this saves it), and tries to trace and to stop each.
 STOP_THE_MOUNT = textwrap.dedent(r'''
-    import ctypes, json, os, re, signal, socket, sys
+    import ctypes, json, os, signal, socket, sys
     libc = ctypes.CDLL(None, use_errno=True)
     libc.ptrace.restype = ctypes.c_long
     libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
     host = socket.gethostname().split(".")[0]
     said = {}
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                comm = open(f"/proc/{name}/comm").read().strip()
-                cmd = open(f"/proc/{name}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if not (comm in ("sshfs", "sftp-server") or (comm == "ssh" and "sftp" in cmd) or "fileserver" in cmd):
-                continue
-            pid = int(name)
-            rec = {"comm": comm}
-            if libc.ptrace(16, pid, None, None) == 0:
+        for pid in json.loads(sys.argv[1]).get(host, []):
+            rec = {"visible": os.path.exists(f"/proc/{pid}")}
+            if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
                 try:
                     os.waitpid(pid, 0x40000000)
                 except OSError:
                     pass
-                libc.ptrace(17, pid, None, None)
+                libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
                 rec["traced"] = True
             else:
                 rec["traced"] = os.strerror(ctypes.get_errno())
@@ -59,7 +54,7 @@ STOP_THE_MOUNT = textwrap.dedent(r'''
                 os.kill(pid, signal.SIGCONT)  # the run's own files are on the mount: it goes on
             except OSError as e:
                 rec["stopped"] = e.strerror
-            said[name] = rec
+            said[str(pid)] = rec
     sys.stdout.write("MOUNT " + json.dumps({host: said}) + "\n")
 ''')
 
@@ -91,33 +86,66 @@ def _bounded(*args: str, limit: int):
 
 def _continue_all(cluster) -> None:
     for k in (1, 2, 3):
-        cluster.exec(k, "pkill -CONT -x sshfs; pkill -CONT -x sftp-server; pkill -CONT -x ssh; "
-                        "pkill -CONT -f fileserver; true", check=False)
+        cluster.exec(k, "pkill -CONT -x sshfs; pkill -CONT -x ssh; pkill -CONT -f 'fileserver.py serve'; true",
+                     check=False)
+
+
+def _serving(cluster) -> dict:
+    """Per node, the processes that serve the shared folder, as root sees them: the mount's sshfs
+    and its ssh on the nodes that mount the head's folder, and distrun's file server (with the
+    sudo and the login's shell that started it) on the head. {node: {pid: {uid, comm, state}}}."""
+    found: dict = {}
+    for k in (1, 2, 3):
+        out = cluster.exec(k, "ps -eo pid=,uid=,stat=,comm=,args=").stdout
+        procs = {}
+        for line in out.splitlines():
+            pid, uid, state, comm, *args = line.split(None, 4) + [""]
+            cmd = args[0]
+            if comm == "sshfs" or (comm == "ssh" and "sftp" in cmd) or ("fileserver.py serve" in cmd and comm != "ps"):
+                procs[int(pid)] = {"uid": int(uid), "comm": comm, "state": state}
+        found[f"node{k}"] = procs
+    return found
 
 
 @pytest.mark.phase(1)
 def test_a_job_can_neither_trace_nor_stop_what_serves_the_shared_folder(sshfs_mode, provisioned, tmp_path):
+    serving = _serving(provisioned)
+    print(f"\nthe mount's processes, as root sees them: {json.dumps(serving)}")
+    # The mount is root's on both ends: sshfs (and its ssh) on the nodes, the file server on the head.
+    assert all(any(p["comm"] == "sshfs" for p in serving[h].values()) for h in ("node2", "node3")), serving
+    assert any(p["comm"].startswith("python") for p in serving["node1"].values()), serving
+    user_uid = int(provisioned.exec(1, "id -u distrun").stdout)
+    assert not [p for ps in serving.values() for p in ps.values() if p["uid"] == user_uid], serving
     script = tmp_path / "stop_the_mount.py"
     script.write_text(STOP_THE_MOUNT)
+    pids = {h: sorted(ps) for h, ps in serving.items()}
     try:
-        res = distrun("train", "--inventory", sshfs_mode, "--launcher", "mpirun", "--script", str(script), timeout=600)
+        res = distrun("train", "--inventory", sshfs_mode, "--launcher", "mpirun", "--script", str(script), "--",
+                      json.dumps(pids), timeout=600)
         said = _said(res)
-        assert set(said) == {"node1", "node2", "node3"}, res.stdout[-3000:] + res.stderr[-2000:]
-        print(f"\nwhat the job did to the mount's processes: {json.dumps(said)}")
-        mounts = {h: [p for p in s.values() if p["comm"] in ("sshfs", "ssh")] for h, s in said.items() if h != "node1"}
-        assert all(mounts.values()), f"no mount process seen: {said}"  # the job saw them; may it act on them?
+        assert res.rc == 0 and set(said) == {"node1", "node2", "node3"}, res.stdout[-3000:] + res.stderr[-2000:]
+        print(f"what the job did to them: {json.dumps(said)}")
+        assert {h: sorted(int(p) for p in s) for h, s in said.items()} == pids, said  # every one was tried
+        after = _serving(provisioned)
         started = time.monotonic()
         check = _bounded("check", "--inventory", sshfs_mode, limit=420)
         took = time.monotonic() - started
         print(f"the next check: {'still running' if check is None else f'exit {check.rc}'} after {took:.0f}s")
+        mounts = {h: s for h, s in said.items() if h != "node1"}
         found = [TALLY.record("a job traces the sshfs mount's process",
-                              any(p["traced"] is True for ps in mounts.values() for p in ps)),
+                              any(p["traced"] is True for ps in mounts.values() for p in ps.values())),
                  TALLY.record("a job stops the sshfs mount's process",
-                              any(p["stopped"] is True for ps in mounts.values() for p in ps)),
-                 TALLY.record("a job stops or traces the head's sftp server",
+                              any(p["stopped"] is True for ps in mounts.values() for p in ps.values())),
+                 TALLY.record("a job stops or traces the head's file server",
                               any(p["traced"] is True or p["stopped"] is True for p in said["node1"].values())),
                  TALLY.record("the next check hangs or fails after the job", check is None or check.rc != 0)]
         assert not any(found), (said, None if check is None else check.stdout[-3000:])
+        # Refused for the right reason: the kernel's, as for any other account's process (not that
+        # the process had gone), and each one still there, running, after the job.
+        reasons = {(p["traced"], p["stopped"]) for ps in said.values() for p in ps.values()}
+        assert reasons == {("Operation not permitted", "Operation not permitted")}, said
+        assert {h: sorted(ps) for h, ps in after.items()} == pids, (serving, after)
+        assert not [p for ps in after.values() for p in ps.values() if p["state"].startswith(("T", "t"))], after
     finally:
         _continue_all(provisioned)
 
