@@ -18,16 +18,18 @@ from .hostile import TALLY
 HOME = "/home/distrun"
 SHARED = "/srv/distrun"
 
-# node, link the job plants, root-owned target it points to, what setup must say. Round 1 keeps
-# the ssh mesh whole (the head's sync to the other nodes runs before the hostfile is rendered);
-# round 2 breaks it on purpose, where every refusal comes from the same task.
+# node, link the job plants, root-owned target it points to, what setup must say: every path
+# setup still writes as the training user (roles ssh_mesh: ~/.ssh and its known_hosts; mpi_env:
+# ~/.bashrc's block; hostfile: the hostfile on the shared folder). Round 1 keeps the ssh mesh whole
+# (the head's sync to the other nodes runs before the hostfile is rendered); round 2 breaks it on
+# purpose, where every refusal comes from the same task.
 ROUND_1 = [
     (3, f"{HOME}/.bashrc", "/etc/sudoers.d/distrun-victim", "remove the link ~distrun/.bashrc on node3"),
     (1, f"{SHARED}/hostfile", "/etc/distrun-victim-hostfile", f"remove the link {SHARED}/hostfile on node1"),
 ]
 ROUND_2 = [
     (2, f"{HOME}/.ssh", "/usr/local/lib/distrun-victim", f"remove the link {HOME}/.ssh on node2"),
-    (1, f"{HOME}/.ssh/id_ed25519", "/etc/distrun-victim-secret", f"remove the link {HOME}/.ssh/id_ed25519 on node1"),
+    (1, f"{HOME}/.ssh/known_hosts", "/etc/distrun-victim-secret", f"remove the link {HOME}/.ssh/known_hosts on node1"),
     (3, f"{HOME}/.ssh/known_hosts", "/etc/distrun-victim-keys",
      f"remove the link {HOME}/.ssh/known_hosts on node3"),
 ]
@@ -100,12 +102,15 @@ def attack_round(cluster, tmp_path, attacks) -> int:
     for k, link, target, _ in attacks:
         succeeded += TALLY.record(f"setup writes through a link at {link} on node{k}",
                                   fingerprint(cluster, k, target) != before[(k, target)])
-    # The secret the job pointed the key host's key at reached no node.
-    # (A planted link itself still points at the secret: only a real key file counts.)
-    key = f"{HOME}/.ssh/id_ed25519"
-    secret_leaked = any("distrun test victim" in cluster.exec(k, f"[ -L {key} ] || cat {key} 2>/dev/null || true",
-                                                               check=False).stdout for k in (1, 2, 3))
-    return succeeded + TALLY.record("the key host's key pointed at a root secret reaches the nodes", secret_leaked)
+    # No root file the job pointed a link at was read into a file of the training user's: setup
+    # copied no target's text to a path it writes (known_hosts is read before it is rewritten).
+    # (A planted link itself still points at its target: only a real file counts.)
+    paths = sorted({link for _, link, _, _ in attacks})
+    leaked = [f"{link} on node{k}" for k in (1, 2, 3) for link in paths
+              if "distrun test victim" in cluster.exec(k, f"[ -L {link} ] || cat {link} 2>/dev/null || true",
+                                                         check=False).stdout]
+    return succeeded + TALLY.record("a root file a job linked reaches a file setup writes as the training user",
+                                    bool(leaked))
 
 
 def test_links_planted_by_a_job_are_refused_and_no_root_path_changes(provisioned, tmp_path):
