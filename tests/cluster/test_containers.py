@@ -193,17 +193,20 @@ def test_a_node_with_another_image_under_the_name_is_refused_and_nothing_starts(
 # A job builds an image of its own on every node (the pushed image with one file added, so it
 # still runs every rank; a fixed timestamp makes it the same id everywhere) and tags it with the
 # name later runs use: the nodes then agree with each other, not with what 'distrun push-image'
-# put there.
+# put there. Its build context is in its run's folder: rootless podman joins the user's pause
+# process, which may have started outside the run and then sees the node's /tmp, not the run's
+# own (docs/guide/security.md, what a run leaves).
 RETAG_JOB = textwrap.dedent(r"""
-    import os, socket, subprocess, sys, tempfile
+    import os, shutil, socket, subprocess, sys, tempfile
     image = sys.argv[1]
-    ctx = tempfile.mkdtemp()
+    ctx = tempfile.mkdtemp(dir=os.getcwd())
     with open(os.path.join(ctx, "marker"), "w") as f:
         f.write("made by a job\n")
     with open(os.path.join(ctx, "Containerfile"), "w") as f:
         f.write(f"FROM {image}\nCOPY marker /job-made\n")
     done = subprocess.run(["podman", "--cgroup-manager=cgroupfs", "build", "-q", "--timestamp", "0", "-t", image, ctx],
                           capture_output=True, text=True, timeout=600)
+    shutil.rmtree(ctx)
     sys.stdout.write(f"RETAGGED {socket.gethostname()} rc={done.returncode} {done.stderr[-300:]!r}\n")
 """)
 
