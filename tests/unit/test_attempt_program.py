@@ -296,6 +296,38 @@ def test_the_state_of_a_unit_is_its_record_whatever_becomes_of_its_folder(attemp
     assert (said["dir"], said["launcher"], said["rc"]) == (False, "exited", 2)
 
 
+def test_a_units_processes_are_those_the_kernel_puts_in_its_cgroup_whatever_they_say(tmp_path):
+    """state's count of a contained attempt's processes (distrun status, --json's "processes"):
+    the processes of the system manager's unit, read from /proc/<pid>/cgroup by root; not a
+    tag in an environment (any process of the account can carry it, or drop it), not a unit
+    of the same name under the training user's own manager, and whatever the processes' uid."""
+    spec = importlib.util.spec_from_file_location("attempt_program", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    unit = "distrun:r1:0:h1.service"
+    proc = tmp_path / "proc"
+    for pid, cgroup, environ in [
+        ("1", "0::/init.scope", ""),
+        ("10", f"0::/system.slice/{unit}", ""),  # the launcher, its tag dropped (env -i)
+        ("11", f"0::/system.slice/{unit}", "DISTRUN_RUN_ID=other"),  # a rank with another run's tag
+        ("12", f"0::/system.slice/{unit}", "DISTRUN_RUN_ID=r1"),
+        ("20", f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/{unit}", "DISTRUN_RUN_ID=r1"),
+        ("21", "0::/system.slice/distrun:r1:1:h1.service", "DISTRUN_RUN_ID=r1"),  # another attempt's unit
+        ("22", "0::/user.slice/user-1000.slice/session-3.scope", "DISTRUN_RUN_ID=r1"),
+        ("self", f"0::/system.slice/{unit}", ""),
+    ]:
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "cgroup").write_text(cgroup + "\n")
+        (proc / pid / "environ").write_text(environ + "\0")
+    (proc / "23").mkdir()  # a process that ended while the folder was read
+    assert module.unit_processes(unit, str(proc)) == 3
+    # On a container node the system manager's units lie under the container's own cgroup.
+    (proc / "1" / "cgroup").write_text("0::/machine.slice/libpod-ab12.scope/init.scope\n")
+    (proc / "10" / "cgroup").write_text(f"0::/machine.slice/libpod-ab12.scope/system.slice/{unit}\n")
+    assert module.unit_processes(unit, str(proc)) == 1
+
+
 @pytest.mark.parametrize(("cfg", "error"), [
     ({"host": "h1 -p ExecStartPre=/bin/sh"}, "launch: host 'h1 -p ExecStartPre=/bin/sh' is empty or not a plain name"),
     ({"run": "r%n"}, "launch: run 'r%n' is empty or not a plain name"),  # a systemd specifier

@@ -218,12 +218,11 @@ def follow(cfg: dict) -> dict:
         time.sleep(0.05)
 
 
-def _tagged(run: str) -> int:
-    """How many live processes of the caller's uid carry the run's tag in their environment."""
-    tag, uid, n = f"{TAG}={run}".encode(), os.getuid(), 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def _tagged(run: str, user: str) -> int:
+    """How many live processes of the training user (of the caller, where it is not root) carry
+    the run's tag in their environment: a run without a unit has no better evidence."""
+    tag, n, uid = f"{TAG}={run}".encode(), 0, os.getuid() or pwd.getpwnam(user).pw_uid  # as_the_user found it
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.stat(f"/proc/{name}").st_uid != uid:
                 continue
@@ -236,11 +235,12 @@ def _tagged(run: str) -> int:
 
 def state(cfg: dict) -> dict:
     """What this node says of the attempt now: {"dir", "launcher": one of LAUNCHER_STATES, "rc",
-    "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only."""
-    said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": _tagged(cfg["run"]),
-                  "started": []}
+    "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only,
+    and its processes are the unit's (the kernel's cgroup of each, whatever their uid)."""
+    said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": 0, "started": []}
     unit = unit_name(cfg)
     contained = _root_file(record_path(unit, "launched")) is not None
+    said["procs"] = unit_processes(unit) if contained else _tagged(cfg["run"], cfg["user"])
     if contained:  # whatever became of the run directory, which the job may move or lock
         record = _root_file(record_path(unit, "exit"))
         if record is not None:

@@ -71,6 +71,20 @@ def unit_in(cgroup: str, units: str) -> "re.Match | None":
     return UNIT.fullmatch(lines[-1].split(":", 2)[-1].removeprefix(units))
 
 
+def unit_processes(unit: str, proc: str = "/proc") -> int:
+    """How many live processes the kernel keeps in the system manager's unit ``unit`` (their
+    /proc/<pid>/cgroup, whatever their uid, environment or name say)."""
+    units, n = system_units(proc), 0
+    for name in filter(str.isdigit, os.listdir(proc)):
+        try:
+            with open(f"{proc}/{name}/cgroup", "rb") as f:
+                m = unit_in(f.read(4096).decode(errors="replace"), units)
+        except OSError:
+            continue
+        n += m is not None and m.group(0) == unit
+    return n
+
+
 def record_path(unit: str, kind: str) -> str:
     """Root's record of a unit: kind "launched" (launch.py started it), "exit" (how it ended)."""
     return os.path.join(RECORDS, f"{unit}.{kind}")

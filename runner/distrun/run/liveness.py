@@ -42,7 +42,7 @@ class HostState:
     run_dir: bool = True  # the run's directory exists there
     launcher: LauncherState = LauncherState.NONE
     rc: int | None = None
-    procs: int = 0  # live processes carrying the run's tag
+    procs: int = 0  # live processes of the run: in its unit there, else carrying its tag
     started: tuple[int, ...] = ()  # ranks whose wrapper ran here
 
     def text(self) -> str:
@@ -90,8 +90,9 @@ def recorded_plan(run: Run) -> JobPlan:
 
 
 def probe_command(plan: JobPlan, host: str) -> str:
-    """The remote check of one host, as the training user: the node program's state of the
-    attempt there, one JSON line (attempt.py; what a node sends back is checked, not trusted)."""
+    """The remote check of one host, as root with the training user's filesystem identity (as that
+    user where the connection is not root): the node program's state of the attempt there, one
+    JSON line (attempt.py; what a node sends back is checked, not trusted)."""
     cfg = {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.attempt.restart),
            "dir": rundir.attempt_path(plan), "script": rundir.launch_script(host), "exit_file": rundir.exit_code(host),
            "pid_file": rundir.launcher_pid(host), "user": plan.launch.user, "started": rundir.STARTED}
