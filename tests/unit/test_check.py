@@ -53,11 +53,11 @@ def failures(rep) -> dict[tuple[str, str], Item]:
     return {(c, h): it for c, items in rep.items() for h, it in items.items() if not it.ok}
 
 
-def test_a_healthy_cluster_passes_every_check_and_says_synced():
+def test_a_healthy_cluster_passes_every_check_and_says_each_sync_copy_is_writable():
     rep = report(healthy())
     assert failures(rep) == {}
     assert set(rep) >= {"reach", "env", "mpi4py", "versions", "ports", "ssh", "names", "shared folder"}
-    assert rep["shared folder"]["node2"].detail.startswith("synced")
+    assert rep["shared folder"]["node2"].detail == "/srv/distrun writable (sync: this node's own copy)"
     assert list(rep["ports"]) == ["node1"]  # ports are the head's alone
 
 
@@ -135,16 +135,18 @@ def test_shared_folder_not_writable_gets_a_fix_not_a_return_code():
     assert item.fix == f"run '{SETUP} --tags shared_fs'"
 
 
-def test_shared_folder_probe_file_missing_in_nfs_mode_and_failed_rsync_in_sync_mode():
+def test_shared_folder_probe_file_missing_in_nfs_mode_and_a_sync_copy_that_is_not_writable():
     probes = healthy()
     nfs = failures(report(probes, seen={"node2": "/srv/distrun/.p", "node3": ""}, mode="nfs"))
     assert list(nfs) == [("shared folder", "node3")]
     assert "not visible on node3" in nfs[("shared folder", "node3")].detail
     assert report(probes, mode="nfs")["shared folder"]["node2"].detail.startswith("seen")
 
-    probes["node1"]["synced"]["node3"] = {"ok": False, "detail": "rsync from the head failed: Permission denied"}
-    sync = failures(report(probes, seen={"node2": "/srv/distrun/.p", "node3": ""}))
-    assert "rsync from the head failed" in sync[("shared folder", "node3")].detail
+    # sync: each node's own copy; no check copies a file between nodes (that would run a process
+    # of the training user's on each of them, which a job could trace): a copy must be writable.
+    probes["node3"]["shared_writable"] = {"ok": False, "detail": "/srv/distrun is not writable by distrun"}
+    sync = failures(report(probes, seen={}))
+    assert list(sync) == [("shared folder", "node3")] and "not writable" in sync[("shared folder", "node3")].detail
 
 
 def test_an_unreachable_node_fails_reach_only_and_the_rest_is_checked():

@@ -484,15 +484,13 @@ def probe_ports(specs):
     return result
 
 
-def probe_shared_file(path, targets):
-    """The head writes the probe file (nfs, sshfs, external: every other node must see it); in
-    sync mode it also copies it to every other node, as a run's stage step does."""
+def probe_shared_file(path):
+    """The head writes the probe file (nfs, sshfs, external: every other node must see it)."""
     try:
         user_files(_new_file, path)
     except FsUserError as exc:  # noqa: F821 - distrun_fsuser.py, shipped in front
-        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {exc}"}, {}
-    copies = fan_out(copy_as_user, targets, path, TIMEOUT)  # noqa: F821 - userprobe.py if targets else {}
-    return {"ok": True, "file": path, "detail": f"wrote {path}"}, {t: wait() for t, wait in copies.items()}
+        return {"ok": False, "file": path, "detail": f"cannot create {path} as {USER}: {exc}"}
+    return {"ok": True, "file": path, "detail": f"wrote {path}"}
 
 
 def _search_path():
@@ -723,7 +721,7 @@ def body(report):
         STEP = "shared folder probe file"
         # A unique name: two checks at once, or a file left by a killed check, never match.
         path = os.path.join(CFG["shared_dir"], f".distrun-preflight-{os.urandom(6).hex()}")
-        report["shared_probe"], report["synced"] = probe_shared_file(path, CFG.get("sync_targets", []))
+        report["shared_probe"] = probe_shared_file(path)
 
 
 STEP = "start"

@@ -10,7 +10,6 @@ that user's filesystem identity (user_files). Composed in front of probe.py.
 
 import os
 import pwd
-import shlex
 import subprocess
 
 
@@ -65,36 +64,19 @@ NODE_KEY = "/etc/distrun/node_key"
 ROOT_KNOWN_HOSTS = "/etc/distrun/known_hosts"
 
 
-def login_ssh(target):
-    """(ssh argv, login) of root's logins as the training user on target: root's node key, which
-    the user CA certified; where the probe already is the training user, that user's own ssh."""
+def login_argv(target):
+    """The login that proves the mesh: as the training user with a certificate of the user CA,
+    running nothing on the target (-N; the master it becomes ends a second later). As root, with
+    root's node key; where the probe already is the training user, with that user's own ssh."""
     if os.geteuid() == 0:
         ssh = ["ssh", "-F", "/etc/ssh/ssh_config", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", NODE_KEY,
                "-o", f"UserKnownHostsFile={ROOT_KNOWN_HOSTS}", "-o", "StrictHostKeyChecking=yes"]
-        return ssh, f"{USER}@{target}"
-    return list(CFG["user_ssh"]), target
-
-
-def login_argv(target):
-    """The login that proves the mesh: as the training user with a certificate of the user CA,
-    running nothing on the target (-N; the master it becomes ends a second later)."""
-    ssh, login = login_ssh(target)
+        login = f"{USER}@{target}"
+    else:
+        ssh, login = list(CFG["user_ssh"]), target
     control = f"/tmp/distrun-login-{os.getpid()}-{os.urandom(4).hex()}"
     return [*ssh, "-o", f"ConnectTimeout={TIMEOUT}", "-N", "-f", "-o", "ControlMaster=yes",
             "-o", f"ControlPath={control}", "-o", "ControlPersist=1", "--", login]
-
-
-def copy_as_user(target, path, timeout):
-    """rsync path to the same folder on target, written there as the training user (root's node
-    key; the relay's mesh verb runs rsync's server, as for a run's copies): {"ok", "detail"}."""
-    ssh, login = login_ssh(target)
-    rsh = " ".join(shlex.quote(a) for a in [*ssh, "-o", f"ConnectTimeout={timeout}"])
-    proc = run(["rsync", "--archive", "--rsh", rsh, path, f"{login}:{os.path.dirname(path)}/"], timeout=timeout + 30)
-    if proc.returncode == 0:
-        return {"ok": True, "detail": "synced"}
-    lines = proc.stderr.strip().splitlines()  # ssh's own reason before rsync's summary line
-    why = next((ln for ln in lines if not ln.startswith("rsync error:")), lines[-1] if lines else f"exit {proc.returncode}")
-    return {"ok": False, "detail": f"rsync from the head failed: {why}"}
 
 
 def _writable(path):
