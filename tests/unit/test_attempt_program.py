@@ -55,9 +55,23 @@ def attempt(tmp_path):
         path.unlink(missing_ok=True)
 
 
-def call(verb: str, cfg: dict, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+def call(verb: str, cfg: dict, timeout: float = 20, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-I", str(PROGRAM), verb, json.dumps(cfg)], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
+
+
+def systemd_says(tmp_path: Path, active: str, journal: str = "") -> dict:
+    """An environment whose systemctl shows the unit in state active (LoadState not-found for
+    "gone"), and whose journalctl prints journal for it: what a node's systemd would answer."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    load = "not-found" if active == "gone" else "loaded"
+    shown = f"LoadState={load}\\nActiveState={'inactive' if active == 'gone' else active}\\n"
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\n[ \"$1\" = show ] || exit 1\nprintf '{shown}'\n")
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat <<'EOF'\n{journal}EOF\n")
+    for tool in ("systemctl", "journalctl"):
+        (bin_dir / tool).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
 @pytest.mark.parametrize(("record", "code"), [
@@ -78,13 +92,14 @@ def test_the_unit_record_is_the_exit_code_whatever_the_job_wrote(attempt, record
                                                       "procs": 0, "started": []}
 
 
-def test_a_record_not_written_by_root_is_not_an_end(attempt):
+def test_a_record_not_written_by_root_is_not_an_end(attempt, tmp_path):
     folder, cfg, make = attempt
     (folder / "exitcode-h1").write_text("0\n")
     make("launched", "x\n")
     make("exit", "success exited 0\n", owner=65534)  # as if the training user had made it
+    env = systemd_says(tmp_path, "active")
     follower = subprocess.Popen([sys.executable, "-I", str(PROGRAM), "follow", json.dumps(cfg)],
-                                stdout=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, text=True, env=env)
     try:
         time.sleep(1.5)
         assert follower.poll() is None, "the follower took a record root did not write, or the job's exit code file"
@@ -92,7 +107,30 @@ def test_a_record_not_written_by_root_is_not_an_end(attempt):
         follower.kill()
         follower.communicate()
     # No root record yet: the unit runs, whatever the job wrote.
-    assert json.loads(call("state", cfg).stdout)["launcher"] == "running"
+    assert json.loads(call("state", cfg, env=env).stdout)["launcher"] == "running"
+
+
+def test_a_unit_systemd_could_not_start_ends_the_follow_with_the_reason(attempt, tmp_path):
+    """A unit that failed before its script ran (its sandbox refused) never writes its record:
+    the follower asks systemd, answers the journal's reason instead of waiting forever."""
+    _, cfg, make = attempt
+    make("launched", "x\n")
+    unit = f"distrun:{cfg['run']}:0:h1.service"
+    env = systemd_says(tmp_path, "gone", journal=(  # as systemd 252 logs it
+        f"{unit}: PrivateIPC=yes is configured, but IPC namespace setup failed, ignoring: Operation not permitted\n"
+        f"{unit}: Failed to set up mount namespacing: Operation not supported\n"
+        f"{unit}: Failed at step NAMESPACE spawning /bin/bash: Operation not supported\n"))
+    out = call("follow", cfg, env=env, timeout=15)
+    assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "error": (
+        f"h1: systemd ended the launcher's unit {unit} without running its script to an end: Failed to set up mount "
+        "namespacing: Operation not supported (the unit's private /tmp and /dev/shm need mount namespaces: a "
+        "machine's systemd has them, a container needs CAP_SYS_ADMIN)")}
+    said = json.loads(call("state", cfg, env=env).stdout)
+    assert (said["launcher"], said["rc"]) == ("gone", None)
+    # Without a word from its journal, the follower names where to look.
+    quiet = systemd_says(tmp_path, "gone")
+    assert nodeprog.answer(call("follow", cfg, env=quiet).stdout, "follow")["error"].endswith(
+        f"see 'journalctl -u {unit}' on h1")
 
 
 def test_a_unit_that_ended_without_a_status_is_named(attempt):

@@ -23,6 +23,7 @@ import pwd
 import re
 import signal
 import stat
+import subprocess
 import sys
 import time
 
@@ -32,6 +33,7 @@ if "NODECOMMON" not in globals():  # run as a file (the controller's tests): the
         with open(_part, encoding="utf-8") as _fh:
             exec(compile(_fh.read(), _part, "exec"))  # the same one namespace as the composed source on a node
 
+UNIT_LOOK_S = 3  # how often a follower without the unit's exit record asks systemd whether it has the unit
 START_WAIT_S = 60  # a launcher with neither a record nor a pid file after this did not start
 LINE_MAX = 64 << 10  # bytes of the launcher's log per line printed; a longer one is cut
 PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's end
@@ -67,6 +69,43 @@ def _status(text: str) -> int | None:
         except KeyError:
             return None
     return None
+
+
+def _unit_gone(unit: str) -> bool:
+    """Whether systemd no longer runs the unit (ended, failed or forgotten): with no exit record
+    beside it, its ExecStopPost never ran, as when systemd could not set up the unit's sandbox.
+    False where systemctl cannot say (no systemd here: the record alone decides)."""
+    try:
+        out = subprocess.run(["systemctl", "show", "--property=LoadState,ActiveState", "--", unit],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    props = dict(ln.partition("=")[::2] for ln in out.stdout.splitlines())
+    if out.returncode != 0 or "ActiveState" not in props:
+        return False
+    return props.get("LoadState") == "not-found" or props["ActiveState"] in ("inactive", "failed")
+
+
+def _unit_failure(unit: str) -> str:
+    """Why systemd could not run the unit, in one line from its journal (root reads it), or ""."""
+    try:
+        out = subprocess.run(["journalctl", "--quiet", "--no-pager", "--output=cat", "--lines=30", f"--unit={unit}"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = [ln[ln.index("Failed"):] for ln in out.stdout.splitlines() if "Failed" in ln]  # past "<unit>: "
+    why = next((ln for ln in lines if ln.startswith("Failed to")), lines[0] if lines else "")[:200]
+    if "namespac" in why:
+        why += (" (the unit's private /tmp and /dev/shm need mount namespaces: a machine's systemd has them,"
+                " a container needs CAP_SYS_ADMIN)")
+    return why
+
+
+def _no_record(cfg: dict, unit: str) -> dict:
+    """The follower's answer for a unit that systemd no longer runs and that left no exit record."""
+    why = _unit_failure(unit)
+    return {"error": f"{cfg['host']}: systemd ended the launcher's unit {unit} without running its script to an end"
+                     + (f": {why}" if why else f"; see 'journalctl -u {unit}' on {cfg['host']}")}
 
 
 class Log:
@@ -163,16 +202,25 @@ def follow(cfg: dict) -> dict:
     log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
     exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
     contained = _root_file(record_path(unit, "launched")) is not None
-    started, pid = time.monotonic(), None
+    started, pid, looked = time.monotonic(), None, 0.0
 
     def ended() -> dict | None:
-        nonlocal pid
+        nonlocal pid, looked
         if contained:
             said = _root_file(record_path(unit, "exit"))
             if said is None:
-                # systemd writes it after the unit's last process ended: until then the unit runs.
-                # (Where cgroups lie differs between machines and containers: not read here.)
-                return None
+                # systemd writes it after the unit's last process ended: until then the unit runs,
+                # unless systemd no longer has the unit (asked every few seconds), and then no
+                # record ever comes. (Where cgroups lie differs between machines and containers:
+                # not read here.)
+                if time.monotonic() - looked < UNIT_LOOK_S:
+                    return None
+                looked = time.monotonic()
+                if not _unit_gone(unit):
+                    return None
+                if _root_file(record_path(unit, "exit")) is not None:
+                    return ended()  # written as the unit ended
+                return _no_record(cfg, unit)
             code = _status(said.decode(errors="replace"))
             if code is None:
                 return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without an exit code "
@@ -246,6 +294,8 @@ def state(cfg: dict) -> dict:
         if record is not None:
             code = _status(record.decode(errors="replace"))
             said.update(launcher="exited" if code is not None else "gone", rc=code)
+        elif _unit_gone(unit) and _root_file(record_path(unit, "exit")) is None:
+            said["launcher"] = "gone"  # systemd no longer has the unit, and it never wrote the record
         else:
             said["launcher"] = "running"  # no record yet: systemd writes it when the unit has ended
     if not os.access(str(cfg.get("run_dir") or cfg["dir"]), os.R_OK | os.X_OK):
