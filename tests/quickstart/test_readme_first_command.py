@@ -125,7 +125,9 @@ def fresh_node(tmp_path_factory):
     clone = tmp_path_factory.mktemp("clone") / "distrun"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True)
     args = ["podman", "run", "-d", "--name", CONTAINER, "--hostname", HOSTNAME, "--systemd=always",
-            "--cap-add", "NET_RAW",
+            # A machine's root may make mount namespaces: each run's unit gets its own /tmp and
+            # /dev/shm that way (launch.py), which podman's default capabilities refuse.
+            "--cap-add", "NET_RAW", "--cap-add", "SYS_ADMIN",
             "-v", f"{podcluster.node_pip_cache()}:/root/.cache/pip",
             "-v", f"{_apt_archives(image)}:/var/cache/apt/archives",
             *_pip_binds()]
