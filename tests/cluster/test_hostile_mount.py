@@ -16,6 +16,7 @@ import json
 import subprocess
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -154,15 +155,19 @@ def test_a_job_can_neither_trace_nor_stop_what_serves_the_shared_folder(sshfs_mo
 def test_check_and_stop_end_and_name_a_node_whose_mount_hangs(sshfs_mode, provisioned, distrun_home, tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
+    # The sshfs inventory with the bounds an admin may lower: each node's probe and stop step
+    # may take 40 s here (120 s and the grace and a minute by default).
+    inventory = str(matrix.mode_inventory(Path(sshfs_mode) / provisioned.inventory.name, Path(sshfs_mode) / "group_vars",
+                                          tmp_path / "inventory", None, preflight_probe_timeout=40, job_stop_timeout=40))
     before = set((distrun_home / "runs").glob("*-train-*"))
-    started = distrun("train", "--inventory", sshfs_mode, "--launcher", "mpirun", "--detach", "--script", str(script),
+    started = distrun("train", "--inventory", inventory, "--launcher", "mpirun", "--detach", "--script", str(script),
                       timeout=600)
     run = new_train_run(distrun_home, before)
     assert started.rc == 0 and run is not None, started.stdout[-3000:] + started.stderr[-2000:]
     try:
         provisioned.exec(3, "pkill -STOP -x sshfs")  # node3's shared folder hangs: any access to it waits
         t0 = time.monotonic()
-        check = _bounded("check", "--inventory", sshfs_mode, "--json", limit=600)
+        check = _bounded("check", "--inventory", inventory, "--json", limit=600)
         t1 = time.monotonic()
         stop = _bounded("stop", run.name, limit=600)
         t2 = time.monotonic()
