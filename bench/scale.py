@@ -32,13 +32,14 @@ rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 from distrun.inventory.cluster import cluster_from_json
 from distrun.planning.plan import build_plan, render_hostfile
+from distrun.planning.request import JobRequest, ProgramRequest
 from distrun.launchers import mpirun_argv
 import_s = time.perf_counter() - t
 path = Path(sys.argv[1]); data = json.loads(Path(sys.argv[2]).read_text())
 steps = {"cluster_from_json": [], "build_plan": [], "render_hostfile": [], "mpirun_argv": []}
 for _ in range(5):
     t = time.perf_counter(); cluster = cluster_from_json(path, data); steps["cluster_from_json"].append(time.perf_counter() - t)
-    t = time.perf_counter(); plan = build_plan(cluster, run_id="BENCH", workload=None, script="train.py"); steps["build_plan"].append(time.perf_counter() - t)
+    t = time.perf_counter(); plan = build_plan(cluster, JobRequest(path, ProgramRequest(script=Path("train.py"))), run_id="BENCH"); steps["build_plan"].append(time.perf_counter() - t)
     t = time.perf_counter(); hf = render_hostfile(plan); steps["render_hostfile"].append(time.perf_counter() - t)
     t = time.perf_counter(); argv = mpirun_argv(plan); steps["mpirun_argv"].append(time.perf_counter() - t)
 out = {k: statistics.median(v) for k, v in steps.items()}

@@ -36,6 +36,7 @@ class ExitCode(IntEnum):
     LAUNCH = 5
     CONTACT_LOST = 6
     LOCAL_IO = 7
+    BUSY = 8
     SLURM_TIME_LIMIT = 124
     INTERRUPTED = 130
     SLURM_OUT_OF_MEMORY = 137
@@ -55,6 +56,7 @@ MEANINGS: dict[ExitCode, str] = {
                            "the run may go on without distrun",
     ExitCode.LOCAL_IO: "a local file, folder or distrun's own output could not be written or read "
                        "(closed or full stdout, a folder you may not write, a name too long)",
+    ExitCode.BUSY: "busy: another run holds the run's hosts (the line names it); nothing was started",
     ExitCode.SLURM_TIME_LIMIT: "Slurm: the job reached its time limit or deadline",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or the Slurm job was cancelled",
     ExitCode.SLURM_OUT_OF_MEMORY: "Slurm: a task ran out of memory",

@@ -13,9 +13,10 @@ from distrun.inventory import rules
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import LAUNCHERS, slurm
 from distrun.launchers.slurm import sbatch_files
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import render_rank_wrapper
 from distrun.run.diagnosis import first_failure
+
+from .plans import plan_for
 
 ALIASES: dict[str, dict[str, object]] = {"alpha": {"ansible_host": "10.0.0.11"}, "w2": {"ansible_host": "10.0.0.12", "slots": 2},
                                           "w3": {"ansible_host": "10.0.0.13"}}
@@ -35,7 +36,7 @@ def cluster(**gv):
 
 def slurm_plan(mode):
     c = cluster()
-    return build_plan(c, run_id="r1", launcher="slurm", slurm=slurm.settings(c, mode), workload="ddp")
+    return plan_for(c, run_id="r1", launcher="slurm", slurm={"mode": mode} if mode else None, workload="ddp")
 
 
 def test_slurm_knows_a_node_by_its_inventory_name():
@@ -66,7 +67,7 @@ def test_sbatch_files_of_an_aliased_plan_name_nodes_as_the_inventory_does():
 
 
 def test_torchrun_agents_announce_their_cluster_address():
-    plan = build_plan(cluster(), run_id="r1", launcher="torchrun", workload="ddp")
+    plan = plan_for(cluster(), run_id="r1", launcher="torchrun", workload="ddp")
     launcher = LAUNCHERS["torchrun"]
     said = {h.name: [w for w in launcher.command(plan, h) if w.startswith("--local-addr=")] for h in plan.placement.hosts}
     assert said == {"alpha": ["--local-addr=10.0.0.11"], "w2": ["--local-addr=10.0.0.12"], "w3": ["--local-addr=10.0.0.13"]}
@@ -97,7 +98,7 @@ def _fake_hostname(tmp_path: Path, short: str, addresses: str) -> dict[str, str]
 
 
 def test_the_rank_wrapper_finds_its_inventory_name_on_a_machine_with_another_hostname(tmp_path):
-    plan = build_plan(cluster(), run_id="r1")
+    plan = plan_for(cluster(), run_id="r1")
     wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
     cases = {("node2", "172.17.0.5 10.0.0.12"): "w2",    # found by its inventory address
              ("w3", "192.168.1.9"): "w3",                 # found by its name (a DNS-named ansible_host)
@@ -121,7 +122,7 @@ def test_the_summary_names_a_failing_rank_by_its_inventory_name():
 def test_every_rank_learns_how_many_ranks_its_node_runs(tmp_path):
     # w2 has 2 slots, alpha and w3 one: LOCAL_WORLD_SIZE as torchrun would set it, under mpirun
     # and srun too (they do not set it), unless the launcher already did.
-    plan = build_plan(cluster(), run_id="r1")
+    plan = plan_for(cluster(), run_id="r1")
     assert {h.name: h.slots for h in plan.placement.hosts} == {"alpha": 1, "w2": 2, "w3": 1}
     wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
     cases = {("node2", "10.0.0.12", ()): "2", ("node3", "10.0.0.13", ()): "1",
@@ -138,7 +139,7 @@ def test_every_rank_learns_how_many_ranks_its_node_runs(tmp_path):
 def test_without_a_planned_interface_a_hostname_on_loopback_gives_the_default_routes_interface(tmp_path):
     # A Slurm distrun does not administer: no facts, no planned interface. Debian's installer put
     # the hostname on 127.0.1.1, so Gloo would tell the other ranks to call this node there.
-    plan = build_plan(cluster(), run_id="r1")
+    plan = plan_for(cluster(), run_id="r1")
     wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

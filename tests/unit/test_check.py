@@ -10,9 +10,10 @@ import pytest
 from distrun.errors import PlanError
 from distrun.inventory.cluster import Node, load_cluster
 from distrun.planning.placement import check_gpu_slots, gpu_slot_mismatches
-from distrun.planning.plan import build_plan
 from distrun.preflight.judge import compare_names, compare_versions, verdict
 from distrun.preflight.report import Item, build_report, network_changed, report_json
+
+from .plans import plan_for
 
 SETUP = "distrun setup --inventory test"
 NODES = ["node1", "node2", "node3"]
@@ -206,7 +207,7 @@ def gpu_cluster(write_inventory, tmp_path):
 
 def test_train_refuses_a_gpu_slot_mismatch_with_host_slots_gpus_and_fix(gpu_cluster):
     with pytest.raises(PlanError) as exc:
-        build_plan(gpu_cluster, run_id="T")
+        plan_for(gpu_cluster, run_id="T")
     msg = str(exc.value)
     assert "g2 has slots=2 but 4 GPU(s) detected" in msg
     assert "set slots=4 for g2" in msg and "--allow-gpu-mismatch" in msg
@@ -214,7 +215,7 @@ def test_train_refuses_a_gpu_slot_mismatch_with_host_slots_gpus_and_fix(gpu_clus
 
 
 def test_allow_gpu_mismatch_launches_anyway(gpu_cluster):
-    plan = build_plan(gpu_cluster, run_id="T", allow_gpu_mismatch=True)
+    plan = plan_for(gpu_cluster, run_id="T", allow_gpu_mismatch=True)
     assert plan.placement.world_size == 6
     check_gpu_slots(gpu_cluster, allow=True)
 

@@ -305,14 +305,13 @@ def test_refusals_through_the_real_executable(cli_env, tmp_path, argv, env, expe
 
 def test_run_dir_names_cover_every_file_a_launcher_renders():
     """--script is refused under any name a launcher, the rank wrapper or a launch script uses."""
-    from distrun.planning.plan import build_plan
-
+    from .plans import plan_for
     from .test_launchers import MIXED, cluster
 
     for name in LAUNCHERS:
         modes = ("single", "multi-job") if name == "slurm" else ("",)
         for mode in modes:
-            plan = build_plan(cluster(MIXED), run_id="r1", launcher=name, slurm={"mode": mode} if mode else None)
+            plan = plan_for(cluster(MIXED), run_id="r1", launcher=name, slurm={"mode": mode} if mode else None)
             names = set(run_files.plan_files(plan)) | {f"launch-{h}.sh" for h in run_files.launch_scripts(plan)}
             names |= {f"launcher-{h}.{x}" for h in run_files.launch_scripts(plan) for x in ("pid", "log", "pgid")}
             names |= {f"exitcode-{h}" for h in run_files.launch_scripts(plan)} | {"env.sh", "result.json"}

@@ -163,12 +163,12 @@ def test_show_json_names_the_image_every_node_had(private_state):
     read from the probes' answers is what 'distrun show --json' prints."""
     from distrun.planning import containers
     from distrun.planning.containers import Container
-    from distrun.planning.plan import build_plan
-    from distrun.run import follow
+    from distrun.run import starter as follow
 
+    from .plans import plan_for
     from .test_preflight_needs import cluster
 
-    plan = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container("localhost/train:1"))
+    plan = plan_for(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container("localhost/train:1"))
     starter = follow.Starter(cluster(), plan)
     digest = "sha256:" + "c" * 64
     for host in ("node1", "node2"):
@@ -189,11 +189,11 @@ def test_show_json_names_the_image_every_node_had(private_state):
 def test_show_names_the_image_in_one_line(private_state):
     from distrun.planning import containers
     from distrun.planning.containers import Container
-    from distrun.planning.plan import build_plan
 
+    from .plans import plan_for
     from .test_preflight_needs import cluster
 
-    plan = build_plan(cluster(), run_id="r", launcher="mpirun", workload="ddp", container=Container("localhost/train:1"))
+    plan = plan_for(cluster(), run_id="r", launcher="mpirun", workload="ddp", container=Container("localhost/train:1"))
     digest = "sha256:" + "d" * 64
     same = new_run("train", Path(TWO))
     same.write(containers.RECORD, containers.image_record(plan, dict.fromkeys(("node1", "node2", "node3"), digest)))

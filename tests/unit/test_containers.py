@@ -21,11 +21,11 @@ from distrun.launchers.slurm import multi_job_script
 from distrun.planning import containers
 from distrun.planning.containers import Container
 from distrun.planning.jobplan import to_json
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, plan_files
 from distrun.run.liveness import recorded_plan
 from distrun.ui import data as records
 
+from .plans import plan_for as planned
 from .test_launchers import DEBIAN_OMPI, MIXED, _facts, cluster, net
 
 IMAGE = "registry.example:5000/lab/train:2.3"
@@ -36,7 +36,7 @@ def plan_for(launcher="mpirun", runtime="podman", hosts=MIXED, gpus=None, **kw):
     c = cluster(hosts, head=next(iter(hosts)))
     if gpus:
         c = replace(c, workers=tuple(replace(n, gpus=gpus.get(n.name, 0)) for n in c.workers))
-    return build_plan(c, run_id="r1", launcher=launcher, network=net(**{h: "eth0" for h in hosts}),
+    return planned(c, run_id="r1", launcher=launcher, network=net(**{h: "eth0" for h in hosts}),
                       container=Container(IMAGE, runtime), **kw)
 
 
@@ -76,7 +76,7 @@ def test_the_plan_records_the_image_and_show_json_and_a_followed_record_read_it(
 
 
 def test_a_plan_without_an_image_runs_as_before():
-    plan = build_plan(cluster(MIXED), run_id="r1", network=net(n1="eth0", n2="eth0", n3="eth0"))
+    plan = planned(cluster(MIXED), run_id="r1", network=net(n1="eth0", n2="eth0", n3="eth0"))
     assert plan.launch.container is None
     assert "container-run.sh" not in " ".join(mpirun_argv(plan)) and "container-run.sh" not in plan_files(plan)
     assert plan.program.argv[0] == "/opt/distrun/venv/bin/python"
@@ -138,7 +138,7 @@ def test_the_nodes_open_mpi_folders_stay_out_of_the_image(tmp_path):
     facts.mkdir()
     for h in MIXED:
         _facts(facts, h, ansible_local={"distrun": DEBIAN_OMPI})
-    plan = build_plan(cluster(MIXED, head=next(iter(MIXED)), fact_cache=facts), run_id="r1", launcher="mpirun",
+    plan = planned(cluster(MIXED, head=next(iter(MIXED)), fact_cache=facts), run_id="r1", launcher="mpirun",
                       network=net(**{h: "eth0" for h in MIXED}), container=Container(IMAGE, "podman"))
     own = (("mca_base_param_files", "/etc/openmpi/openmpi-mca-params.conf"),
            ("mca_base_component_path", "/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distrun.errors import UserError
-from distrun.planning.request import JobRequest
+from distrun.planning.request import JobRequest, ProgramRequest
 from distrun.run import train
 from distrun.transport import ansible_bridge
 from distrun.transport.ansible_bridge import run_playbook
@@ -147,7 +147,7 @@ def started(monkeypatch) -> list[EarlyPlaybook | None]:
 def test_a_refused_run_stops_it_and_leaves_no_record(play, started):
     (play / "bad.yml").write_text(json.dumps({"all": {"children": {"head": {"hosts": {"a": {}}}}}}))
     with pytest.raises(UserError, match="workers"):
-        train.run_job(JobRequest(inventory=play / "bad.yml", script=play / "job.py"))
+        train.run_job(JobRequest(inventory=play / "bad.yml", program=ProgramRequest(script=play / "job.py")))
     assert started and started[0] is not None and not started[0].thread.is_alive()
     assert not list((play / "home" / "runs").iterdir())  # a bad inventory leaves no record
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from distrun.inventory.cluster import cluster_from_json
-from distrun.planning.plan import build_plan
-from distrun.run import attempt_shell, follow
+from distrun.run import attempt_shell, follow, starter
 from distrun.transport import nodeprog, rundir
 from distrun.transport.remote import as_user, run_each
+
+from .plans import plan_for
 
 ME = getpass.getuser()
 HOSTS = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(("n1", "n2", "n3"), 1)}
@@ -31,7 +32,7 @@ def plan_in(tmp_path: Path, launcher: str = "torchrun"):
         "workers": {"hosts": list(HOSTS)},
     }
     cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
-    plan = build_plan(cluster, run_id="R1", launcher=launcher, workload="ddp")
+    plan = plan_for(cluster, run_id="R1", launcher=launcher, workload="ddp")
     return cluster, dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=ME), shared_dir=str(tmp_path))
 
 
@@ -170,7 +171,7 @@ def test_launch_starts_each_launch_script_detached_with_its_own_environment(tmp_
             f"sleep 0.5; ps -o sid= -p $$ > sid-{h}; env > env-{h}; echo 0 > exitcode-{h}\n")
     monkeypatch.setenv("SSH_CONNECTION", "10.0.0.9 4000 10.0.0.1 22")
     monkeypatch.setenv("LANG", "xx_YY.UTF-8")
-    assert follow.launch(cluster, plan, ["n1", "n2"]) == {}
+    assert starter.launch(cluster, plan, ["n1", "n2"]) == {}
     for h in ("n1", "n2"):
         assert not (run_dir / f"exitcode-{h}").exists(), "launch waited for the launcher"
     for _ in range(100):
@@ -189,13 +190,13 @@ def test_launch_names_the_host_whose_launch_script_is_missing(tmp_path):
     run_dir = Path(rundir.attempt_path(plan))
     run_dir.mkdir(parents=True)
     (run_dir / "launch-n1.sh").write_text("echo 0 > exitcode-n1\n")
-    failed = follow.launch(cluster, plan, ["n1", "n3"])
+    failed = starter.launch(cluster, plan, ["n1", "n3"])
     assert failed == {"n3": f"n3: there is no launch script {run_dir}/launch-n3.sh"}
 
 
 def test_launch_names_the_host_whose_run_directory_is_missing(tmp_path):
     cluster, plan = plan_in(tmp_path)
-    failed = follow.launch(cluster, plan, ["n2"])
+    failed = starter.launch(cluster, plan, ["n2"])
     assert list(failed) == ["n2"] and f"cannot enter the run directory {plan.run_dir}" in failed["n2"]
 
 

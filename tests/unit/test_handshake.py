@@ -1,19 +1,16 @@
 """The runner's half of run.yml's handshake (distrun.transport.handshake) held against the playbook and the
 roles it runs: every gate, fact and tag the runner names is where the runner expects it, and the
-playbook names no fact or tag the runner does not know. An attempt's states, as the record keeps them."""
+playbook names no fact or tag the runner does not know."""
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from distrun.transport import handshake as hs
-from distrun.transport.handshake import Attempt, State
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,39 +56,6 @@ def test_the_gates_and_switches_reach_the_playbook_by_the_names_the_runner_sets(
     defaults = yaml.safe_load((REPO / "roles/job/defaults/main.yml").read_text())
     assert defaults["job_upload_gate"] == f"{{{{ {hs.UPLOAD_GATE_VAR} | default('') }}}}"
     assert hs.upload_gate(1, 2) == "upload-1-2" and hs.CLAIM_GATE == "claim"
-
-
-def test_an_attempt_keeps_each_state_once_in_the_order_reached_and_its_first_end():
-    a = Attempt(2)
-    a.reach(State.JUDGED)
-    a.reach(State.UPLOADED, at=0.0)  # answered before the attempt was planned: time 0
-    a.reach(State.JUDGED)
-    a.reach(State.STAGED)
-    a.reach(State.LAUNCH_FAILED, "node3: no pid file after 60 s")
-    a.reach(State.LAUNCHED)  # after an end: ignored
-    d = json.loads(a.to_json())
-    assert [s["state"] for s in d["states"]] == ["planned", "uploaded", "judged", "staged", "launch failed"]
-    times = [s["s"] for s in d["states"]]
-    assert times == sorted(times) and times[:2] == [0.0, 0.0]
-    assert d["attempt"] == 2 and d["end"] == "launch failed" and d["why"] == "node3: no pid file after 60 s"
-    assert a.ended is State.LAUNCH_FAILED and not a.reached(State.LAUNCHED)
-
-
-def test_a_state_told_after_the_end_counts_when_it_happened_before_it():
-    """The claim's and the upload's answers are read once run.yml returned, after the launchers
-    may have started: their own times place them before the end."""
-    a = Attempt(0)
-    before = time.monotonic()
-    a.reach(State.LAUNCHED)
-    a.reach(State.UPLOADED, at=before)
-    a.reach(State.CLAIMED, at=time.monotonic() + 5)  # after the end: not part of this attempt
-    reached = [s["state"] for s in json.loads(a.to_json())["states"]]
-    assert reached == ["planned", "uploaded", "launched"] and a.ended is State.LAUNCHED
-
-
-def test_an_attempt_without_an_end_says_so():
-    d = json.loads(Attempt(0).to_json())
-    assert d == {"attempt": 0, "states": [{"state": "planned", "s": 0.0}], "end": None, "why": ""}
 
 
 def test_every_raw_command_is_one_line_of_shell():

@@ -16,13 +16,13 @@ import pytest
 from distrun.errors import InventoryError, PlanError
 from distrun.inventory.cluster import Node, cluster_from_json
 from distrun.launchers.slurm import sbatch_files
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, render_rank_wrapper
 from distrun.run.attempt_shell import tail_command, wait_command
 from distrun.run.logs import remote_log_command
 from distrun.transport import rundir
 from distrun.transport.remote import shell_argv
 
+from .plans import plan_for
 from .test_cli import run
 
 HOSTILE = ["n1;touch /tmp/pwned", "n$(touch /tmp/pwned)", "n`touch /tmp/pwned`", "n1\ntouch /tmp/pwned",
@@ -120,7 +120,7 @@ PAYLOAD = "$(touch {c})`touch {c}`;touch {c}\ntouch {c}"
 def hostile_plan(tmp_path: Path, launcher: str):
     cluster = load({"n1": {"ansible_host": "10.0.0.1", "slots": 1}, "n2": {"ansible_host": "10.0.0.2", "slots": 1}},
                    distrun_shared_dir=str(tmp_path / "shared"))
-    plan = build_plan(cluster, run_id="r1", launcher=launcher, workload=None, script="job.py",
+    plan = plan_for(cluster, run_id="r1", launcher=launcher, workload=None, script="job.py",
                       slurm={"partition": "gpu"} if launcher == "slurm" else None)
     # Relative: the scripts run in the run dir, and a name with "/" could not name a file there.
     canary = Path(plan.run_dir) / "pwned"

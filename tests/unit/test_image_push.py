@@ -22,11 +22,11 @@ from distrun import paths
 from distrun.errors import UserError
 from distrun.planning.jobplan import from_json, to_json
 from distrun.planning.needs import preflight_needs
-from distrun.planning.request import JobRequest, make_plan
 from distrun.project import image_push
 from distrun.store import images
 from distrun.transport import remote
 
+from .plans import plan_for
 from .test_launchers import cluster
 
 REF = "localhost/train:1"
@@ -124,7 +124,7 @@ def test_a_push_pins_the_runs_image_to_its_id_on_this_inventory_only(world, tmp_
     image_push.push(c, REF)
     assert images.pushed_id(c.source, REF, "podman") == f"sha256:{ID_A}"
     assert images.pushed_id(tmp_path / "other" / "hosts.yml", REF, "podman") == ""
-    plan = make_plan(JobRequest(inventory=c.source, image=REF, script=tmp_path / "t.py"), c, "r1", None)
+    plan = plan_for(c, run_id="r1", inventory=c.source, image=REF, script=tmp_path / "t.py")
     assert plan.launch.container is not None and plan.launch.container.image_id == f"sha256:{ID_A}"
     assert preflight_needs(plan)["preflight_image"]["id"] == f"sha256:{ID_A}"
     assert to_json(plan)["container"] == {"image": REF, "runtime": "podman", "image_id": f"sha256:{ID_A}"}

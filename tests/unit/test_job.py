@@ -15,13 +15,15 @@ import yaml
 
 from distrun.inventory.cluster import cluster_from_json
 from distrun.planning import bundle, run_files
-from distrun.planning import request as planning
-from distrun.planning.plan import build_plan
+from distrun.planning import network as planning
 from distrun.preflight.check import preflight_vars
-from distrun.run import collect, follow, logs
+from distrun.run import collect, logs
+from distrun.run import starter as starter_module
 from distrun.store.runs import new_run
 from distrun.transport import handshake
 from distrun.transport.playbook_events import EventReader, HostProgress, PlaybookResult
+
+from .plans import plan_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,18 +214,19 @@ def test_a_record_written_with_keys_this_version_lacks_is_still_listed(tmp_path,
     assert [r.id for r in runs.list_runs()] == [run.id]
 
 
-def _starter(monkeypatch, **kw) -> tuple[follow.Starter, list[list[str]]]:
+def _starter(monkeypatch, **kw) -> tuple[starter_module.Starter, list[list[str]]]:
     calls: list[list[str]] = []
 
     def start(cluster, plan, hosts: list[str]) -> dict[str, str]:
         calls.append(hosts)
         return {}
 
-    monkeypatch.setattr(follow, "launch", start)
-    plan = SimpleNamespace(run_id="R1", launch=SimpleNamespace(launcher="torchrun", container=None), placement=SimpleNamespace(hosts=()))
-    monkeypatch.setattr(follow, "launcher_named", lambda name: type("L", (), {
+    monkeypatch.setattr(starter_module, "launch", start)
+    plan = SimpleNamespace(run_id="R1", launch=SimpleNamespace(launcher="torchrun", container=None), placement=SimpleNamespace(hosts=()),
+                           attempt=SimpleNamespace(restart=0))
+    monkeypatch.setattr(starter_module, "launcher_named", lambda name: type("L", (), {
         "started_hosts": staticmethod(lambda p: [type("H", (), {"name": n})() for n in ("node1", "node2")])})())
-    return follow.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
+    return starter_module.Starter(None, plan, **kw), calls  # type: ignore[arg-type]
 
 
 def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch):
@@ -231,12 +234,12 @@ def test_the_launchers_start_on_the_staged_fact_once_and_not_before(monkeypatch)
     start then, while ansible-playbook ends; not on any other fact, nor on a node's unpacking,
     and only once."""
     starter, calls = _starter(monkeypatch, stage_hosts=["node1"], after_steps=True)
-    starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"distrun_step": "stage"}}))
-    starter.on_event(follow.PlaybookEvent("changed", "node1", "t", data={"stdout": '{"changed": true, "staged": "R1"}'}))
-    starter.on_event(follow.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
+    starter.on_event(starter_module.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"distrun_step": "stage"}}))
+    starter.on_event(starter_module.PlaybookEvent("changed", "node1", "t", data={"stdout": '{"changed": true, "staged": "R1"}'}))
+    starter.on_event(starter_module.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {starter_module.STAGED_FACT: True}}))
     assert not starter.started
     for _ in range(2):
-        starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
+        starter.on_event(starter_module.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {starter_module.STAGED_FACT: True}}))
     assert starter.started and starter.wait() == {}
     assert calls == [["node1", "node2"]]
 
@@ -246,16 +249,16 @@ def test_the_launchers_start_once_every_node_that_stages_unpacked_this_run(monke
     when each node that stages said it unpacked this run, not on another run's answer, a failed
     node's output or a skipped node."""
     starter, calls = _starter(monkeypatch, stage_hosts=["node1", "node3"], after_steps=False)
-    starter.on_event(follow.PlaybookEvent("changed", "node1", "t", data={"stdout": '{"changed": true, "staged": "R1"}'}))
-    starter.on_event(follow.PlaybookEvent("ok", "node3", "t", data={"stdout": '{"changed": false, "staged": "R0"}'}))
-    starter.on_event(follow.PlaybookEvent("failed", "node3", "t", data={"stdout": '{"changed": false, "staged": "R1"}'}))
-    starter.on_event(follow.PlaybookEvent("skipped", "node2", "t"))
-    starter.on_event(follow.PlaybookEvent("ok", "node2", "t", data={"stdout": '{"changed": false, "staged": "R1"}'}))
-    starter.on_event(follow.PlaybookEvent("ok", "node3", "t", data={"stdout": "not json"}))
+    starter.on_event(starter_module.PlaybookEvent("changed", "node1", "t", data={"stdout": '{"changed": true, "staged": "R1"}'}))
+    starter.on_event(starter_module.PlaybookEvent("ok", "node3", "t", data={"stdout": '{"changed": false, "staged": "R0"}'}))
+    starter.on_event(starter_module.PlaybookEvent("failed", "node3", "t", data={"stdout": '{"changed": false, "staged": "R1"}'}))
+    starter.on_event(starter_module.PlaybookEvent("skipped", "node2", "t"))
+    starter.on_event(starter_module.PlaybookEvent("ok", "node2", "t", data={"stdout": '{"changed": false, "staged": "R1"}'}))
+    starter.on_event(starter_module.PlaybookEvent("ok", "node3", "t", data={"stdout": "not json"}))
     assert not starter.started
-    starter.on_event(follow.PlaybookEvent("ok", "node3", "t", data={"stdout": 'x\n{"changed": false, "staged": "R1"}\n'}))
+    starter.on_event(starter_module.PlaybookEvent("ok", "node3", "t", data={"stdout": 'x\n{"changed": false, "staged": "R1"}\n'}))
     assert starter.started and starter.wait() == {}
-    starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
+    starter.on_event(starter_module.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {starter_module.STAGED_FACT: True}}))
     assert calls == [["node1", "node2"]]
 
 
@@ -266,16 +269,16 @@ def test_a_first_attempt_launches_once_the_probes_staged_it_and_the_judge_passed
     refusal to remove."""
     import json
 
-    def probe(host: str, **said) -> follow.PlaybookEvent:
-        return follow.PlaybookEvent("ok", host, "t", data={"stdout": "warning\n" + json.dumps({"host": host, **said})})
+    def probe(host: str, **said) -> starter_module.PlaybookEvent:
+        return starter_module.PlaybookEvent("ok", host, "t", data={"stdout": "warning\n" + json.dumps({"host": host, **said})})
 
-    judged = follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"preflight_verdict": {}}})
+    judged = starter_module.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {"preflight_verdict": {}}})
     for order in ("judge last", "judge first"):
         starter, calls = _starter(monkeypatch, stage_hosts=["node1", "node2"], after_steps=False, judged=True)
         if order == "judge first":
             starter.on_event(judged)
         starter.on_event(probe("node1", staged="R1", stage_created=["/srv/runs/R1"]))
-        starter.on_event(follow.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {"preflight_verdict": {}}}))
+        starter.on_event(starter_module.PlaybookEvent("failed", "node1", "t", data={"ansible_facts": {"preflight_verdict": {}}}))
         starter.on_event(probe("node2", staged="R0"))  # another run's answer
         assert not starter.started
         starter.on_event(probe("node2", staged="R1"))
@@ -307,7 +310,7 @@ def test_only_a_first_attempt_without_steps_is_staged_by_the_probes(preflight, r
 
 
 def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
-    from distrun.run.follow import Starter
+    from distrun.run.starter import Starter
 
     starter = Starter(None, SimpleNamespace(launch=SimpleNamespace(container=None)))  # type: ignore[arg-type]
     starter.created = {"node1": ["/srv/distrun/runs/R1", "/srv/distrun/checkpoints/R1"], "node2": ["/home/distrun", "/"]}
@@ -319,7 +322,7 @@ def test_a_refusal_removes_only_the_runs_own_folders_whatever_a_node_answered():
 def test_run_yml_ends_with_the_staged_fact_after_the_stage_steps_and_launches_nothing_itself():
     plays = yaml.safe_load((Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text())
     last = plays[-1]["tasks"][-1]
-    assert last["ansible.builtin.set_fact"] == {follow.STAGED_FACT: True} and last.get("run_once") is True
+    assert last["ansible.builtin.set_fact"] == {starter_module.STAGED_FACT: True} and last.get("run_once") is True
     # Skipped with the steps it follows: without them, the stage script's answers start the launch.
     assert last["tags"] == ["job_stage_steps"]
     text = (Path(__file__).resolve().parents[2] / "playbooks" / "run.yml").read_text()
@@ -356,7 +359,7 @@ def test_what_the_runner_passes_run_yml_fits_its_roles_argument_specs(run, workl
     inv = {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"], "vars": {"distrun_shared_fs_mode": mode}},
            "head": {"hosts": ["n1"]}, "workers": {"hosts": list(hosts)}}
     cluster = cluster_from_json(Path("/inv/hosts.yml"), inv, None)
-    plan = build_plan(cluster, run_id=run.id, launcher=launcher, workload=workload, np=3)
+    plan = plan_for(cluster, run_id=run.id, launcher=launcher, workload=workload, np=3)
     extravars = {**bundle.run_vars(plan, run, run_files.plan_files(plan), run_files.launch_scripts(plan), script=None, env={"K": "v"},
                                    network=None, preflight=True),
                  **preflight_vars("inv", run.dir), "preflight_ports": [29500], "preflight_ssh_baseline": {"n1": "sha256:aa"}}
@@ -454,14 +457,14 @@ def test_each_stage_step_applies_only_where_the_runner_says_some_step_is_needed(
 def test_the_starter_notes_the_attempts_states_from_the_plays_events(monkeypatch, answer, end):
     """judged on the verdict fact (a failing judge task carries it too), staged when the launchers
     start, launched or launch failed when they answered."""
-    from distrun.transport.handshake import Attempt
+    from distrun.run.attempt import Attempt, Step
 
     attempt = Attempt(0)
     starter, _ = _starter(monkeypatch, stage_hosts=["node1"], after_steps=True, attempt=attempt)
-    monkeypatch.setattr(follow, "launch", lambda cluster, plan, hosts: dict(answer))
-    starter.on_event(follow.PlaybookEvent("failed", "node3", "judge", data={"ansible_facts": {follow.PREFLIGHT_FACT: {}}}))
-    assert attempt.reached(follow.State.JUDGED) and not attempt.reached(follow.State.STAGED)
-    starter.on_event(follow.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {follow.STAGED_FACT: True}}))
+    monkeypatch.setattr(starter_module, "launch", lambda cluster, plan, hosts: dict(answer))
+    starter.on_event(starter_module.PlaybookEvent("failed", "node3", "judge", data={"ansible_facts": {starter_module.PREFLIGHT_FACT: {}}}))
+    assert attempt.reached(Step.JUDGED) and not attempt.reached(Step.STAGED)
+    starter.on_event(starter_module.PlaybookEvent("ok", "node1", "t", data={"ansible_facts": {starter_module.STAGED_FACT: True}}))
     starter.wait()
-    assert attempt.ended is not None and attempt.ended.value == end
+    assert attempt.end is not None and attempt.end.value == end
     assert [s["state"] for s in json.loads(attempt.to_json())["states"]] == ["planned", "judged", "staged", end]

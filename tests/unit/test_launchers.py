@@ -14,8 +14,10 @@ from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.planning.jobplan import from_json, to_json
 from distrun.planning.network import Iface, NetworkChoice
 from distrun.planning.placement import allocate
-from distrun.planning.plan import build_plan, render_hostfile
+from distrun.planning.plan import render_hostfile
 from distrun.planning.run_files import launch_scripts, render_rank_wrapper
+
+from .plans import plan_for
 
 
 def inv(hosts: dict[str, dict], head: str, **group_vars) -> dict:
@@ -39,7 +41,7 @@ MIXED = {"n1": {"ansible_host": "10.0.0.1", "slots": 2}, "n2": {"ansible_host": 
 
 
 def test_mpirun_non_root_cpu_mixed_slots_with_interfaces():
-    plan = build_plan(cluster(MIXED), run_id="r1", network=net(n1="eth0", n2="ens5", n3="eth0"))
+    plan = plan_for(cluster(MIXED), run_id="r1", network=net(n1="eth0", n2="ens5", n3="eth0"))
     argv = mpirun_argv(plan)
     assert argv[:3] == ["/usr/bin/mpirun", "-np", "6"]
     assert argv[argv.index("--prefix") + 1] == "/usr"
@@ -66,7 +68,7 @@ def test_mpirun_root_gpu_conda():
         for h, n in facts.items():
             (Path(d) / h).write_text(json.dumps({"ansible_local": {"distrun": {"gpus": n}}}))
         c = cluster(hosts, head="g1", fact_cache=Path(d), distrun_user="root", distrun_mpi_provider="conda")
-    plan = build_plan(c, run_id="r2", workload="ddp")
+    plan = plan_for(c, run_id="r2", workload="ddp")
     argv = mpirun_argv(plan)
     assert argv[0] == "/opt/miniforge3/envs/jittor/bin/mpirun"
     assert argv[:3][1:] == ["-np", "8"]
@@ -91,7 +93,7 @@ def test_np_fills_hosts_in_order_and_refuses_more_than_slots():
 
 
 def test_partition_parts_always_equal_the_world_size():
-    plan = build_plan(cluster(MIXED), run_id="r3", np=4, workload="gcn", dataset="cora", data_dir="/data/cora")
+    plan = plan_for(cluster(MIXED), run_id="r3", np=4, workload="gcn", dataset="cora", data_dir="/data/cora")
     assert plan.program.partition is not None
     p = list(plan.program.partition)
     assert p[p.index("--num-parts") + 1] == "4"
@@ -100,11 +102,11 @@ def test_partition_parts_always_equal_the_world_size():
     assert prog[prog.index("--part-dir") + 1] == p[p.index("--out") + 1] == plan.program.partition_dir
     assert prog[prog.index("--data-dir") + 1] == "/data/cora"
     # A workload without a partition step gets none.
-    assert build_plan(cluster(MIXED), run_id="r4", workload="gcn-tp").program.partition is None
+    assert plan_for(cluster(MIXED), run_id="r4", workload="gcn-tp").program.partition is None
 
 
 def test_torchrun_one_agent_per_node_with_its_own_slot_count():
-    plan = build_plan(cluster(MIXED), run_id="r5", launcher="torchrun", workload="ddp", network=net(n1="eth0", n2="ens5", n3="eth1"))
+    plan = plan_for(cluster(MIXED), run_id="r5", launcher="torchrun", workload="ddp", network=net(n1="eth0", n2="ens5", n3="eth1"))
     cmds = {h.name: torchrun_argv(plan, h) for h in plan.placement.hosts}
     assert cmds["n2"][1:3] == ["--nnodes=3", "--nproc-per-node=1"]
     assert cmds["n3"][2] == "--nproc-per-node=3"
@@ -123,33 +125,33 @@ def test_torchrun_one_agent_per_node_with_its_own_slot_count():
 
 
 def test_user_script_runs_from_the_run_dir_with_its_arguments():
-    plan = build_plan(cluster(MIXED), run_id="r6", script="/home/me/train.py", script_args=["--lr", "0.1"])
+    plan = plan_for(cluster(MIXED), run_id="r6", script="/home/me/train.py", script_args=["--lr", "0.1"])
     assert plan.program.argv == ("/opt/distrun/venv/bin/python", "-m", "mpi4py", "/srv/distrun/runs/r6/train.py", "--lr", "0.1")
     assert plan.program.partition is None
     # torchrun starts plain Python: there is no MPI job to abort.
-    plan = build_plan(cluster(MIXED), run_id="r6", launcher="torchrun", script="/home/me/train.py")
+    plan = plan_for(cluster(MIXED), run_id="r6", launcher="torchrun", script="/home/me/train.py")
     assert plan.program.argv == ("/opt/distrun/venv/bin/python", "/srv/distrun/runs/r6/train.py")
 
 
 def test_bad_env_names_and_launchers_are_refused():
     with pytest.raises(PlanError, match="--env 1BAD=...: not a valid"):
-        build_plan(cluster(MIXED), run_id="x", extra_env={"1BAD": "v"})
+        plan_for(cluster(MIXED), run_id="x", extra_env={"1BAD": "v"})
     with pytest.raises(PlanError, match="--launcher 'pdsh'"):
-        build_plan(cluster(MIXED), run_id="x", launcher="pdsh")
+        plan_for(cluster(MIXED), run_id="x", launcher="pdsh")
     with pytest.raises(PlanError, match="--workload 'bert'"):
-        build_plan(cluster(MIXED), run_id="x", workload="bert")
+        plan_for(cluster(MIXED), run_id="x", workload="bert")
 
 
 def test_sbatch_script_uniform_and_uneven_slots():
     even = {h: {**v, "slots": 2} for h, v in MIXED.items()}
-    script = sbatch_script(build_plan(cluster(even), run_id="r7", launcher="slurm", slurm={"partition": "gpu1", "time": "01:00:00"}))
+    script = sbatch_script(plan_for(cluster(even), run_id="r7", launcher="slurm", slurm={"partition": "gpu1", "time": "01:00:00"}))
     assert "#SBATCH --nodes=3" in script
     assert "#SBATCH --ntasks-per-node=2" in script
     assert "#SBATCH --partition=gpu1" in script
     assert "#SBATCH --time=01:00:00" in script
     assert "--gres" not in script
     assert "srun --mpi=pmix --kill-on-bad-exit=1" in script
-    uneven = sbatch_script(build_plan(cluster(MIXED), run_id="r8", launcher="slurm"))
+    uneven = sbatch_script(plan_for(cluster(MIXED), run_id="r8", launcher="slurm"))
     assert "#SBATCH --ntasks=6" in uneven
 
 
@@ -177,7 +179,7 @@ def test_a_rhel_node_fact_gives_mpirun_its_open_mpi_prefix(tmp_path):
     for h in hosts:
         _facts(tmp_path, h, ansible_os_family="RedHat", ansible_local={"distrun": {
             "provider": "venv", "env_prefix": "/opt/distrun/venv", "mpi_prefix": "/usr/lib64/openmpi", "gpus": 0}})
-    plan = build_plan(cluster(hosts, fact_cache=tmp_path), run_id="r1")
+    plan = plan_for(cluster(hosts, fact_cache=tmp_path), run_id="r1")
     argv = mpirun_argv(plan)
     assert argv[0] == "/usr/lib64/openmpi/bin/mpirun"
     assert argv[argv.index("--prefix") + 1] == "/usr/lib64/openmpi"
@@ -185,7 +187,7 @@ def test_a_rhel_node_fact_gives_mpirun_its_open_mpi_prefix(tmp_path):
 
 def test_a_rhel_node_not_set_up_yet_takes_the_prefix_of_role_mpi_env(tmp_path):
     _facts(tmp_path, "n1", ansible_os_family="RedHat")
-    plan = build_plan(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
+    plan = plan_for(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
     assert mpirun_argv(plan)[mpirun_argv(plan).index("--prefix") + 1] == "/usr/lib64/openmpi"
 
 
@@ -194,7 +196,7 @@ def test_a_fact_about_another_env_is_not_used_for_the_prefix(tmp_path):
     _facts(tmp_path, "n1", ansible_local={"distrun": {"provider": "venv", "env_prefix": "/opt/distrun/venv",
                                                       "mpi_prefix": "/usr"}})
     c = cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path, distrun_mpi_provider="conda")
-    assert build_plan(c, run_id="r1").launch.mpi_prefix == "/opt/miniforge3/envs/jittor"
+    assert plan_for(c, run_id="r1").launch.mpi_prefix == "/opt/miniforge3/envs/jittor"
 
 
 DEBIAN_OMPI = {"provider": "venv", "env_prefix": "/opt/distrun/venv", "mpi_prefix": "/usr",
@@ -209,7 +211,7 @@ def test_every_open_mpi_process_of_a_run_reads_the_installations_files_never_the
     hosts = {"n1": {"ansible_host": "10.0.0.1"}, "n2": {"ansible_host": "10.0.0.2"}}
     for h in hosts:
         _facts(tmp_path, h, ansible_local={"distrun": DEBIAN_OMPI})
-    plan = build_plan(cluster(hosts, fact_cache=tmp_path), run_id="r1")
+    plan = plan_for(cluster(hosts, fact_cache=tmp_path), run_id="r1")
     own = {"mca_base_param_files": "/etc/openmpi/openmpi-mca-params.conf",
            "mca_base_component_path": "/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3"}
     argv = mpirun_argv(plan)
@@ -221,7 +223,7 @@ def test_every_open_mpi_process_of_a_run_reads_the_installations_files_never_the
         assert dict(plan.program.env)[f"OMPI_MCA_{name}"] == value
     assert dict(plan.program.env)["PYTHONNOUSERSITE"] == "1"  # nor a module from ~/.local
     assert from_json(to_json(plan)) == plan  # plan.json keeps them for the run's restarts
-    torch = build_plan(cluster(hosts, fact_cache=tmp_path), run_id="r2", launcher="torchrun")
+    torch = plan_for(cluster(hosts, fact_cache=tmp_path), run_id="r2", launcher="torchrun")
     assert dict(torch.program.env)["OMPI_MCA_mca_base_param_files"] == own["mca_base_param_files"]
 
 
@@ -229,10 +231,10 @@ def test_without_ompi_infos_folders_no_parameter_is_guessed(tmp_path):
     """A fact from before role mpi_env recorded the folders, or one where ompi_info said nothing:
     no parameter (a wrong folder would leave Open MPI without its components)."""
     _facts(tmp_path, "n1", ansible_local={"distrun": {**DEBIAN_OMPI, "openmpi_pkglibdir": ""}})
-    plan = build_plan(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
+    plan = plan_for(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
     assert plan.launch.openmpi_params == (("mca_base_param_files", "/etc/openmpi/openmpi-mca-params.conf"),)
     _facts(tmp_path, "n1", ansible_local={"distrun": {"provider": "venv", "env_prefix": "/opt/distrun/venv"}})
-    plan = build_plan(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
+    plan = plan_for(cluster({"n1": {"ansible_host": "10.0.0.1"}}, fact_cache=tmp_path), run_id="r1")
     assert plan.launch.openmpi_params == () and "mca_base_param_files" not in mpirun_argv(plan)
 
 
@@ -258,6 +260,6 @@ def _rank_in_wrapper(plan, env: dict[str, str]) -> dict[str, str]:
 ])
 def test_the_rank_wrapper_places_a_rank_by_its_own_launchers_variables_only(launcher, env, expected):
     c = cluster(MIXED, slurm_enabled=True) if launcher == "slurm" else cluster(MIXED)
-    plan = build_plan(c, run_id="r1", launcher=launcher)
+    plan = plan_for(c, run_id="r1", launcher=launcher)
     got = _rank_in_wrapper(plan, env)
     assert (got["RANK"], got["WORLD_SIZE"], got["LOCAL_RANK"]) == expected

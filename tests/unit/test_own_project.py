@@ -23,7 +23,7 @@ from distrun.launchers.slurm import multi_job_script
 from distrun.planning.bundle import record_plan
 from distrun.planning.jobenv import env_file_warning, inventory_env, read_env_file, run_env
 from distrun.planning.needs import WORKLOAD_MODULES
-from distrun.planning.plan import build_plan, render_hostfile
+from distrun.planning.plan import render_hostfile
 from distrun.planning.run_files import render_rank_wrapper
 from distrun.planning.selection import host_names, select
 from distrun.planning.variables import VARIABLES, split_words, substitute, substitute_strict
@@ -31,6 +31,7 @@ from distrun.project.prepare import prepare_argv, run_prepare
 from distrun.store.runs import new_run
 
 from .conftest import REPO, distrun_bin
+from .plans import plan_for
 
 HOSTS = {"n1": {"ansible_host": "10.0.0.1", "slots": 2}, "n2": {"ansible_host": "10.0.0.2"}, "n3": {"ansible_host": "10.0.0.3"}}
 
@@ -44,7 +45,7 @@ def cluster(hosts=None, head="n1", **group_vars):
 
 def project_plan(c=None, *, launcher="mpirun", command=("python", "-m", "pkg.train", "--parts", "{np}", "--cfg", "{x}"),
                  prepare=("python", "part.py", "--num_parts", "{np}", "--out", "{workdir}/parts"), launcher_args=(), **kw):
-    return build_plan(c or cluster(), run_id="r1", launcher=launcher, command=command, workdir="/srv/distrun/workdirs/p-1",
+    return plan_for(c or cluster(), run_id="r1", launcher=launcher, command=command, workdir="/srv/distrun/workdirs/p-1",
                       prepare=prepare, launcher_args=launcher_args, **kw)
 
 
@@ -71,8 +72,6 @@ def test_every_variable_has_a_value_and_unknown_ones_are_refused_in_prepare():
                                  "{shared_dir}"))
     assert plan.program.argv[1:] == ("4", "3", "n1,n2,n3", "n1", "r1", "/srv/distrun/runs/r1", "/srv/distrun/workdirs/p-1",
                                 "/srv/distrun")
-    with pytest.raises(PlanError, match="needs --workdir"):
-        build_plan(cluster(), run_id="r1", command=("python", "x.py"))
 
 
 def test_flag_text_is_split_like_a_shell_would_but_never_by_one():
@@ -117,12 +116,12 @@ def test_launcher_args_are_quoted_where_a_shell_reads_them():
 
 def test_exclude_and_hosts_choose_the_workers_and_everything_follows():
     c = select(cluster(), exclude=["n3"])
-    plan = build_plan(c, run_id="r1")
+    plan = plan_for(c, run_id="r1")
     assert [h.name for h in plan.placement.hosts] == ["n1", "n2"] and plan.placement.world_size == 3
     assert render_hostfile(plan).splitlines()[1:] == ["n1 slots=2", "n2 slots=1"]
     assert [n.name for n in c.nodes] == ["n1", "n2"]  # the preflight's hosts: n3 is not contacted
     only = select(cluster(), hosts=["n2,n3"])
-    plan = build_plan(only, run_id="r1", launcher="torchrun")
+    plan = plan_for(only, run_id="r1", launcher="torchrun")
     assert [h.name for h in plan.placement.hosts] == ["n2", "n3"]
     assert [n.name for n in only.nodes] == ["n1", "n2", "n3"]  # the head still stages and prepares
     # Rank 0 is on n2, so torch's store and torchrun's rendezvous are there.
@@ -167,7 +166,7 @@ def test_rank_variables_come_from_the_inventory_the_env_file_and_env_in_that_ord
 
 def test_values_never_reach_the_plan_the_scripts_or_the_commands(tmp_path, private_state):
     c = cluster()
-    plan = build_plan(c, run_id="r1", command=("python", "t.py"), workdir="/w", prepare=("python", "p.py"),
+    plan = plan_for(c, run_id="r1", command=("python", "t.py"), workdir="/w", prepare=("python", "p.py"),
                       extra_env={"TOKEN": "s3cr3t"})
     assert plan.program.user_env_keys == ("TOKEN",)
     run = new_run("train", Path("/inv/prod"))
@@ -211,7 +210,7 @@ def test_prepare_runs_in_the_workdir_with_the_runs_env_from_stdin_and_its_exit_c
     workdir.mkdir(parents=True)
     here = cluster({"n1": {"ansible_connection": "local", "slots": 2}}, distrun_user=getpass.getuser(),
                    distrun_shared_dir=str(tmp_path / "shared"))
-    plan = build_plan(here, run_id="r1", command=("python", "t.py"), workdir=str(workdir),
+    plan = plan_for(here, run_id="r1", command=("python", "t.py"), workdir=str(workdir),
                       prepare=("sh", "-c", 'echo "np=$1 in $(pwd) token=$TOKEN run=$DISTRUN_RUN_ID"; echo {np} > parts.txt', "sh", "{np}"),
                       extra_env={"TOKEN": "s3cr3t"})
     assert not any("s3cr3t" in a for a in prepare_argv(here.head, plan))
@@ -221,7 +220,7 @@ def test_prepare_runs_in_the_workdir_with_the_runs_env_from_stdin_and_its_exit_c
     assert lines == [f"np=2 in {workdir} token=s3cr3t run=r1"]
     assert (workdir / "parts.txt").read_text() == "2\n"
     assert oct((tmp_path / "shared" / "runs" / "r1").stat().st_mode & 0o777) == "0o750"
-    failing = build_plan(here, run_id="r2", command=("x",), workdir=str(workdir), prepare=("sh", "-c", "echo no data >&2; exit 3"))
+    failing = plan_for(here, run_id="r2", command=("x",), workdir=str(workdir), prepare=("sh", "-c", "echo no data >&2; exit 3"))
     out: list[str] = []
     assert run_prepare(here.head, failing, "", out.append) == 3 and out == ["no data"]
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 
 from distrun.inventory.cluster import load_cluster
-from distrun.launchers import slurm
 from distrun.planning.containers import Container
 from distrun.planning.jobplan import KEYS, OPTIONAL, JobPlan, from_json, to_json
-from distrun.planning.plan import build_plan
 from distrun.run import liveness
 from distrun.store.runs import RecordError, Run, RunMeta
 from distrun.transport import rundir
 
+from .plans import plan_for
 from .test_launchers import MIXED, cluster, net
 from .test_slurm_site import LOGIN_ONLY
 
@@ -33,7 +32,7 @@ def _as_recorded(plan: JobPlan) -> JobPlan:
 
 
 def _torchrun_workdir_container() -> JobPlan:
-    return build_plan(cluster(MIXED), run_id="20261127-101500-ab12", launcher="torchrun", workload="ddp",
+    return plan_for(cluster(MIXED), run_id="20261127-101500-ab12", launcher="torchrun", workload="ddp",
                       network=net(n1="eth0", n2="ens5", n3="eth0"), extra_env={"TOKEN": "never-recorded"}, restart=1,
                       max_restarts=2, command=("python", "train.py", "--np", "{np}"), workdir="/srv/distrun/workdirs/proj-1",
                       prepare=("python", "prep.py"), launcher_args=("--log-dir", "/tmp/x"),
@@ -41,13 +40,15 @@ def _torchrun_workdir_container() -> JobPlan:
 
 
 def _slurm_gcn_partition() -> JobPlan:
-    return build_plan(cluster(MIXED), run_id="20261127-101600-cd34", launcher="slurm", workload="gcn", dataset="cora",
-                      epochs=5, gdc=(0.1, 64), slurm={"mode": "multi", "partition": "gpu"}, master_port=29511)
+    plan = plan_for(cluster(MIXED), run_id="20261127-101600-cd34", launcher="slurm", workload="gcn", dataset="cora",
+                    epochs=5, gdc=(0.1, 64), master_port=29511)
+    # Recorded with the options as that distrun kept them (a mode name of its own, no defaults).
+    return replace(plan, launch=replace(plan.launch, options={"mode": "multi", "partition": "gpu"}))
 
 
 def _slurm_site_login(write_inventory) -> JobPlan:
     c = load_cluster(write_inventory(LOGIN_ONLY.format(extra="slurm_nodes: 2")))
-    return build_plan(c, run_id="20261127-101700-ef56", launcher="slurm", slurm=slurm.settings(c), workload="ddp",
+    return plan_for(c, run_id="20261127-101700-ef56", launcher="slurm", workload="ddp",
                       script="/home/alice/train.py", script_args=("--lr", "0.1"))
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from distrun.planning.containers import Container
 from distrun.planning.needs import preflight_needs
-from distrun.planning.plan import build_plan
 
 from .probe_text import probe_text
+from .plans import plan_for
 from .test_check import NODES
 from .test_preflight_needs import SETUP, cluster, failed, judge, probe, verdict
 
@@ -73,8 +73,8 @@ def test_a_missing_runtime_is_a_need_with_the_install_fix():
 
 
 def test_a_run_with_an_image_asks_the_nodes_for_it_and_not_for_the_envs_modules():
-    plain = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp")
-    boxed = build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container(REF, "docker"))
+    plain = plan_for(cluster(), run_id="r", launcher="torchrun", workload="ddp")
+    boxed = plan_for(cluster(), run_id="r", launcher="torchrun", workload="ddp", container=Container(REF, "docker"))
     assert preflight_needs(plain)["preflight_image"] == {}
     needs = preflight_needs(boxed)
     # torchrun runs in the image: torch there (the DDP workload needs nothing more).
@@ -172,7 +172,7 @@ def test_the_images_open_mpi_must_have_the_nodes_major_version():
 
 
 def test_an_mpirun_run_asks_the_image_for_mpi4py_and_its_mpi():
-    boxed = build_plan(cluster(), run_id="r", launcher="mpirun", workload="gcn-torch", container=Container(REF))
+    boxed = plan_for(cluster(), run_id="r", launcher="mpirun", workload="gcn-torch", container=Container(REF))
     assert preflight_needs(boxed)["preflight_image"] == {"ref": REF, "runtime": "podman", "modules": ["mpi4py", "torch"],
                                                          "mpi": True, "torchrun": False}
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from distrun.inventory.cluster import cluster_from_json
 from distrun.planning.needs import preflight_needs
-from distrun.planning.plan import build_plan
 from distrun.preflight.judge import verdict
 from distrun.preflight.report import build_report, refusal
 from distrun.transport import nodeprog
 
 from .probe_text import probe_text
+from .plans import plan_for
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe
 
@@ -49,13 +49,13 @@ def cluster():
 
 
 def test_torchrun_needs_torchrun_in_the_env_and_ddp_needs_torch():
-    needs = preflight_needs(build_plan(cluster(), run_id="r", launcher="torchrun", workload="ddp"))
+    needs = preflight_needs(plan_for(cluster(), run_id="r", launcher="torchrun", workload="ddp"))
     assert needs["preflight_programs"] == {"torchrun": ["/opt/distrun/venv/bin/torchrun"]}
     assert needs["preflight_modules"] == ["torch"]
 
 
 def test_mpirun_needs_mpirun_on_the_head_and_its_daemon_everywhere_and_gcn_needs_jittor_and_metis():
-    needs = preflight_needs(build_plan(cluster(), run_id="r", launcher="mpirun", workload="gcn"))
+    needs = preflight_needs(plan_for(cluster(), run_id="r", launcher="mpirun", workload="gcn"))
     assert list(needs["preflight_head_programs"]) == ["mpirun"]
     # Its daemons on the other nodes start through the relay setup installs there.
     assert needs["preflight_programs"] == {"orted": ["/usr/bin/orted", "/usr/bin/prted"],

@@ -58,7 +58,7 @@ def test_the_probe_stages_the_run_in_its_round_trip_and_a_refusal_removes_it(tmp
     assert (run_dir / "hostfile").read_text() == "n1 slots=1\n"
     assert (run_dir / "env.sh").read_text() == f"export TOKEN='{SECRET}'\n"
     # What the runner starts on: the probe's answer that it unpacked this run.
-    from distrun.run.follow import PlaybookEvent, staged_run
+    from distrun.run.starter import PlaybookEvent, staged_run
     assert staged_run(PlaybookEvent("ok", host, "probe", data={"stdout": json.dumps(found)})) == run_id
     # Refused: the folders the probe made are removed, the shared folder's other runs are not.
     other = shared / "runs" / "other-run"

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from distrun.launchers import launcher_named
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, plan_files
 from distrun.transport import nodeprog
 
 from .conftest import REPO
+from .plans import plan_for
 from .test_launchers import MIXED, cluster
 
 RELAY = Path(__file__).resolve().parents[2] / "roles" / "job" / "files" / "relay.py"
@@ -37,7 +37,7 @@ def relay(*args: str, **kw) -> subprocess.Popen:
 @pytest.fixture
 def make_plan():
     def make(launcher: str, hosts: int):
-        return build_plan(cluster(dict(list(MIXED.items())[:hosts])), run_id="r1", launcher=launcher)
+        return plan_for(cluster(dict(list(MIXED.items())[:hosts])), run_id="r1", launcher=launcher)
     return make
 
 

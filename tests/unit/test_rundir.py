@@ -17,12 +17,12 @@ from distrun.launchers.torchrun import Torchrun
 from distrun.planning import run_files
 from distrun.planning.containers import Container
 from distrun.planning.jobplan import to_json
-from distrun.planning.plan import build_plan
-from distrun.run import attempt_shell, follow, liveness
+from distrun.run import attempt_shell, liveness, starter
 from distrun.run.diagnosis import rank_logs
 from distrun.store.runs import Run, RunMeta
 from distrun.transport import nodeprog, rundir
 
+from .plans import plan_for
 from .test_follow import plan_in, sh
 from .test_launchers import MIXED, cluster
 
@@ -34,7 +34,7 @@ SHARED = {"hostfile", "rank-env.sh", "container-run.sh", "env.sh", "result.json"
 @pytest.mark.parametrize("image", [None, "localhost/train:1"])
 @pytest.mark.parametrize(("launcher", "mode"), [("mpirun", ""), ("torchrun", ""), ("slurm", "single"), ("slurm", "multi-job")])
 def test_every_path_an_attempt_writes_lies_in_its_own_folder(launcher, mode, image):
-    plan = build_plan(cluster(MIXED), run_id="r1", launcher=launcher, restart=2, script="train.py",
+    plan = plan_for(cluster(MIXED), run_id="r1", launcher=launcher, restart=2, script="train.py",
                       slurm={"mode": mode} if mode else None, container=Container(image) if image else None)
     scripts = run_files.launch_scripts(plan)
     assert set(run_files.launch_files(plan, scripts)) == {f"attempts/2/launch-{h}.sh" for h in scripts}
@@ -70,14 +70,14 @@ def test_a_failed_attempts_launcher_ending_late_writes_only_into_its_own_folder(
     second = dataclasses.replace(first, attempt=dataclasses.replace(first.attempt, restart=1))
     _launcher_does(monkeypatch, {0: "trap '' TERM; sleep 1.5; exit 1", 1: "sleep 3; exit 0"})
     _stage(first)
-    assert follow.launch(cluster_, first, ["n2"]) == {}
+    assert starter.launch(cluster_, first, ["n2"]) == {}
     old = Path(rundir.attempt_path(first))
     for _ in range(100):
         if (old / "launcher-n2.pid").is_file():
             break
         time.sleep(0.05)
     _stage(second)
-    assert follow.launch(cluster_, second, ["n2"]) == {}
+    assert starter.launch(cluster_, second, ["n2"]) == {}
     out = sh(attempt_shell.wait_command(second, "n2"))
     assert out.returncode == 0 and nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": 0}, out.stdout
     assert (old / "exitcode-n2").read_text().strip() == "1"  # it did end late, into its own folder

@@ -27,7 +27,6 @@ from distrun.launchers import mpirun_argv, sbatch_script, torchrun_argv
 from distrun.planning import bundle, run_files
 from distrun.planning.envnames import OPEN_MPI_PARAMS, check_env_key
 from distrun.planning.jobplan import to_json
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import render_env_file, render_rank_wrapper
 from distrun.run import collect, collect_rules, stop, train
 from distrun.store import runs
@@ -36,6 +35,7 @@ from distrun.transport.playbook_events import HostProgress, PlaybookEvent, Playb
 from distrun.ui import console as ui
 
 from .conftest import REPO, distrun_bin
+from .plans import plan_for
 
 HOSTS = {"n1": {"ansible_host": "10.0.0.1", "slots": 1}, "n2": {"ansible_host": "10.0.0.2", "slots": 1}}
 SECRET = "s3cr3t-'$(touch /tmp/pwned)'-value"
@@ -174,7 +174,7 @@ def test_reserved_env_keys_are_refused(key):
     with pytest.raises(PlanError, match="DISTRUN_\\* variables are set by distrun"):
         check_env_key(key)
     with pytest.raises(PlanError, match="DISTRUN_"):
-        build_plan(cluster(), run_id="r1", extra_env={key: "other-run"})
+        plan_for(cluster(), run_id="r1", extra_env={key: "other-run"})
 
 
 @pytest.mark.parametrize("key", ["OMPI_MCA_orte_launch_agent", "OMPI_MCA_plm_rsh_agent", "OMPI_MCA_orte_rsh_agent",
@@ -185,7 +185,7 @@ def test_the_launchers_own_mca_variables_are_refused_in_every_env_form(key, cli_
     way than through the relay (the command line's --mca wins, so the value would be ignored), or
     Open MPI would read the files of the training user's home."""
     with pytest.raises(PlanError, match="leave it unset"):
-        build_plan(cluster(), run_id="r1", extra_env={key: "/bin/sh -c"})
+        plan_for(cluster(), run_id="r1", extra_env={key: "/bin/sh -c"})
     res = subprocess.run([distrun_bin(), "train", "-i", "tests/golden/inventories/two-nodes", "--env", f"{key}=sh"],
                          capture_output=True, text=True, env=cli_env, cwd=REPO)
     assert res.returncode == 2
@@ -214,8 +214,8 @@ def test_reserved_env_key_is_refused_at_parse_time(cli_env):
 
 @pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "slurm"])
 def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
-    plan = build_plan(cluster(), run_id="r1", launcher=launcher, workload="ddp", extra_env={"TOKEN": SECRET},
-                      slurm={"partition": "p", "time_limit": "10", "mode": "single"} if launcher == "slurm" else None)
+    plan = plan_for(cluster(), run_id="r1", launcher=launcher, workload="ddp", extra_env={"TOKEN": SECRET},
+                      slurm={"partition": "p", "time": "10", "mode": "single"} if launcher == "slurm" else None)
     assert plan.program.user_env_keys == ("TOKEN",)
     assert SECRET not in json.dumps(to_json(plan))
     texts = [*run_files.launch_scripts(plan).values(), *run_files.plan_files(plan).values(), render_rank_wrapper(plan)]
@@ -229,7 +229,7 @@ def test_env_values_stay_out_of_the_plan_argv_scripts_and_wrapper(launcher):
 def test_env_file_is_0600_and_sources_to_the_exact_values(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     run = runs.new_run("train", tmp_path / "hosts.yml")
-    plan = build_plan(cluster(), run_id=run.id, extra_env={"TOKEN": SECRET, "EMPTY": ""})
+    plan = plan_for(cluster(), run_id=run.id, extra_env={"TOKEN": SECRET, "EMPTY": ""})
     vars_ = bundle.stage_vars(plan, run, run_files.plan_files(plan), run_files.launch_scripts(plan), None, False,
                             {"TOKEN": SECRET, "EMPTY": ""})
     env_file = Path(vars_["distrun_env_file"])
@@ -473,7 +473,7 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
         "all": {"children": ["head", "workers"]}, "head": {"hosts": ["n1"]}, "workers": {"hosts": ["n1", "n2"]}}, None)
 
     def parts(**kw):
-        plan = build_plan(uneven, run_id=run.id, **kw)
+        plan = plan_for(uneven, run_id=run.id, **kw)
         assert plan.program.partition_dir
         return bundle.stage_vars(plan, run, {}, {}, None, False, {})["distrun_partition_parts"]
 
@@ -484,7 +484,7 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
     # Slurm orders the nodes of its allocation itself: every node pulls every part.
     assert parts(workload="gcn-torch", launcher="slurm", slurm={"mode": "single", "mpi": "pmix"}) == {}
     # A script needs no partition: no parts to pull.
-    script = build_plan(uneven, run_id=run.id, workload=None, script="/tmp/x.py")
+    script = plan_for(uneven, run_id=run.id, workload=None, script="/tmp/x.py")
     assert bundle.stage_vars(script, run, {}, {}, None, False, {})["distrun_partition_parts"] == {}
 
 
@@ -695,7 +695,7 @@ def test_the_run_files_go_ahead_of_the_play_on_stdin_and_the_raw_stage_step_unpa
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"changed": True, "staged": run_id, "created": [config["run_dir"]]}
         # What the runner launches on: this node's answer that it unpacked this run.
-        from distrun.run.follow import PlaybookEvent, staged_run
+        from distrun.run.starter import PlaybookEvent, staged_run
         assert staged_run(PlaybookEvent("changed", host, "stage", data={"stdout": done.stdout})) == run_id
         env = shared / "runs" / run_id / "env.sh"
         assert env.read_text() == f"export TOKEN='{SECRET}'\n" and stat.S_IMODE(env.stat().st_mode) == 0o600

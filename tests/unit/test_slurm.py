@@ -12,9 +12,9 @@ from distrun.errors import UserError
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import slurm
 from distrun.launchers.slurm import multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
-from distrun.planning.plan import build_plan
 
 from .conftest import REPO, distrun_bin
+from .plans import plan_for as planned
 
 HOSTS = {"n1": {"ansible_host": "10.0.0.1"}, "n2": {"ansible_host": "10.0.0.2"}, "n3": {"ansible_host": "10.0.0.3"}}
 ENABLED = {"slurm_enabled": True}
@@ -32,7 +32,7 @@ def cluster(hosts=None, fact_cache=None, **gv):
 
 
 def plan_for(c, mode=None, **kw):
-    return build_plan(c, run_id="r1", launcher="slurm", slurm=slurm.settings(c, mode), **kw)
+    return planned(c, run_id="r1", launcher="slurm", slurm={"mode": mode} if mode else None, **kw)
 
 
 @pytest.mark.parametrize(("state", "code"), [

@@ -15,7 +15,6 @@ from distrun.errors import InventoryError, UserError
 from distrun.inventory.cluster import load_cluster
 from distrun.launchers import launcher_named, slurm
 from distrun.planning.bundle import run_vars
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts, plan_files
 from distrun.preflight import judge
 from distrun.preflight import report as judge_report
@@ -23,6 +22,7 @@ from distrun.store.runs import new_run
 
 from .conftest import REPO, distrun_bin
 from .probe_text import probe_text
+from .plans import plan_for as planned
 
 PROBE = REPO / "roles" / "preflight" / "files" / "probe.py"
 
@@ -48,7 +48,7 @@ def site(write_inventory, extra: str = "", hosts_extra: str = "") -> Path:
 
 
 def plan_for(cluster, **kw):
-    return build_plan(cluster, run_id="r1", launcher="slurm", slurm=slurm.settings(cluster), workload="ddp", **kw)
+    return planned(cluster, run_id="r1", launcher="slurm", workload="ddp", **kw)
 
 
 def test_login_only_inventory_reaches_the_login_node_alone_and_asks_slurm_for_nodes(write_inventory):

@@ -16,10 +16,10 @@ from pathlib import Path
 from distrun.launchers import LAUNCHERS
 from distrun.planning import run_files
 from distrun.planning.jobplan import JobPlan
-from distrun.planning.plan import build_plan
 from distrun.run.diagnosis import first_failure
 from distrun.transport import rundir
 
+from .plans import plan_for
 from .test_launchers import MIXED, cluster
 
 # Prints the variables it got as one JSON line, then ends as the rank's RANK says.
@@ -37,7 +37,7 @@ sys.exit(how[0])
 def _plan(tmp_path: Path, program: tuple[str, ...], **kw) -> JobPlan:
     hosts = {name: dict(h) for name, h in MIXED.items()}
     hosts["n1"]["distrun_shared_dir"] = str(tmp_path)
-    plan = build_plan(cluster(hosts), run_id="r1", launcher="ssh", np=4, **kw)
+    plan = plan_for(cluster(hosts), run_id="r1", launcher="ssh", np=4, **kw)
     return replace(plan, program=replace(plan.program, argv=program))
 
 
@@ -196,7 +196,7 @@ def test_with_an_image_each_rank_starts_in_its_own_container():
 
     from .test_containers import IMAGE
 
-    plan = build_plan(cluster(MIXED), run_id="r1", launcher="ssh", np=4, container=Container(IMAGE, "podman"))
+    plan = plan_for(cluster(MIXED), run_id="r1", launcher="ssh", np=4, container=Container(IMAGE, "podman"))
     launcher = LAUNCHERS["ssh"]
     argv = launcher.command(plan, plan.placement.hosts[1])
     # The rank wrapper runs on the node and hands the program to the container's start.

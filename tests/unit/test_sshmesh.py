@@ -16,15 +16,17 @@ import pytest
 
 from distrun.errors import UserError
 from distrun.inventory.cluster import cluster_from_json
-from distrun.planning.request import JobRequest
+from distrun.planning.attempt import plan_attempt
 from distrun.preflight import sshmesh
 from distrun.preflight.judge import verdict
 from distrun.preflight.report import refusal
-from distrun.run import follow, launching, train
+from distrun.run import launching, playbooks, starter, train
+from distrun.run.attempt import End
 from distrun.run.listener import Listener
 from distrun.store.runs import Phases, new_run
 from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 
+from .plans import request_for
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe
 from .test_one_judge import JUDGE_PLAY as ONE_JUDGE_PLAY
@@ -176,11 +178,13 @@ def launch(tmp_path: Path, monkeypatch, role: FakeRole) -> int | None:
     hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(NODES, 1)}
     cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
                                       "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
-    monkeypatch.setattr(launching, "run_playbook", role)
-    monkeypatch.setattr(follow, "launch", lambda cluster, plan, hosts: {})
+    monkeypatch.setattr(playbooks, "run_playbook", role)
+    monkeypatch.setattr(starter, "launch", lambda cluster, plan, hosts: {})
     monkeypatch.setattr(launching.certificate, "issue", lambda cluster, plan: {})  # no CA here: no head of a cluster
-    request = JobRequest(inventory=inv, launcher="torchrun", workload="ddp", np=3)
-    return train._Run(request, Listener(), Phases(new_run("train", inv)), cluster).launch()
+    request = request_for(inv, launcher="torchrun", workload="ddp", np=3)
+    run = train.Run(request, Listener(), Phases(new_run("train", inv)), cluster)
+    end = run.launch(plan_attempt(request, cluster, run.record.id))
+    return None if end == End.LAUNCHED else int(run.current.attempt.exit_code) if run.current else 1
 
 
 def test_a_run_with_nothing_changed_checks_banners_once(tmp_path, monkeypatch):

@@ -12,9 +12,9 @@ import pytest
 from distrun.errors import PlanError
 from distrun.planning import limits
 from distrun.planning.jobplan import from_json, to_json
-from distrun.planning.plan import build_plan
 from distrun.run.attempt_shell import launch_command
 
+from .plans import plan_for
 from .test_launchers import MIXED, cluster
 
 
@@ -41,10 +41,10 @@ def test_a_wrong_limit_is_refused_in_one_line_naming_it(given, says):
 
 
 def test_a_plan_carries_them_to_every_launch_and_keeps_them_in_plan_json():
-    plan = build_plan(cluster(MIXED, distrun_unit_limits={"memlock": "infinity"}), run_id="r1")
+    plan = plan_for(cluster(MIXED, distrun_unit_limits={"memlock": "infinity"}), run_id="r1")
     assert plan.launch.unit_limits == (("memlock", "infinity"),)
     assert from_json(json.loads(json.dumps(to_json(plan)))) == plan
     sent = launch_command(plan, "n2")
     assert '"limits": [["memlock", "infinity"]]' in sent
     with pytest.raises(PlanError, match="distrun_unit_limits"):
-        build_plan(cluster(MIXED, distrun_unit_limits={"memlock": "a lot"}), run_id="r1")
+        plan_for(cluster(MIXED, distrun_unit_limits={"memlock": "a lot"}), run_id="r1")

@@ -113,8 +113,8 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
 
     early = None if dry_run else EarlyPlaybook.for_training_run(inventory.path, bool(workdir))
     try:
-        from distrun.planning import request as planning
-        from distrun.planning.request import JobRequest
+        from distrun.planning.dryrun import dry_run as planned_dry_run
+        from distrun.planning.request import JobRequest, LaunchRequest, PlacementRequest, ProgramRequest, RunPolicy
         from distrun.planning.selection import host_names
         from distrun.planning.variables import split_words
         from distrun.printable import printable
@@ -127,14 +127,17 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         check_flags(workdir, script, prepare_text, program_args)
         L.check_launcher_args(launcher, split_words(launcher_args_text, "--launcher-args"))
         request = JobRequest(
-            inventory=inventory.path, launcher=launcher, np=np, workload=workload,
-            script=script, script_args=program_args, dataset=dataset, data_dir=data_dir, epochs=epochs,
-            env=env, port=port, preflight=not skip_preflight, launcher_options=launcher_options,
-            allow_gpu_mismatch=allow_gpu_mismatch, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
-            detach=detach, max_restarts=max_restarts, exclude_failed=exclude_failed, allow_concurrent=allow_concurrent,
-            workdir=workdir, prepare=split_words(prepare_text, "--prepare"),
-            launcher_args=split_words(launcher_args_text, "--launcher-args"), hosts=host_names(hosts),
-            exclude=host_names(exclude), image=image, container_runtime=container_runtime,
+            inventory=inventory.path,
+            program=ProgramRequest(workload=workload, script=script, args=program_args, dataset=dataset,
+                                   data_dir=data_dir, epochs=epochs, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
+                                   workdir=workdir, prepare=split_words(prepare_text, "--prepare"), env=env),
+            placement=PlacementRequest(np=np, hosts=host_names(hosts), exclude=host_names(exclude), port=port,
+                                       allow_gpu_mismatch=allow_gpu_mismatch),
+            launch=LaunchRequest(launcher=launcher, options=launcher_options,
+                                 args=split_words(launcher_args_text, "--launcher-args"), image=image,
+                                 container_runtime=container_runtime),
+            policy=RunPolicy(preflight=not skip_preflight, detach=detach, max_restarts=max_restarts,
+                             exclude_failed=exclude_failed, allow_concurrent=allow_concurrent),
         )
         if not dry_run:
             if as_json:
@@ -146,7 +149,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         raise
     if dry_run:
         try:
-            dry = planning.dry_run(request)
+            dry = planned_dry_run(request)
         except UserError as exc:  # the inventory or the plan refused: with --json, said as JSON too
             if as_json:
                 click.echo(json.dumps(dry_run_refused(inventory.path, exc), indent=2))
@@ -176,13 +179,14 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
 def partition(inventory: P.Inventory, dataset: str, data_dir: str | None, np: int | None, use_gdc: bool,
               gdc_alpha: float, gdc_topk: int) -> None:
     """Partition a graph with Metis on the head node into one part per rank."""
-    from distrun.planning.request import JobRequest
+    from distrun.planning.request import JobRequest, PlacementRequest, ProgramRequest
     from distrun.run.train import run_partition_only
     from distrun.ui.run import TrainView
 
     check_gdc(click.get_current_context())
-    request = JobRequest(inventory=inventory.path, np=np, dataset=dataset, data_dir=data_dir,
-                         gdc=(gdc_alpha, gdc_topk) if use_gdc else None)
+    request = JobRequest(inventory=inventory.path, placement=PlacementRequest(np=np),
+                         program=ProgramRequest(dataset=dataset, data_dir=data_dir,
+                                                gdc=(gdc_alpha, gdc_topk) if use_gdc else None))
     sys.exit(run_partition_only(request, TrainView()))
 
 

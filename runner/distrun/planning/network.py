@@ -4,7 +4,8 @@ Containers, VPNs and docker bridges give nodes several interfaces, and their nam
 from node to node (eth0 here, ens5 there). The working network is the one holding each node's
 inventory address; we pick the interface carrying it on every node and hand MPI the subnet
 (``btl_tcp_if_include`` accepts CIDRs, so differing names don't matter) and NCCL/Gloo the
-per-node name.
+per-node name. ``network(cluster)`` makes that choice from the facts Ansible cached, which run.yml
+checks still hold before it stages; ``facts_unusable`` says when there are none to plan from.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from distrun import paths
 from distrun.errors import PlanError
 from distrun.inventory import rules
+from distrun.inventory.cluster import Cluster, load_facts
 
 # Interfaces that never carry inter-node traffic: picking one of them is the classic NCCL hang.
 VIRTUAL_PREFIXES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "podman", "vxlan", "tun", "tap")
@@ -128,3 +131,35 @@ def choose_interfaces(
             "(ansible_host) or set distrun_iface per host"
         )
     return NetworkChoice(cidr=networks.pop(), per_host=chosen)
+
+
+def network(cluster: Cluster) -> NetworkChoice | None:
+    """The interface per node from cached facts, or None when no facts were gathered yet."""
+    cache = paths.fact_cache_dir(cluster.source)
+    facts = {n.name: load_facts(cache, n.name) for n in cluster.workers}
+    if any(f is None for f in facts.values()):
+        return None
+    addresses = {n.name: n.address for n in cluster.workers}
+    ifaces = {h: ifaces_from_facts(f or {}) for h, f in facts.items()}
+    default_ipv4 = {h: rules.default_ipv4(f) for h, f in facts.items()}
+    overrides = {n.name: n.iface for n in cluster.workers if n.iface}
+    if all(n.connection == "local" for n in cluster.workers):
+        return None  # one machine: loopback is the network, nothing to choose
+    return choose_interfaces(addresses, ifaces, overrides, default_ipv4, str(cluster.group_vars.get("distrun_network") or ""))
+
+
+def facts_unusable(cluster: Cluster) -> str | None:
+    """Why the cached facts cannot be planned from (missing, or about another machine), or None."""
+    cache = paths.fact_cache_dir(cluster.source)
+    for n in cluster.nodes:
+        facts = load_facts(cache, n.name)
+        if facts is None:
+            return f"no facts cached for {n.name}"
+        if not rules.is_ip(n.address):
+            continue  # a name: the preflight play checks what it resolves to
+        if n.connection == "local" or n.iface:
+            continue
+        ip = ipaddress.ip_address(n.address)
+        if not any(ip in ipaddress.ip_network(i.network) for i in ifaces_from_facts(facts)):
+            return f"the facts cached for {n.name} hold no interface on the subnet of its address {n.address}"
+    return None

@@ -1,24 +1,25 @@
-"""The job plan built from the inventory and what the user asked: the reference workloads, the program
-each rank runs, the ranks' variables, and the run's hostfile. Its records are in jobplan.py;
-launchers are pure functions of them."""
+"""The job plan built from the inventory and what the user asked (request.py): the reference
+workloads, the program each rank runs, the ranks' variables, and the run's hostfile. Its records
+are in jobplan.py; launchers are pure functions of them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from distrun.errors import PlanError
-from distrun.inventory import contract, rules
+from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
-from distrun.planning import limits
-from distrun.planning.containers import Container
+from distrun.planning import containers, limits
 from distrun.planning.envnames import check_env_key
 from distrun.planning.jobplan import AttemptInfo, JobPlan, Launch, Placement, Program, RankHost
 from distrun.planning.network import NetworkChoice
 from distrun.planning.placement import allocate, check_gpu_slots
+from distrun.planning.request import JobRequest
 from distrun.planning.variables import run_values, substitute, substitute_strict
+from distrun.project.workdir import node_path
 from distrun.transport import nodeprog, rundir
 
 
@@ -51,34 +52,27 @@ def gdc_args(gdc: tuple[float, int] | None) -> list[str]:
     return ["--use-gdc", "--gdc-alpha", repr(float(alpha)), "--gdc-topk", str(int(topk))]
 
 
-def build_plan(
-    cluster: Cluster,
-    *,
-    run_id: str,
-    launcher: str = "mpirun",
-    np: int | None = None,
-    workload: str | None = "gcn",
-    script: str | None = None,
-    script_args: Sequence[str] = (),
-    dataset: str = "synthetic",
-    data_dir: str | None = None,
-    epochs: int | None = None,
-    extra_env: Mapping[str, str] | None = None,
-    network: NetworkChoice | None = None,
-    master_port: int = contract.DEFAULT_MASTER_PORT,
-    slurm: Mapping[str, str] | None = None,
-    allow_gpu_mismatch: bool = False,
-    gdc: tuple[float, int] | None = None,
-    restart: int = 0,
-    max_restarts: int = 0,
-    command: Sequence[str] = (),
-    workdir: str | None = None,
-    prepare: Sequence[str] = (),
-    launcher_args: Sequence[str] = (),
-    container: Container | None = None,
-) -> JobPlan:
+def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mapping[str, str] | None = None,
+               network: NetworkChoice | None = None, restart: int = 0) -> JobPlan:
+    """The plan of one attempt of ``request`` on ``cluster``: the request's values resolved against
+    the inventory (the launcher's options, the image, the workdir's folder on the nodes) and
+    placed. ``env``: the ranks' variables (``request.environment``: only their names enter the
+    plan), ``network``: ``network.network(cluster)``, which run.yml checks before it stages."""
+    asked, wanted = request.launch, request.program
+    launcher = asked.launcher
+    np, master_port = request.placement.np, request.placement.port
+    workload = None if wanted.script else wanted.workload
+    script = str(wanted.script) if wanted.script else None
+    # With --workdir the words after -- are the command itself; else the program's arguments.
+    command, script_args = (wanted.args, ()) if wanted.workdir else ((), wanted.args)
+    dataset, data_dir, epochs, gdc, prepare = wanted.dataset, wanted.data_dir, wanted.epochs, wanted.gdc, wanted.prepare
+    workdir = node_path(cluster.shared_dir, wanted.workdir) if wanted.workdir else None
+    options = launcher_named(launcher).settings(cluster, asked.options)
+    container = containers.pinned(containers.choose(cluster.source, cluster.group_vars, asked.image,
+                                                    asked.container_runtime), cluster.source)
+    extra_env = env or {}
     mpi_world = launcher_named(launcher).mpi_world
-    check_gpu_slots(cluster, allow=allow_gpu_mismatch)
+    check_gpu_slots(cluster, allow=request.placement.allow_gpu_mismatch)
     placed = allocate(cluster, np)
     world = sum(n for _, n in placed)
     by_name = {n.name: n for n in cluster.workers}
@@ -112,8 +106,6 @@ def build_plan(
     if (command or script) and gdc is not None:
         raise PlanError("--use-gdc applies to the reference workloads; pass your own program's options after --")
     if command:
-        if not workdir:
-            raise PlanError("a command after -- needs --workdir DIR (or --script FILE for one file)")
         # The exact command the user gave, on every rank: not rewritten, only {np} & co. filled in.
         program = substitute(command, values)
         workload_name = None
@@ -172,10 +164,10 @@ def build_plan(
             prepare=substitute_strict(prepare, values, "--prepare") if prepare else ()),
         launch=Launch(
             launcher=launcher, user=cluster.user, run_as_root=cluster.user == "root", mpi_prefix=cluster.mpi_prefix,
-            env_prefix=cluster.env_prefix, launcher_args=tuple(launcher_args), options=dict(slurm or {}),
+            env_prefix=cluster.env_prefix, launcher_args=tuple(asked.args), options=options,
             container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars),
             openmpi_params=cluster.openmpi_params),
-        attempt=AttemptInfo(restart=restart, max_restarts=max_restarts),
+        attempt=AttemptInfo(restart=restart, max_restarts=request.policy.max_restarts),
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from distrun import paths
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import load_cluster
+from distrun.run.diagnosis import NodeFailure
 from distrun.run.ending import RunEnd
 from distrun.run.listener import Listener
 from distrun.run.liveness import UNREACHABLE, read, recorded_plan
@@ -66,7 +67,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     if outcome.rc != 0:
         if outcome.host:
             listener.node_failed(outcome.reason)
-            end.lines.append(f"DISTRUN_FAILED_HOST {outcome.host} {outcome.reason}")
+            end.failure = NodeFailure(outcome.host, outcome.reason)
         head = plan.placement.head.name
         lost |= end.stop(plan, [h for h in dict.fromkeys([head, *hosts]) if h not in lost])
     end.collect(cluster, plan, hosts, lost)

@@ -18,12 +18,12 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
-from distrun.planning.request import JobRequest, make_plan
 from distrun.run.staging import write_gate
 from distrun.store.runs import RUN_ID_RE
 from distrun.transport import nodeprog
@@ -117,12 +117,12 @@ def refusal(answers: list[Answer]) -> UserError:
     how = "starting there now" if all(a.held for a in busy) else "running there now"
     stop = f"stop it with 'distrun stop {runs[0]}'" if runs else "stop it with 'distrun stop RUN'"
     return UserError(f"{hosts} {'is' if len(busy) == 1 else 'are'} busy with {named} ({how}): wait for it to end, "
-                     f"{stop}, or pass --allow-concurrent", exit_code=ExitCode.USAGE)
+                     f"{stop}, or pass --allow-concurrent", exit_code=ExitCode.BUSY)
 
 
-def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
-    """Claim every host for run_id, all at once; UserError naming the busy hosts and their runs.
-    A host that does not answer is not claimed: the preflight names it."""
+def _ask(cluster: Cluster, hosts: list[str], run_id: str) -> tuple[dict[str, subprocess.Popen[str]], list[Answer]]:
+    """Ask every host of ``hosts`` for the claim at once: each one's shell, and the answers that
+    came within the timeout."""
     nodes = {n.name: n for n in cluster.nodes}
     procs: dict[str, subprocess.Popen[str]] = {}
     answers: queue.Queue[Answer] = queue.Queue()
@@ -132,7 +132,7 @@ def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
         line = proc.stdout.readline()
         answers.put(parse_answer(host, line) if line else Answer(host, error=f"no answer (exit {proc.wait()})"))
 
-    for h in dict.fromkeys(hosts):
+    for h in hosts:
         try:
             argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user))
         except UserError:
@@ -147,6 +147,19 @@ def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
             got.append(answers.get(timeout=max(0.1, deadline - time.monotonic())))
         except queue.Empty:
             break
+    return procs, got
+
+
+def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
+    """Claim every host for run_id; UserError naming the busy hosts and their runs. The first host
+    (the head, which every run holds) is claimed first and alone: two runs started together then
+    meet there, and one of them holds every host while the other is refused, never each a part.
+    The others are claimed at once. A host that does not answer is not claimed: the preflight names it."""
+    hosts = list(dict.fromkeys(hosts))
+    procs, got = _ask(cluster, hosts[:1], run_id)
+    if not any(a.busy_with for a in got) and hosts[1:]:
+        more_procs, more = _ask(cluster, hosts[1:], run_id)
+        procs, got = {**procs, **more_procs}, [*got, *more]
     held = Claim({a.host: procs[a.host] for a in got if a.claimed})
     if any(a.busy_with for a in got):
         held.release()
@@ -171,13 +184,6 @@ def _end(proc: subprocess.Popen[str]) -> None:
         pass
 
 
-def claim_hosts(request: JobRequest, cluster: Cluster, run_id: str) -> list[str]:
-    """The hosts a request's run would hold: the head and the rank hosts of its plan. A plan
-    error is refused here, before any record."""
-    plan = make_plan(request, cluster, run_id, None)
-    return list(dict.fromkeys([cluster.head.name, *plan.placement.reached_hosts]))
-
-
 class Pending:
     """A run's claim, taken in the background while the run starts: the nodes' ssh masters are
     opened first (the claim, run.yml and the followers ride on them), then every host is claimed
@@ -194,6 +200,7 @@ class Pending:
         self._allow = allow
         self.masters = threading.Event()  # set once the ssh masters are open (or given up on)
         self.answered_at: float | None = None  # time.monotonic() of the answer
+        self._told: list[Callable[[float], object]] = []  # called with answered_at once the hosts are held
         self._thread = threading.Thread(target=self._take, args=(cluster, hosts, run_id), daemon=True)
         self._thread.start()
 
@@ -209,15 +216,27 @@ class Pending:
             self._error = exc
         except Exception as exc:  # noqa: BLE001 - any failure closes the gate, with its reason
             self._error = UserError(f"could not claim the run's hosts: {type(exc).__name__}: {exc}")
-        with self._lock:  # the gate file is written before anyone is told the answer
+        with self._lock:  # told, then the gate file written, before anyone waiting is told the answer
+            self.answered_at = time.monotonic()
+            if self._error is None:
+                for told in self._told:
+                    told(self.answered_at)
             if self._gate is not None:
                 self._write(self._gate)
-            self.answered_at = time.monotonic()
             self._done.set()
 
     @property
     def refused(self) -> bool:
         return self._done.is_set() and self._error is not None
+
+    def notify(self, told: Callable[[float], object]) -> None:
+        """Call ``told(answered_at)`` once the run holds its hosts (now, if it does), before the gate
+        file says so: run.yml stages nothing before the attempt knows."""
+        with self._lock:
+            if not self._done.is_set():
+                self._told.append(told)
+            elif self._error is None and self.answered_at is not None:
+                told(self.answered_at)
 
     def gate(self, path: Path) -> None:
         """Write the answer to path once it is known (now, if it is)."""

@@ -16,7 +16,7 @@ EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
 RESULT_RE = re.compile(r"DISTRUN_RESULT (\{.*\})")
 RANK_HEADER_RE = re.compile(r"DISTRUN_RANK rank=(\d+)")
 RANK_HOST_RE = re.compile(r"DISTRUN_RANK rank=(\d+) \S+ \S+ host=(\S+)")
-# The runner's own account of a node that ended the run (a lost node, a launcher that failed).
+# A launcher's own account of a node that ended its job (Slurm's driver prints it).
 FAILED_HOST_RE = re.compile(r"DISTRUN_FAILED_HOST (\S+) (.*)")
 
 # Known error texts of failed runs (regular expressions, matched across lines) and what fixes
@@ -127,15 +127,26 @@ def failed_host(lines: list[str], launcher: Launcher) -> str | None:
     return {int(m[1]): m[2] for m in RANK_HOST_RE.finditer(text)}.get(rank)
 
 
-def first_failure(lines: list[str], launcher: Launcher) -> str:
+@dataclass(frozen=True)
+class NodeFailure:
+    """The runner's own account of the node that ended a run (lost, or its launcher failed)."""
+
+    host: str
+    reason: str
+
+
+def first_failure(lines: list[str], launcher: Launcher, node: NodeFailure | None = None) -> str:
     """The first failing rank and its host, from what the launcher and the wrapper printed:
-    ``; first failing rank 1 on node2``, else the runner's account of the node that failed."""
+    ``; first failing rank 1 on node2``, else the runner's account of the node that failed, else
+    the launcher's."""
     text = "\n".join(lines)
     rank = launcher.failed_rank(text)
     if rank is not None:
         hosts = {int(m[1]): m[2] for m in RANK_HOST_RE.finditer(text)}
         host = hosts.get(rank)
         return f"; first failing rank {rank}" + (f" on {host}" if host else "")
+    if node is not None:
+        return f"; {node.reason}"
     m = FAILED_HOST_RE.search(text)
     if m:
         return f"; {m.group(2)}"
@@ -175,12 +186,13 @@ class RunSummary:
 
 
 def summarise(run_id: str, rc: int, elapsed: float, lines: list[str], launcher: Launcher, world_size: int,
-              nodes_dir: Path) -> RunSummary:
-    """Read what a finished run printed and what was collected from its nodes."""
+              nodes_dir: Path, node: NodeFailure | None = None) -> RunSummary:
+    """Read what a finished run printed and what was collected from its nodes; ``node``: the node
+    that ended it, as the runner saw it."""
     logs = rank_logs(nodes_dir)
     summary = RunSummary(run_id, rc, launcher.exit_code(rc), elapsed, world_size, nodes_dir, len(logs), result(lines))
     if rc != 0:
         lines = [*lines, *launcher.failure_lines(logs)]
-        summary.failure = first_failure(lines, launcher)
+        summary.failure = first_failure(lines, launcher, node)
         summary.hints = diagnose("\n".join(lines))
     return summary

@@ -16,7 +16,7 @@ from distrun.planning.bundle import common_vars
 from distrun.planning.jobplan import JobPlan
 from distrun.run.collect import Failure, collect_hosts, pull_run
 from distrun.run.collect_rules import LEFT_FILE, SMALL_BYTES, Left, left_record, run_end_selection
-from distrun.run.diagnosis import RunSummary, summarise
+from distrun.run.diagnosis import NodeFailure, RunSummary, summarise
 from distrun.run.follow import Outcome, follow
 from distrun.run.listener import Listener
 from distrun.store.runs import Run
@@ -53,6 +53,7 @@ class RunEnd:
         self.inventory = inventory
         self.listener = listener
         self.lines: list[str] = []
+        self.failure: NodeFailure | None = None  # the node that ended the run, as the runner saw it
         self.followed = 0  # follows so far: the first starts launcher.log afresh, later ones append
         self.left: dict[str, Left] = {}  # host -> the files collect left there
 
@@ -137,7 +138,7 @@ class RunEnd:
     def summarise(self, rc: int, elapsed: float, plan: JobPlan) -> int:
         """Read what the run printed and what was collected; the record's last word; distrun's exit code."""
         summary: RunSummary = summarise(self.run.id, rc, elapsed, self.lines, launcher_named(plan.launch.launcher),
-                                        plan.placement.world_size, self.run.dir / "nodes")
+                                        plan.placement.world_size, self.run.dir / "nodes", self.failure)
         summary.left_files = sum(len(e.files) for e in self.left.values())
         summary.left_bytes = sum(e.size for e in self.left.values())
         if summary.result is not None:

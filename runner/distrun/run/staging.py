@@ -17,7 +17,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from distrun.inventory.cluster import Cluster
@@ -48,8 +48,10 @@ class Upload:
     ("ok", or which host failed and why) goes to the gate file when every upload ended."""
 
     def __init__(self, cluster: Cluster, hosts: Sequence[str], run_id: str, bundle: Path, env_file: str,
-                 gate: Path, after: threading.Event | None = None) -> None:
-        """``after``: wait (up to 10 s) for it first: the ssh masters the upload rides on."""
+                 gate: Path, after: threading.Event | None = None, told: Callable[[], object] | None = None) -> None:
+        """``after``: wait (up to 10 s) for it first: the ssh masters the upload rides on; ``told``
+        is called once every host got the files, before the gate says so."""
+        self.told = told
         payload = json.dumps({"bundle": bundle.read_text().strip(),
                               "env": Path(env_file).read_text() if env_file else ""})
         self.answer: str | None = None  # UPLOADED, or which host failed and why
@@ -70,6 +72,8 @@ class Upload:
             answer = UPLOADED if not failed else "; ".join(f"{h}: {why}" for h, why in failed.items())
         except Exception as exc:  # noqa: BLE001 - the gate must get an answer, whatever happened
             answer = f"{type(exc).__name__}: {exc}"
+        if answer == UPLOADED and self.told is not None:
+            self.told()
         write_gate(gate, answer)
         self.answer, self.ended_at = answer, time.monotonic()
 

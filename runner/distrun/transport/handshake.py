@@ -1,6 +1,5 @@
 """One attempt's handshake between the runner and playbooks/run.yml: every name both sides use
-(gate files, extra-vars, facts, tags), and the states an attempt goes through, with the time it
-reached each (kept in the run record as ``attempts/<n>/states.json``).
+(gate files, extra-vars, facts, tags). The states an attempt goes through are run/attempt.py's.
 
 The runner plans the attempt, then the claim on the hosts, the upload of the run's files and
 run.yml go at once; DEVELOPING.md ("One attempt, step by step") draws the sequence.
@@ -8,10 +7,6 @@ run.yml go at once; DEVELOPING.md ("One attempt, step by step") draws the sequen
 
 from __future__ import annotations
 
-import json
-import threading
-import time
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -63,62 +58,3 @@ def failed_step(result: PlaybookResult) -> str:
     or 'stage' (a host that failed before any step said so: 'preflight')."""
     steps = {h.failed_step or STEPS[0] for h in result.failures()}
     return next((step for step in STEPS if step in steps), STEPS[-1])
-
-
-class State(StrEnum):
-    """Where an attempt got to. The first six in this order on the way to running ranks (the
-    claim and the upload answer while run.yml probes, so those three may come in any order);
-    the last three end an attempt that never launched."""
-
-    PLANNED = "planned"
-    CLAIMED = "claimed"
-    UPLOADED = "uploaded"
-    JUDGED = "judged"
-    STAGED = "staged"
-    LAUNCHED = "launched"
-    REFUSED = "refused"
-    STAGING_FAILED = "staging failed"
-    LAUNCH_FAILED = "launch failed"
-    INTERRUPTED = "interrupted"
-
-
-ENDS = (State.LAUNCHED, State.REFUSED, State.STAGING_FAILED, State.LAUNCH_FAILED, State.INTERRUPTED)
-
-
-class Attempt:
-    """The states one attempt reached, each once, with its time since the attempt was planned.
-    Threads (the claim's, the upload's, the event reader's) report into it; the first end wins."""
-
-    def __init__(self, restart: int) -> None:
-        self.restart = restart
-        self._t0 = time.monotonic()
-        self._lock = threading.Lock()
-        self._reached: dict[State, float] = {State.PLANNED: 0.0}
-        self._why = ""
-
-    def reach(self, state: State, why: str = "", at: float | None = None) -> None:
-        """Note ``state`` at the monotonic time ``at`` (default now). A state already noted, a
-        second end, and a state reached after the end are ignored; one told late that happened
-        before the end (the upload's answer, read once run.yml returned) is kept."""
-        t = round(max(0.0, (at if at is not None else time.monotonic()) - self._t0), 3)
-        with self._lock:
-            end = self.ended
-            if state in self._reached or (end is not None and (state in ENDS or t > self._reached[end])):
-                return
-            self._reached[state] = t
-            if state in ENDS:
-                self._why = why
-
-    @property
-    def ended(self) -> State | None:
-        return next((s for s in ENDS if s in self._reached), None)
-
-    def reached(self, state: State) -> bool:
-        return state in self._reached
-
-    def to_json(self) -> str:
-        with self._lock:
-            order = sorted(self._reached.items(), key=lambda kv: (kv[1], list(State).index(kv[0])))
-            end = self.ended
-            return json.dumps({"attempt": self.restart, "states": [{"state": s.value, "s": t} for s, t in order],
-                               "end": end.value if end else None, "why": self._why}, indent=2) + "\n"

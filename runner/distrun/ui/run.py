@@ -12,8 +12,8 @@ from typing import Any
 from distrun.errors import UserError
 from distrun.launchers import launcher_named
 from distrun.launchers.options import option_lines
+from distrun.planning.dryrun import DryRun
 from distrun.planning.jobplan import to_json
-from distrun.planning.request import DryRun
 from distrun.project.ready import size_text
 from distrun.project.workdir import Scan, SyncStats
 from distrun.run.diagnosis import RunSummary, epoch

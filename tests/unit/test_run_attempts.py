@@ -1,0 +1,87 @@
+"""A run's attempts through ``run_job``, on three local nodes with run.yml played by the role's
+judge on fake probes (test_sshmesh.FakeRole): each attempt is planned once, the claim takes its
+hosts from the first attempt's plan, and the record keeps each attempt's states."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from distrun.errors import ExitCode
+from distrun.inventory.cluster import cluster_from_json
+from distrun.planning import attempt as planning_attempt
+from distrun.run import playbooks, starter, train
+from distrun.run.ending import RunEnd
+from distrun.run.follow import Outcome
+from distrun.store.runs import list_runs
+
+from .plans import request_for
+from .test_check import NODES
+from .test_sshmesh import FP, FakeRole
+
+
+@pytest.fixture
+def local_run(tmp_path, monkeypatch):
+    """run_job's world: the inventory read, no early playbook, run.yml faked, the launchers, the
+    follower, stop and collect faked; the plans counted, the claim's hosts noted."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(NODES, 1)}
+    cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
+                                      "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
+    monkeypatch.setattr(train, "load", lambda request: cluster)
+    monkeypatch.setattr(train, "facts_unusable", lambda cluster: None)
+    monkeypatch.setattr(train.EarlyPlaybook, "for_training_run", staticmethod(lambda *a, **k: None))
+    monkeypatch.setattr(playbooks, "run_playbook", FakeRole(FP))
+    monkeypatch.setattr(starter, "launch", lambda cluster, plan, hosts: {})
+    seen: dict = {"plans": 0, "claimed": []}
+    real_build = planning_attempt.build_plan
+
+    def counted(*a, **k):
+        seen["plans"] += 1
+        return real_build(*a, **k)
+
+    monkeypatch.setattr(planning_attempt, "build_plan", counted)
+    real_pending = train.Pending
+
+    def pending(cluster, hosts, run_id, *, allow=False):
+        seen["claimed"].append(list(hosts))
+        return real_pending(cluster, hosts, run_id, allow=True)  # the local nodes are not claimed for real
+
+    monkeypatch.setattr(train, "Pending", pending)
+    outcomes: list[Outcome] = []
+    monkeypatch.setattr(RunEnd, "follow", lambda self, cluster, plan: outcomes.pop(0))
+    monkeypatch.setattr(RunEnd, "stop", lambda self, plan, hosts: set())
+    monkeypatch.setattr(RunEnd, "collect", lambda self, cluster, plan, hosts, lost: None)
+    return inv, seen, outcomes
+
+
+def _states(record: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((record / "attempts").glob("*/states.json"))]
+
+
+def test_each_attempt_is_planned_once_and_the_claim_takes_the_first_plans_hosts(local_run):
+    inv, seen, outcomes = local_run
+    outcomes.append(Outcome(0))
+    code = train.run_job(request_for(inv, launcher="torchrun", workload="ddp", np=2))
+    assert code == ExitCode.OK
+    record = list_runs()[-1]
+    assert seen["plans"] == 1 == len(_states(record.dir))
+    plan = json.loads((record.dir / "plan.json").read_text())
+    assert [h["name"] for h in plan["hosts"]] == ["node1", "node2"] and seen["claimed"] == [["node1", "node2"]]
+    assert _states(record.dir)[0]["end"] == "launched"
+
+
+def test_a_restart_is_one_more_attempt_and_one_more_plan(local_run):
+    inv, seen, outcomes = local_run
+    outcomes += [Outcome(1, "node2", "launcher on node2 exited 1"), Outcome(0)]
+    code = train.run_job(request_for(inv, launcher="torchrun", workload="ddp", np=3, max_restarts=1))
+    assert code == ExitCode.OK
+    record = list_runs()[-1]
+    attempts = _states(record.dir)
+    assert seen["plans"] == 2 == len(attempts)
+    assert [a["attempt"] for a in attempts] == [0, 1] and all(a["end"] == "launched" for a in attempts)
+    assert len(seen["claimed"]) == 1  # the run holds its hosts once, for every attempt
+    assert record.meta.restarts == 1 and record.meta.status == "succeeded"
