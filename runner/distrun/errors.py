@@ -58,7 +58,8 @@ MEANINGS: dict[ExitCode, str] = {
                        "(closed or full stdout, a folder you may not write, a name too long)",
     ExitCode.BUSY: "busy: another run holds the run's hosts (the line names it); nothing was started",
     ExitCode.SLURM_TIME_LIMIT: "Slurm: the job reached its time limit or deadline",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C), or the Slurm job was cancelled",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) or stopped by 'distrun stop' from another shell, or the Slurm job "
+                          "was cancelled",
     ExitCode.SLURM_OUT_OF_MEMORY: "Slurm: a task ran out of memory",
     ExitCode.TERMINATED: "terminated (SIGTERM, SIGHUP) while following a run, which was then stopped; "
                          "or the Slurm job was preempted",

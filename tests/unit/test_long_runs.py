@@ -10,16 +10,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from distrun.errors import UserError
+from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers.mpirun import Mpirun
 from distrun.planning.jobplan import to_json
-from distrun.planning.plan import build_plan
 from distrun.planning.run_files import launch_scripts
 from distrun.run import busy, liveness, reconcile, restarts
 from distrun.run.logs import log_text
@@ -27,6 +27,7 @@ from distrun.store import controller, runs
 from distrun.transport import rundir
 
 from .conftest import distrun_bin
+from .plans import plan_for
 
 # These tests start processes tagged with a run id on this machine, or claim it as a host (a claim
 # counts every tagged process of the user there): a test process beside this one (the suite runs
@@ -66,7 +67,7 @@ class LocalRun:
 
     def __init__(self, tmp_path: Path, monkeypatch, program: str, run_id: str = "20260101-000000-train-aaaa") -> None:
         self.cluster = local_cluster()
-        plan = build_plan(self.cluster, run_id=run_id, launcher="mpirun", script="job.py")
+        plan = plan_for(self.cluster, run_id=run_id, launcher="mpirun", script="job.py")
         self.plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=ME), shared_dir=str(tmp_path / "shared"))
         monkeypatch.setattr(Mpirun, "command", lambda self_, plan_, host: ["bash", "-c", program])
         self.dir = Path(rundir.attempt_path(self.plan))  # the attempt's own folder
@@ -99,6 +100,39 @@ class LocalRun:
 
 
 # ------------------------------------------------------------------ records that never lie
+
+def test_distrun_stop_has_the_runs_own_controller_stop_it_and_says_so(private_state, tmp_path):
+    """A run whose distrun process still starts or follows it: 'distrun stop' asks in the record,
+    sends that process SIGTERM (only while it is that process) and waits for it; the controller
+    then records the run as stopped by 'distrun stop', exit 130."""
+    from distrun.run.stop import STOPPED, interruption, stop_controller
+
+    said = tmp_path / "said"
+    follower = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: (open({str(said)!r}, 'w').write('TERM'), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert follower.stdout is not None and follower.stdout.readline().strip() == "ready"
+    run = runs.new_run("train", Path("/inv/hosts.yml"))
+    run.meta.controller = controller.identity(follower.pid)
+    run.save()
+    assert interruption(run) != (ExitCode.INTERRUPTED, STOPPED)  # nobody asked yet
+    assert stop_controller(run) == f"pid {follower.pid} on {controller.identity()['host']}"
+    assert follower.wait(timeout=10) == 0 and said.read_text() == "TERM"
+    assert run.stop_asked and interruption(run) == (ExitCode.INTERRUPTED, STOPPED)
+    # A pid reused by another process is never signalled; an ended run has no controller to stop.
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        run.meta.controller = {**controller.identity(stranger.pid), "start": 1}
+        run.save()
+        assert stop_controller(run) == "" and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+    run.finish(0)
+    assert stop_controller(run) == ""
+
 
 def test_a_record_keeps_its_controller_and_knows_when_it_is_gone(private_state):
     run = runs.new_run("train", Path("/inv/hosts.yml"))
@@ -238,7 +272,7 @@ def state_answer(words: str, procs: int, started: list[int]) -> str:
 ])
 def test_the_launchers_decide_the_runs_state(launcher, answers, state, rc):
     cluster = local_cluster(("n1", "n2"))
-    plan = build_plan(cluster, run_id="R", launcher=launcher, workload="ddp")
+    plan = plan_for(cluster, run_id="R", launcher=launcher, workload="ddp")
     hosts = {h: liveness.parse_probe(h, "noise\n" + state_answer(a, procs=2, started=[0]) if a else "ssh: timeout")
              for h, a in answers.items()}
     judged = liveness.judge(plan, hosts)
@@ -258,7 +292,7 @@ def test_the_launchers_decide_the_runs_state(launcher, answers, state, rc):
 ])
 def test_a_lost_node_leaves_the_run_in_reach_while_another_launch_host_answers(launcher, answers, lost, out):
     cluster = local_cluster(("n1", "n2", "n3"))
-    plan = build_plan(cluster, run_id="R", launcher=launcher, workload="ddp")
+    plan = plan_for(cluster, run_id="R", launcher=launcher, workload="ddp")
     hosts = {h: liveness.parse_probe(h, state_answer(a, procs=0, started=[]) if a else "ssh: timeout")
              for h, a in answers.items()}
     said = liveness.out_of_contact(plan, hosts, lost)
@@ -330,6 +364,52 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
     home = Path(os.path.expanduser(f"~{ME}")) / ".cache" / "distrun"
     for f in home.glob(f"busy-{host}.*"):
         f.unlink()
+
+
+def test_two_runs_claiming_at_once_one_holds_every_host_and_the_other_is_refused_naming_it(proc_view):
+    """Both ask at the same moment: they meet on the first host (the head), so one holds all of
+    them and the other is refused there, with the winner's name (never a part each, never a name
+    left by an earlier holder), and the exit code of busy hosts."""
+    hosts = [f"unit-{os.getpid()}-h{k}" for k in (1, 2, 3)]
+    cluster = local_cluster(tuple(hosts))
+    home = Path(os.path.expanduser(f"~{ME}")) / ".cache" / "distrun"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / f"busy-{hosts[0]}.run").write_text("20250101-000000-train-dead\n")  # a killed holder's
+    runs = ["20260101-000000-train-ccc1", "20260101-000000-train-ccc2"]
+    got: dict[str, object] = {}
+    gate = threading.Barrier(2)
+
+    def take(run: str) -> None:
+        gate.wait()
+        try:
+            got[run] = busy.claim(cluster, hosts, run)
+        except UserError as exc:
+            got[run] = exc
+
+    threads = [threading.Thread(target=take, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    try:
+        held = [r for r in runs if isinstance(got[r], busy.Claim)]
+        refused = [r for r in runs if isinstance(got[r], UserError)]
+        assert len(held) == 1 and len(refused) == 1, got
+        claim = got[held[0]]
+        assert isinstance(claim, busy.Claim) and sorted(claim.hosts) == sorted(hosts)
+        error = got[refused[0]]
+        assert isinstance(error, UserError) and error.exit_code == ExitCode.BUSY
+        assert f"{hosts[0]} is busy with run {held[0]} (starting there now)" in str(error), error
+        assert (home / f"busy-{hosts[0]}.run").read_text() == f"{held[0]}\n"
+        claim.release()
+        assert (home / f"busy-{hosts[0]}.run").read_text() == ""  # let go: no name is left behind
+    finally:
+        for left in got.values():
+            if isinstance(left, busy.Claim):
+                left.release()
+        for h in hosts:
+            for f in home.glob(f"busy-{h}.*"):
+                f.unlink()
 
 
 def test_a_refusal_names_the_run_whose_process_forged_another_runs_tag(proc_view):
@@ -421,7 +501,7 @@ def test_a_pending_claim_opens_the_gate_or_refuses_and_says_so_in_the_gate_file(
 ])
 def test_where_a_restart_runs(np, failed, lost, exclude_failed, expect):
     cluster = local_cluster(("n1", "n2", "n3"))
-    plan = build_plan(cluster, run_id="R", np=np, workload="ddp")
+    plan = plan_for(cluster, run_id="R", np=np, workload="ddp")
     decision = restarts.decide(cluster, plan, np, failed=failed, lost=lost, exclude_failed=exclude_failed)
     if "refused" in expect:
         assert expect["refused"] in decision.refused
@@ -431,7 +511,7 @@ def test_where_a_restart_runs(np, failed, lost, exclude_failed, expect):
 
 def test_ranks_see_the_restart_and_its_files_have_their_own_folder(tmp_path):
     cluster = local_cluster()
-    plan = build_plan(cluster, run_id="R", workload="ddp", restart=2)
+    plan = plan_for(cluster, run_id="R", workload="ddp", restart=2)
     plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, user=ME), shared_dir=str(tmp_path))
     env = dict(plan.program.env)
     assert env["DISTRUN_RESTART"] == "2" and env["DISTRUN_CHECKPOINT_DIR"].endswith("/checkpoints/R")
@@ -443,9 +523,9 @@ def test_torchrun_restarts_its_workers_in_place_up_to_the_runs_budget():
     from distrun.launchers import torchrun_argv
 
     cluster = local_cluster(("n1", "n2"))
-    plan = build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp", max_restarts=2)
+    plan = plan_for(cluster, run_id="R", launcher="torchrun", workload="ddp", max_restarts=2)
     assert "--max-restarts=2" in torchrun_argv(plan, plan.placement.hosts[0])
-    assert "--max-restarts=0" in torchrun_argv(build_plan(cluster, run_id="R", launcher="torchrun", workload="ddp"), plan.placement.hosts[0])
+    assert "--max-restarts=0" in torchrun_argv(plan_for(cluster, run_id="R", launcher="torchrun", workload="ddp"), plan.placement.hosts[0])
 
 
 @pytest.mark.parametrize(("args", "said"), [

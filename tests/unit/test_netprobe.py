@@ -222,3 +222,38 @@ def test_a_refused_call_ends_at_its_deadline_once_the_probe_is_done():
     t0 = time.monotonic()
     got = ns["call"]("node1", "n", "node2", ADDRESS["node2"], [port], t0 + 0.3, t0 + 0.6, threading.Event())
     assert got["error"] == "refused" and time.monotonic() - t0 < 1.5
+
+
+def test_another_runs_probe_on_the_port_is_waited_for_not_taken_for_another_program():
+    """Two runs started together: the other run's probe listens on the head's rendezvous port for a
+    moment. A caller waits for its own run's listener instead of dropping the port as foreign."""
+    ns, nonce, port = _shipped(), f"unit-{os.getpid()}-{time.time_ns()}", free_port()
+    other = ns["Listener"]("another-run", "node1", [port], ["node2"], time.monotonic() + 0.8, ADDRESS["node1"])
+    ours: dict = {}
+
+    def ours_after_theirs() -> None:
+        other.result()  # the other run's turn ends
+        ours["listener"] = ns["Listener"](nonce, "node1", [port], ["node2"], time.monotonic() + 4, ADDRESS["node1"])
+
+    turn = threading.Thread(target=ours_after_theirs)
+    turn.start()
+    got = ns["call"]("node2", nonce, "node1", ADDRESS["node1"], [port], time.monotonic() + 4)
+    turn.join()
+    assert got == {"ok": True, "address": ADDRESS["node1"], "port": port}, got
+    assert "node2" in ours["listener"].result()["seen"]
+
+
+def test_two_probes_on_one_node_take_turns(tmp_path):
+    """A probe holds its node's turn until it ends; another run's probe there waits for it (as root,
+    which the probe runs as, in a root-owned folder)."""
+    script = (FILES / "netprobe.py").read_text()
+    holder = (f"{script}\nimport sys, time\ntake_turn({str(tmp_path)!r})\nprint('held', flush=True)\n"
+              "time.sleep(float(sys.argv[1]))\n")
+    first = subprocess.Popen([sys.executable, "-c", holder, "1.5"], stdout=subprocess.PIPE, text=True)
+    assert first.stdout is not None and first.stdout.readline().strip() == "held"
+    t0 = time.monotonic()
+    second = subprocess.run([sys.executable, "-c", holder, "0"], capture_output=True, text=True, timeout=30)
+    waited = time.monotonic() - t0
+    first.wait(timeout=30)
+    assert second.stdout.strip() == "held" and waited >= 1.0, (waited, second.stderr)
+    assert oct((tmp_path / "probe.lock").stat().st_mode & 0o777) == "0o600"

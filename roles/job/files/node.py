@@ -359,20 +359,24 @@ def claim(cfg: dict) -> dict:
     named = os.path.join(folder, f"busy-{host}.run")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = (_read(named, 80) or b"").decode(errors="replace").strip()
+    except OSError:  # its holder names its run once its scan found no other: wait for the name
+        deadline = time.monotonic() + 3
+        while not NAME.fullmatch(holder := (_read(named, 80) or b"").decode(errors="replace").strip()) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
         return {"verb": "claim", "claimed": False, "held": True, "runs": [holder if NAME.fullmatch(holder) else ""]}
-    others = sorted(r for r in scan({"proc": cfg.get("proc"), "user": cfg.get("user")})["runs"] if r != run)
-    if others:
-        return {"verb": "claim", "claimed": False, "held": False, "runs": others}
-    try:
-        with open(os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as fh:
-            fh.write(f"{run}\n")
+    try:  # emptied first: a holder that was killed left its run's name
+        fd = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        others = sorted(r for r in scan({"proc": cfg.get("proc"), "user": cfg.get("user")})["runs"] if r != run)
+        os.write(fd, b"" if others else f"{run}\n".encode())
     except OSError as exc:
         return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
+    if others:
+        return {"verb": "claim", "claimed": False, "held": False, "runs": others}
     answer({"verb": "claim", "claimed": True, "runs": []})
     while select.select([sys.stdin], [], [], hold)[0] and sys.stdin.readline():
         pass  # held while heartbeats come; a closed stdin (the controller gone) or silence ends it
+    os.ftruncate(fd, 0)  # let go: no run's name is left for the next holder's wait
     sys.exit(0)
 
 

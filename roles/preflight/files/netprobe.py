@@ -6,13 +6,46 @@ rendezvous port (torchrun's, and MASTER_PORT of every torch program) and every o
 it; in the full set ('distrun check') every node also listens on a port of Open MPI's TCP range
 and every node calls every other one there, as Open MPI's TCP transport does between ranks. A
 listener greets each caller with the run's nonce, so another program on the port is never taken
-for it, and learns the caller's name.
+for it, and learns the caller's name. Two runs' probes on one node take turns (``take_turn``):
+another run's probe listening on the rendezvous port is neither in use by a leftover nor a
+foreign program, only a probe whose turn ends in seconds.
 """
 
+import fcntl
 import hashlib
+import os
 import socket
+import stat
 import threading
 import time
+
+# Root's folder for the probes' turn (root-owned, writable by root only).
+TURN_DIR = "/run/distrun"
+
+
+def take_turn(folder=TURN_DIR, wait_s=60.0):
+    """As root: wait until no other run's probe on this node holds the turn (at most ``wait_s``),
+    then hold it until this probe ends (the lock goes with the process). Without a root-owned
+    folder to hold it in, the probe goes on at once."""
+    try:
+        if os.geteuid() != 0:
+            return
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            return
+        fd = os.open(os.path.join(folder, "probe.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
 
 
 def range_ports(nonce, host, low, high, count=4):
@@ -147,6 +180,11 @@ def call(me, nonce, peer, address, ports, deadline, late=None, busy=None):
             # Accepted, and no greeting yet: a listener busy with other callers on a loaded
             # node, not another program. Called again until the deadline.
             last = "silent"
+            continue
+        if said.startswith(b"DISTRUN-NETPROBE "):
+            # Another run's probe, whose turn on that node ends within seconds: as a refusal.
+            last = "refused"
+            time.sleep(0.1)
             continue
         foreign, last = True, "foreign"
         todo.remove(port)

@@ -603,7 +603,7 @@ def main():
     net = dict(CFG.get("net") or {})
     if CFG.get("ports"):
         STEP = "ports"
-        # Before this probe's own listeners (netprobe.py) take the rendezvous port for a moment.
+        take_turn()  # noqa: F821 - netprobe.py's: another run's probe here ends first; then, before our listeners, the ports
         report["ports"] = probe_ports(CFG["ports"])
         if not all(v.get("ok") for v in report["ports"].values()):
             net["rendezvous"] = 0  # taken: the ports check says by whom

@@ -95,7 +95,8 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     With --json, stdout holds one JSON object when the run ends (run_id, status, exit_code,
     result, ...; see docs/guide/cli.md) and the progress goes to stderr. Exit codes: 0 success,
     1 the job failed, 2 bad usage, 3 preflight refused, 4 staging failed, 5 launch failed,
-    6 contact lost, 130 interrupted, 143 terminated; Slurm's final states 124, 137, 143, 255
+    6 contact lost, 8 busy hosts, 130 interrupted or stopped, 143 terminated; Slurm's final
+    states 124, 137, 143, 255
     ('distrun --help' lists every code).
     """
     t0 = time.monotonic()

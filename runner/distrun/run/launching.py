@@ -31,6 +31,7 @@ from distrun.run.listener import Listener
 from distrun.run.playbooks import RunPlaybooks
 from distrun.run.staging import Upload, discard
 from distrun.run.starter import Starter
+from distrun.run.stop import interruption
 from distrun.store.runs import Phases
 from distrun.transport import handshake as hs
 from distrun.transport.early_playbook import RUN_PLAYBOOK
@@ -63,6 +64,7 @@ class Launching:
         self.restart = planned.plan.attempt.restart
         self.attempt = self._new_attempt()
         self.starter: Starter | None = None
+        self.ready_: Ready | None = None  # the current try's
         self.cleaned = False  # what a refused, unstaged or interrupted try left was removed
 
     @property
@@ -95,7 +97,10 @@ class Launching:
             self.attempt.refused(str(refused), refused.exit_code)
             raise
         except KeyboardInterrupt:
-            self.attempt.interrupted()
+            code, why = interruption(self.record)
+            self.attempt.interrupted(why, code)
+            if self.ready_ is not None and not self.cleaned and not self.may_run:
+                self.discard(self.ready_, {})  # an upload in flight may hold the run's secrets
             raise
         finally:
             self.record.write(f"attempts/{self.restart}/states.json", self.attempt.to_json())
@@ -172,7 +177,8 @@ class Launching:
         upload = Upload(cluster, staged_on, record.id, Path(extravars["distrun_run_bundle"]), extravars["distrun_env_file"],
                         gate, after=self.claim.masters if self.claim is not None else None, told=self.attempt.uploaded)
         self.phases.mark("plan and bundle")
-        return Ready(project, extravars, steps, early, skips, staged_on, upload)
+        self.ready_ = Ready(project, extravars, steps, early, skips, staged_on, upload)
+        return self.ready_
 
     def project_ready(self, ready: Ready) -> None:
         """A first attempt's --workdir project sent and prepared, once the hosts are claimed."""
@@ -207,14 +213,11 @@ class Launching:
         interrupted = result.status == "canceled"
         unstaged = starter.unstaged() if result.ok and ready.early else {}
         if (not result.ok or unstaged) and not (interrupted and starter.started):
-            # An upload no stage step took may hold the run's secrets, and what the probes
-            # staged belongs to no run that starts: removed, except where the node does not
-            # answer (not waited on: the refusal comes first).
-            ready.upload.join(5)
-            discard(self.planned.cluster,
-                    [h for h in ready.staged_on if not (h in result.hosts and result.hosts[h].unreachable)],
-                    record.id, created=starter.made(extravars["distrun_run_dir"], extravars["distrun_checkpoint_dir"] or "")
-                    if ready.early else {})
+            # What the probes staged belongs to no run that starts: removed, except where the
+            # node does not answer (not waited on: the refusal comes first).
+            self.discard(ready, {h: r.unreachable for h, r in result.hosts.items()},
+                         starter.made(extravars["distrun_run_dir"], extravars["distrun_checkpoint_dir"] or "")
+                         if ready.early else {})
         sshmesh.remember(self.request.inventory, result.fact(sshmesh.FACT))
         if ready.project:
             record_pulls(record, result)
@@ -224,6 +227,13 @@ class Launching:
             self.cleaned = not starter.started
             raise KeyboardInterrupt
         return unstaged
+
+    def discard(self, ready: Ready, unreachable: dict[str, bool], created: dict[str, list[str]] | None = None) -> None:
+        """A try that stages nothing: its upload, which may hold the run's secrets, and the run's
+        folders the probes made removed where the node answers."""
+        ready.upload.join(5)
+        discard(self.planned.cluster, [h for h in ready.staged_on if not unreachable.get(h)], self.record.id,
+                created=created or {})
 
     def claimed(self) -> None:
         """Wait for the claim's answer: busy hosts refuse the run before anything else is said

@@ -1,13 +1,18 @@
-"""'distrun stop': every process of a train run on every node, with a count per node."""
+"""'distrun stop': every process of a train run on every node, with a count per node. A run that
+a distrun process still starts or follows (its controller) is stopped by that process first, as
+Ctrl-C would, wherever its start is (planned, probed, staged, launching) or while it follows the
+ranks: asked in the record, then signalled; it records the run as stopped by 'distrun stop'."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrun.errors import UserError
+from distrun import terminating
+from distrun.errors import ExitCode, UserError
 from distrun.planning import containers
 from distrun.printable import printable
+from distrun.store import controller
 from distrun.store.runs import RecordError, Run, RunStatus, load_run
 from distrun.transport import nodeprog
 from distrun.transport.ansible_bridge import run_playbook
@@ -21,6 +26,7 @@ class StopReport:
     run_id: str = ""
     stopped: dict[str, int] = field(default_factory=dict)
     missed: dict[str, str] = field(default_factory=dict)
+    followed_by: str = ""  # the distrun process that started or followed the run and stopped it first
 
     @property
     def rc(self) -> int:
@@ -76,11 +82,40 @@ def container_stop(run: Run) -> list[str]:
         return []
 
 
+STOPPED = "stopped by 'distrun stop'"
+# How long 'distrun stop' waits for the run's controller to stop it (stop its ranks, collect).
+CONTROLLER_WAIT_S = 120
+
+
+def stop_controller(run: Run) -> str:
+    """Have the run's controller, where it runs on this machine, stop the run itself: the request
+    in the record, then SIGTERM, and wait for it to end. Which process it was, or "" when none
+    here follows the run."""
+    if run.meta.status != RunStatus.RUNNING or controller.alive(run.meta.controller) is not True \
+            or run.meta.controller == controller.identity():  # a record this very process made
+        return ""
+    who = controller.describe(run.meta.controller)
+    run.ask_to_stop()
+    if controller.terminate(run.meta.controller):
+        controller.wait_gone(run.meta.controller, CONTROLLER_WAIT_S)
+    run.reload()
+    return who
+
+
+def interruption(record: Run) -> tuple[int, str]:
+    """The exit code and words of a run its controller stopped when interrupted: asked by 'distrun
+    stop' (130), Ctrl-C (130), or a signal in its own terminal (143)."""
+    if record.stop_asked:
+        return ExitCode.INTERRUPTED, STOPPED
+    return terminating.exit_code(), terminating.word()
+
+
 def stop_run(run_id: str) -> StopReport:
     """Stop a train run everywhere and mark its record stopped; what was stopped where."""
     run: Run = load_run(run_id, verb="train")
     if run.meta.verb != "train":
         raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs have processes to stop")
+    followed_by = stop_controller(run)
     outputs: dict[str, str] = {}
 
     def on_event(ev: PlaybookEvent) -> None:
@@ -94,9 +129,11 @@ def stop_run(run_id: str) -> StopReport:
     result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir, extravars=extravars,
                           on_event=on_event)
     report = stop_report(result, outputs, run.id)
+    report.followed_by = followed_by
     if run.meta.status == RunStatus.RUNNING:
         if report.missed:
-            run.finish(130, f"stop incomplete: {', '.join(report.missed)} not reached", status=RunStatus.STOPPED)
+            run.finish(ExitCode.INTERRUPTED, f"stop incomplete: {', '.join(report.missed)} not reached",
+                       status=RunStatus.STOPPED)
         else:
-            run.finish(130, "stopped by 'distrun stop'", status=RunStatus.STOPPED)
+            run.finish(ExitCode.INTERRUPTED, STOPPED, status=RunStatus.STOPPED)
     return report

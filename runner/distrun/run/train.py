@@ -11,7 +11,6 @@ import shutil
 import time
 from pathlib import Path
 
-from distrun import terminating
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
@@ -31,6 +30,7 @@ from distrun.run.liveness import out_of_contact, probe, wait_started
 from distrun.run.playbooks import RunPlaybooks
 from distrun.run.restarts import decide
 from distrun.run.staging import Upload, discard
+from distrun.run.stop import interruption
 from distrun.store.runs import Phases, RunStatus, new_run, new_run_id
 from distrun.transport import handshake as hs
 from distrun.transport.early_playbook import EarlyPlaybook
@@ -204,9 +204,10 @@ class Run:
                 phases.mark("collect")
         if self.left_running:
             return ExitCode.OK
-        if interrupted:  # Ctrl-C (130), or SIGTERM/SIGHUP taken the same way (143)
-            record.finish(terminating.exit_code(), terminating.word(), status=RunStatus.STOPPED)
-            return terminating.exit_code()
+        if interrupted:  # 'distrun stop' or Ctrl-C (130), or SIGTERM/SIGHUP in its terminal (143)
+            code, why = interruption(record)
+            record.finish(code, why, status=RunStatus.STOPPED)
+            return code
         assert rc is not None and self.plan is not None
         code = self.end.summarise(rc, time.monotonic() - started, self.plan)
         phases.mark("summary")
@@ -246,6 +247,12 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
         try:
             steps, early = Run(request, listener, phases, cluster, claim, early), None
             return steps.execute(first)
+        except KeyboardInterrupt:  # before the run's own steps took it, or while they ended
+            if phases.run.meta.status != RunStatus.RUNNING:
+                raise
+            code, why = interruption(phases.run)
+            phases.run.finish(code, why, status=RunStatus.STOPPED)
+            return code
         except UserError as exc:
             if steps is not None:
                 steps.books.cancel_early()  # before its record may be removed

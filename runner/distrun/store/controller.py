@@ -9,7 +9,9 @@ for it.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
 from typing import Any
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -63,8 +65,33 @@ def alive(controller: Any) -> bool | None:
         return False
     except PermissionError:
         pass  # a process of another user holds the pid: its start time tells
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is not None and stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+        return False  # it exited; only its parent has not read its status yet
     start = controller.get("start")
     return start is None or process_start(pid) == start
+
+
+def terminate(controller: Any) -> bool:
+    """SIGTERM to the controller a record names, only while it is that process (alive() checks
+    the pid's start time): the controller takes it as Ctrl-C. True when it was sent."""
+    if alive(controller) is not True or controller.get("pid") == os.getpid():
+        return False  # never this process itself
+    try:
+        os.kill(int(controller["pid"]), signal.SIGTERM)
+    except OSError:
+        return False
+    return True
+
+
+def wait_gone(controller: Any, timeout_s: float) -> bool:
+    """Wait until the controller no longer runs (at most timeout_s); whether it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while alive(controller) is True:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def describe(controller: Any) -> str:

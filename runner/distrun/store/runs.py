@@ -21,6 +21,9 @@ from distrun.store import controller
 # The record's format. A reader takes the fields it knows from any format and ignores the rest;
 # a record it cannot read names its format when that is newer than this one.
 FORMAT = 1
+# Written by 'distrun stop' before it signals the run's controller: the controller records the
+# run as stopped by it, not as interrupted.
+STOP_REQUEST = "stop-requested"
 
 
 class RunStatus(StrEnum):
@@ -142,6 +145,14 @@ class Run:
         """Nothing follows the run any more; it goes on by itself on the cluster."""
         self.meta.controller = None
         self.save()
+
+    def ask_to_stop(self) -> None:
+        """'distrun stop' asks: the controller that sees this stops the run as asked."""
+        self.write(STOP_REQUEST, json.dumps({"by": controller.identity(), "at": time.time()}) + "\n")
+
+    @property
+    def stop_asked(self) -> bool:
+        return (self.dir / STOP_REQUEST).is_file()
 
     def write(self, name: str, text: str, mode: int = 0o600) -> Path:
         path = self.dir / name

@@ -145,6 +145,9 @@ def print_status(view: RunView) -> None:
 
 
 def print_stop_report(report: StopReport) -> None:
+    if report.followed_by:
+        console.print(f"run {report.run_id}: the distrun process that ran it ({report.followed_by}) stopped it",
+                      markup=False, soft_wrap=True)
     for host, n in report.stopped.items():
         console.print(f"  {host}: stopped {n} process(es)", markup=False)
     for host, why in report.missed.items():
