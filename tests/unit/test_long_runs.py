@@ -134,6 +134,30 @@ def test_distrun_stop_has_the_runs_own_controller_stop_it_and_says_so(private_st
     assert stop_controller(run) == ""
 
 
+def test_distrun_stop_counts_what_the_controller_stopped_before_its_own_sweep(private_state, monkeypatch):
+    """The controller stopped the run's processes (its stop play kept the counts in the record);
+    'distrun stop' then finds none left, and says how many the run's stop ended, never '0'."""
+    from distrun.run import stop
+    from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
+
+    answer = '{"verb": "stop", "run": "r", "stopped": %d, "killed": 0, "survived": []}'
+    counts = iter([{"n1": 4, "n2": 2}, {"n1": 0, "n2": 1}])
+
+    def play(playbook, inventory, run_dir, *, extravars, on_event, **_):
+        for host, n in next(counts).items():
+            on_event(PlaybookEvent("ok", host, "stop", data={"stdout": answer % n}))
+        return PlaybookResult(playbook, 0, "successful", {h: HostProgress(h, ok=1) for h in ("n1", "n2")}, run_dir)
+
+    monkeypatch.setattr(stop, "run_playbook", play)
+    run = runs.new_run("train", Path("/inv/hosts.yml"))
+    assert stop.stop_play(run, Path("/inv/hosts.yml"), None).stopped == {"n1": 4, "n2": 2}  # the controller's
+    run.meta.controller = {**controller.identity(), "pid": dead_pid()}
+    run.save()
+    monkeypatch.setattr(stop, "stop_controller", lambda r: "pid 1 on here")
+    report = stop.stop_run(run.id)
+    assert report.stopped == {"n1": 4, "n2": 3} and report.followed_by == "pid 1 on here"
+
+
 def test_a_record_keeps_its_controller_and_knows_when_it_is_gone(private_state):
     run = runs.new_run("train", Path("/inv/hosts.yml"))
     assert controller.alive(run.meta.controller) is True  # this test process

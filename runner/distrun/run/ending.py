@@ -11,7 +11,6 @@ from pathlib import Path
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
-from distrun.planning import containers
 from distrun.planning.bundle import common_vars
 from distrun.planning.jobplan import JobPlan
 from distrun.run.collect import Failure, collect_hosts, pull_run
@@ -19,6 +18,7 @@ from distrun.run.collect_rules import LEFT_FILE, SMALL_BYTES, Left, left_record,
 from distrun.run.diagnosis import NodeFailure, RunSummary, summarise
 from distrun.run.follow import Outcome, follow
 from distrun.run.listener import Listener
+from distrun.run.stop import stop_play
 from distrun.store.runs import Run
 from distrun.transport import nodeprog
 from distrun.transport.ansible_bridge import run_playbook
@@ -79,12 +79,7 @@ class RunEnd:
         """Stop every process of the run on hosts; the hosts that could not be reached."""
         if not hosts:
             return set()
-        extravars: dict[str, object] = {"distrun_run_id": plan.run_id}
-        if argv := containers.stop_argv(plan):  # a run with an image: its containers too
-            extravars["distrun_container_stop_argv"] = argv
-        result = run_playbook("playbooks/stop.yml", self.inventory, self.run.dir, extravars=extravars,
-                              limit=",".join(hosts))
-        return {h.name for h in result.hosts.values() if h.unreachable}
+        return stop_play(self.run, self.inventory, plan, hosts).unreachable
 
     def collect(self, cluster: Cluster, plan: JobPlan, hosts: list[str], lost: set[str]) -> None:
         """Bring the run's logs, exit codes and small files home from hosts (every rank host in

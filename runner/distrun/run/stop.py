@@ -5,12 +5,15 @@ ranks: asked in the record, then signalled; it records the run as stopped by 'di
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distrun import terminating
 from distrun.errors import ExitCode, UserError
+from distrun.launchers import launcher_named
 from distrun.planning import containers
+from distrun.planning.jobplan import JobPlan
 from distrun.printable import printable
 from distrun.store import controller
 from distrun.store.runs import RecordError, Run, RunStatus, load_run
@@ -27,6 +30,7 @@ class StopReport:
     stopped: dict[str, int] = field(default_factory=dict)
     missed: dict[str, str] = field(default_factory=dict)
     followed_by: str = ""  # the distrun process that started or followed the run and stopped it first
+    unreachable: set[str] = field(default_factory=set)
 
     @property
     def rc(self) -> int:
@@ -71,18 +75,31 @@ def stop_report(result: PlaybookResult, outputs: dict[str, str], run_id: str = "
     return report
 
 
-def container_stop(run: Run) -> list[str]:
-    """The removal of the run's containers on each node, for a run with an image ([] otherwise,
-    or for a record that never had a plan)."""
+def stop_vars(run_id: str, plan: JobPlan | None) -> dict[str, object]:
+    """The extra-vars of playbooks/stop.yml for a run: its id, the launcher's own cancel
+    (Launcher.cancel) and, for a run with an image, the removal of its containers by label."""
+    extravars: dict[str, object] = {"distrun_run_id": run_id}
+    if plan is not None:
+        extravars.update(launcher_named(plan.launch.launcher).cancel(plan))
+        if argv := containers.stop_argv(plan):
+            extravars["distrun_container_stop_argv"] = argv
+    return extravars
+
+
+def recorded(run: Run) -> JobPlan | None:
+    """The run's plan as its record keeps it, or None for a record that never had one."""
     from distrun.run.liveness import recorded_plan
 
     try:
-        return containers.stop_argv(recorded_plan(run))
+        return recorded_plan(run)
     except RecordError:
-        return []
+        return None
 
 
 STOPPED = "stopped by 'distrun stop'"
+# In the record: how many processes the run's own stops stopped on each node (the controller's,
+# which 'distrun stop' adds to its own count).
+STOPPED_FILE = "stopped.json"
 # How long 'distrun stop' waits for the run's controller to stop it (stop its ranks, collect).
 CONTROLLER_WAIT_S = 120
 
@@ -110,12 +127,10 @@ def interruption(record: Run) -> tuple[int, str]:
     return terminating.exit_code(), terminating.word()
 
 
-def stop_run(run_id: str) -> StopReport:
-    """Stop a train run everywhere and mark its record stopped; what was stopped where."""
-    run: Run = load_run(run_id, verb="train")
-    if run.meta.verb != "train":
-        raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs have processes to stop")
-    followed_by = stop_controller(run)
+def stop_play(record: Run, inventory: Path, plan: JobPlan | None, hosts: list[str] | None = None) -> StopReport:
+    """playbooks/stop.yml for the record's run on hosts (default: every node of the inventory):
+    the launcher's cancel, then every process of the run; what it stopped on each node, kept in
+    the record (STOPPED_FILE, added to what earlier stops of the run stopped)."""
     outputs: dict[str, str] = {}
 
     def on_event(ev: PlaybookEvent) -> None:
@@ -123,12 +138,41 @@ def stop_run(run_id: str) -> StopReport:
         if ev.host and nodeprog.answer(out, "stop") is not None:
             outputs[ev.host] = out
 
-    extravars: dict[str, object] = {"distrun_run_id": run.id}
-    if argv := container_stop(run):
-        extravars["distrun_container_stop_argv"] = argv
-    result = run_playbook("playbooks/stop.yml", Path(run.meta.inventory), run.dir, extravars=extravars,
-                          on_event=on_event)
-    report = stop_report(result, outputs, run.id)
+    extravars = stop_vars(record.id, plan)
+    if hosts:
+        result = run_playbook("playbooks/stop.yml", inventory, record.dir, extravars=extravars, on_event=on_event,
+                              limit=",".join(hosts))
+    else:
+        result = run_playbook("playbooks/stop.yml", inventory, record.dir, extravars=extravars, on_event=on_event)
+    report = stop_report(result, outputs, record.id)
+    report.unreachable = {h.name for h in result.hosts.values() if h.unreachable}
+    kept = stopped_before(record)
+    for host, n in report.stopped.items():
+        kept[host] = kept.get(host, 0) + n
+    record.write(STOPPED_FILE, json.dumps(kept, indent=2, sort_keys=True) + "\n")
+    return report
+
+
+def stopped_before(record: Run) -> dict[str, int]:
+    """How many processes the run's own stops stopped on each node, as its record keeps it."""
+    try:
+        kept = json.loads((record.dir / STOPPED_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(h): n for h, n in kept.items() if isinstance(n, int)} if isinstance(kept, dict) else {}
+
+
+def stop_run(run_id: str) -> StopReport:
+    """Stop a train run everywhere and mark its record stopped; what was stopped where (counting
+    what its controller stopped, where it stopped the run first)."""
+    run: Run = load_run(run_id, verb="train")
+    if run.meta.verb != "train":
+        raise UserError(f"run {run.id} is a '{run.meta.verb}' run: only train runs have processes to stop")
+    followed_by = stop_controller(run)
+    by_controller = stopped_before(run) if followed_by else {}
+    report = stop_play(run, Path(run.meta.inventory), recorded(run))
+    for host in report.stopped:
+        report.stopped[host] += by_controller.get(host, 0)
     report.followed_by = followed_by
     if run.meta.status == RunStatus.RUNNING:
         if report.missed:
