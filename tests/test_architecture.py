@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,3 +144,56 @@ def test_nothing_outside_the_launchers_and_the_cli_branches_on_a_launchers_name(
             if consts & LAUNCHER_NAMES and any(_names_a_launcher(s) for s in sides):
                 found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert not found, f"a launcher's name compared outside launchers/ (declare it on the Launcher instead): {found}"
+
+
+# A launcher is its own files and one line that registers it: the files a new launcher needs.
+OUTSIDE_LAUNCHER = REPO / "tests" / "launchers" / "podlet"
+NEW_LAUNCHER_FILES = 2  # podlet's: its Launcher (__init__.py) and its node side (kubelet.py)
+PRODUCT = ("runner", "roles", "playbooks", "setup.yml", "ansible.cfg", "docs/guide")
+
+
+def test_each_shipped_launcher_lives_in_a_module_of_its_own_and_one_registry_line_names_it():
+    from distrun.launchers import LAUNCHERS
+
+    registry = (PACKAGE / "launchers" / "__init__.py").read_text()
+    for name, launcher in LAUNCHERS.items():
+        module = type(launcher).__module__.split(".")
+        assert module[:2] == ["distrun", "launchers"] and module[2] not in ("base", "options"), (name, module)
+        # Its class, once, in the registry's one line, and nowhere else in that file.
+        line = next(ln for ln in registry.splitlines() if ln.startswith("LAUNCHERS: dict[str, Launcher] ="))
+        assert registry.count(f"{type(launcher).__name__}()") == 1 and f"{type(launcher).__name__}()" in line
+
+
+def test_a_launcher_from_outside_is_its_package_and_one_line_and_distrun_names_it_nowhere(tmp_path):
+    """The test-only podlet: NEW_LAUNCHER_FILES files of its own, registered by one line
+    (DISTRUN_LAUNCHERS); no file of distrun names it, yet the command line's choices, the help's
+    exit codes, the files a run brings home and where its ranks' logs are found all take it."""
+    files = sorted(p.name for p in OUTSIDE_LAUNCHER.iterdir() if p.is_file() and p.suffix == ".py")
+    assert len(files) == NEW_LAUNCHER_FILES, files
+    named = []
+    for top in PRODUCT:
+        for path in [REPO / top] if (REPO / top).is_file() else (REPO / top).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and "podlet" in path.read_text(errors="replace"):
+                named.append(str(path.relative_to(REPO)))
+    assert not named, f"distrun's own files name the test-only launcher: {named}"
+    probe = (
+        "from distrun.launchers import LAUNCHERS, exit_codes\n"
+        "from distrun.run.collect_rules import run_end_selection\n"
+        "from distrun.run import diagnosis\n"
+        "import json, pathlib, sys\n"
+        "d = pathlib.Path(sys.argv[1]) / 'node1' / 'attempts' / '0' / 'pods'\n"
+        "d.mkdir(parents=True)\n"
+        "(d / '2.log').write_text('DISTRUN_RANK rank=2 local_rank=0 world_size=3 host=node1\\n')\n"
+        "print(json.dumps({'names': list(LAUNCHERS), 'codes': dict(exit_codes()),\n"
+        "                  'collected': [p for p in run_end_selection().patterns if 'pods' in p],\n"
+        "                  'logs': {str(k): str(v) for k, v in diagnosis.rank_logs(pathlib.Path(sys.argv[1])).items()}}))\n")
+    env = {**os.environ, "DISTRUN_LAUNCHERS": "tests.launchers.podlet:Podlet", "PYTHONPATH": f"{REPO}:{REPO / 'runner'}"}
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["names"][-1] == "podlet" and "podlet: a pod was evicted" in got["codes"]["12"]
+    assert "attempts/*/pods/*" in got["collected"] and got["logs"] == {"2": str(tmp_path / "node1/attempts/0/pods/2.log")}
+    helped = subprocess.run([str(Path(sys.executable).parent / "distrun"), "train", "--help"], capture_output=True,
+                            text=True, env={**env, "COLUMNS": "200"}, timeout=60, check=False)
+    assert "podlet" in helped.stdout and helped.returncode == 0

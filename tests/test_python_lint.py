@@ -1,4 +1,4 @@
-"""ruff and mypy over the runner and its unit tests, with the settings in pyproject.toml."""
+"""ruff and mypy over the runner, its unit tests and the test-only launcher, with the settings in pyproject.toml."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ BIN = Path(sys.executable).parent
 
 
 def test_ruff_is_clean():
-    result = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "runner", "tests/unit"],
+    result = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "runner", "tests/unit", "tests/launchers"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
 

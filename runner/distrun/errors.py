@@ -25,8 +25,9 @@ class PlanError(UserError):
 
 
 class ExitCode(IntEnum):
-    """Every exit code distrun returns ('distrun --help' and docs/guide/cli.md list them, a unit
-    test greps the code for others). A launcher's own codes are mapped to these."""
+    """distrun's own exit codes. A launcher maps its end to one of these or to a code it declares
+    itself (``Launcher.exit_codes``); 'distrun --help' and docs/guide/cli.md list both
+    (``launchers.exit_codes``), and a unit test greps the code for any other."""
 
     OK = 0
     FAILED = 1
@@ -37,11 +38,8 @@ class ExitCode(IntEnum):
     CONTACT_LOST = 6
     LOCAL_IO = 7
     BUSY = 8
-    SLURM_TIME_LIMIT = 124
     INTERRUPTED = 130
-    SLURM_OUT_OF_MEMORY = 137
     TERMINATED = 143
-    SLURM_NODE_FAIL = 255
 
 
 MEANINGS: dict[ExitCode, str] = {
@@ -57,14 +55,9 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.LOCAL_IO: "a local file, folder or distrun's own output could not be written or read "
                        "(closed or full stdout, a folder you may not write, a name too long)",
     ExitCode.BUSY: "busy: another run holds the run's hosts (the line names it); nothing was started",
-    ExitCode.SLURM_TIME_LIMIT: "Slurm: the job reached its time limit or deadline",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) or stopped by 'distrun stop' from another shell, or the Slurm job "
-                          "was cancelled",
-    ExitCode.SLURM_OUT_OF_MEMORY: "Slurm: a task ran out of memory",
-    ExitCode.TERMINATED: "terminated (SIGTERM, SIGHUP) while following a run, which was then stopped; "
-                         "or the Slurm job was preempted",
-    ExitCode.SLURM_NODE_FAIL: "Slurm: a node of the job failed",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C) or stopped by 'distrun stop' from another shell",
+    ExitCode.TERMINATED: "terminated (SIGTERM, SIGHUP) while following a run, which was then stopped",
 }
 
-# (code, meaning) in order, for the help text and the docs.
+# (code, meaning) in order; with the launchers' own, for the help text and the docs (launchers.exit_codes).
 EXIT_CODES: tuple[tuple[int, str], ...] = tuple((int(code), MEANINGS[code]) for code in ExitCode)

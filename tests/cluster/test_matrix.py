@@ -47,13 +47,13 @@ def _cell(modes_a, distrun_home, cell_script, launcher: str, mode: str) -> None:
     matrix.run_cell(distrun, inventory, launcher, mode, "yaml-root", distrun_home, cell_script, HOSTS)
 
 
-@pytest.mark.parametrize("launcher", (*matrix.LAUNCHERS, "ssh"))
+@pytest.mark.parametrize("launcher", (*matrix.LAUNCHERS, "ssh", *matrix.OUTSIDE))
 def test_sync_cell(modes_a, distrun_home, cell_script, launcher):
     _cell(modes_a, distrun_home, cell_script, launcher, "sync")
 
 
 @pytest.mark.phase(1)
-@pytest.mark.parametrize("launcher", (*matrix.LAUNCHERS, "ssh"))
+@pytest.mark.parametrize("launcher", (*matrix.LAUNCHERS, "ssh", *matrix.OUTSIDE))
 def test_sshfs_cell(modes_a, distrun_home, cell_script, launcher):
     _cell(modes_a, distrun_home, cell_script, launcher, "sshfs")
 

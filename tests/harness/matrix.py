@@ -31,8 +31,11 @@ COLUMNS = (*LAUNCHERS, "slurm multi-job")
 # The table's columns: the ssh launcher is a column of the YAML inventory's rows only, and of
 # two of its shared folder modes (the others show "-"): its ranks read the run directory as
 # torchrun's do, so two modes prove it and keep the suite short.
-TABLE_COLUMNS = (*COLUMNS, "ssh")
-COLUMN_MODES = {"ssh": ("sync", "sshfs")}
+# A launcher from outside distrun is a column too, registered by its one line (DISTRUN_LAUNCHERS)
+# and found on PYTHONPATH: the test-only podlet (tests/launchers/podlet), in the same two modes.
+OUTSIDE = {"podlet": "tests.launchers.podlet:Podlet"}
+TABLE_COLUMNS = (*COLUMNS, "ssh", *OUTSIDE)
+COLUMN_MODES = {"ssh": ("sync", "sshfs"), **{name: ("sync", "sshfs") for name in OUTSIDE}}
 MODES = ("sync", "sshfs", "external", "nfs")
 INVENTORIES = {
     "yaml-root": "YAML, names = hostnames, admin root",
@@ -43,7 +46,7 @@ INVENTORIES = {
 }
 # The rows an inventory has (its shared folder modes) and the columns it runs; every test node's
 # hostname is on 127.0.1.1 in its /etc/hosts, as Debian's installer writes it.
-ROWS = {"yaml-root": (MODES, (*LAUNCHERS, "ssh")), "ini-alias-ops": (MODES, LAUNCHERS),
+ROWS = {"yaml-root": (MODES, (*LAUNCHERS, "ssh", *OUTSIDE)), "ini-alias-ops": (MODES, LAUNCHERS),
         "yaml-slots-2": (("sync",), COLUMNS), "yaml-slots-2-1-1": (("sync",), COLUMNS),
         # Slurm's own container path is pyxis, which cannot be installed here: its multi-job mode
         # (torchrun in one container per node) is the Slurm cell of this row.
@@ -233,6 +236,14 @@ def latest_run(home: Path) -> Path:
     return runs[-1]
 
 
+def launcher_env(launcher: str) -> dict[str, str]:
+    """What distrun's environment needs for a column's launcher: for one from outside distrun,
+    its registration and where its package is."""
+    if launcher not in OUTSIDE:
+        return {}
+    return {"DISTRUN_LAUNCHERS": OUTSIDE[launcher], "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+
 def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: str, kind: str, home: Path,
              script: Path, hosts: Mapping[str, str], slots: Mapping[str, int] | None = None) -> Cell:
     """Run one cell and check what a user would: exit 0, every rank's allreduce and last epoch,
@@ -248,8 +259,9 @@ def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: s
     world = sum(slots.values())
     last = world - 1
     args = ["--launcher", "slurm", "--slurm-mode", "multi-job"] if launcher == "slurm multi-job" else ["--launcher", launcher]
+    env = launcher_env(launcher)
     try:
-        result = distrun("train", "--inventory", inventory, *args, "--script", str(script), timeout=600)
+        result = distrun("train", "--inventory", inventory, *args, "--script", str(script), env_extra=env, timeout=600)
         shown = result.stdout[-4000:] + result.stderr[-2000:]
         assert result.rc == 0, f"train exited {result.rc}:\n{shown}"
         run = latest_run(home)
@@ -262,7 +274,7 @@ def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: s
         reached = [s["state"] for s in states["states"]]
         assert states["end"] == "launched" and reached[0] == "planned" and reached[-1] == "launched", states
         assert {"uploaded", "staged"} <= set(reached), states
-        logs = distrun("logs", run.name, "--rank", str(last), timeout=120)
+        logs = distrun("logs", run.name, "--rank", str(last), env_extra=env, timeout=120)
         assert logs.rc == 0, f"distrun logs exited {logs.rc}: {logs.stderr[-2000:]}"
         lines = {int(m[1]): m for m in CELL_LINE.finditer(logs.stdout)}
         assert set(lines) == {last}, f"'distrun logs --rank {last}' shows ranks {sorted(lines)}:\n{logs.stdout[-3000:]}"
@@ -288,7 +300,7 @@ def run_cell(distrun: Callable[..., Any], inventory: str, launcher: str, mode: s
         raise
     except subprocess.TimeoutExpired:
         # The CLI was killed, its run was not: stop it, or it holds the hosts for every later test.
-        distrun("stop", "last", timeout=300)
+        distrun("stop", "last", env_extra=env, timeout=300)
         cell.status = "failed: did not finish in 600 s (stopped with 'distrun stop last')"
         raise
     finally:

@@ -1,6 +1,7 @@
-"""Exit codes: one table (errors.ExitCode) that every code the program can return is in, shown by
-'distrun --help' and docs/guide/cli.md; and the program's edges (its own output closed or full,
-a folder it may not write, a name too long) told in one line with a code from that table."""
+"""Exit codes: one table (errors.ExitCode and each launcher's own, composed by launchers.exit_codes)
+that every code the program can return is in, shown by 'distrun --help' and, the same table,
+docs/guide/cli.md; and the program's edges (its own output closed or full, a folder it may not
+write, a name too long) told in one line with a code from that table."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from distrun.errors import EXIT_CODES, ExitCode
+from distrun.errors import ExitCode
+from distrun.launchers import LAUNCHERS, exit_codes
 from distrun.launchers.slurm import STATE_EXIT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,9 +64,9 @@ def help_text() -> str:
 def test_every_exit_code_in_the_source_is_in_the_table_the_help_and_the_guide():
     found = codes_in_source()
     assert 6 in found and 2 in found and 130 in found, "the grep no longer finds the codes it must"
-    table = {int(c) for c in ExitCode}
+    table = {code for code, _ in exit_codes()}
     unknown = {code: where for code, where in found.items() if code not in table}
-    assert not unknown, f"exit codes not in errors.ExitCode: {unknown}"
+    assert not unknown, f"exit codes neither in errors.ExitCode nor a launcher's exit_codes: {unknown}"
     text = help_text()
     section = text[text.index("Exit codes"):]
     guide = (REPO / "docs" / "guide" / "cli.md").read_text()
@@ -72,8 +74,18 @@ def test_every_exit_code_in_the_source_is_in_the_table_the_help_and_the_guide():
         assert re.search(rf"^\s+{code}\s+\S", section, re.M), f"exit code {code} is not in 'distrun --help'"
         assert f"| {code} |" in guide, f"exit code {code} is not in docs/guide/cli.md"
     # and the table holds no code nothing gives
-    assert {code for code, _ in EXIT_CODES} == table
     assert table - set(found) <= {int(ExitCode.OK), int(ExitCode.LOCAL_IO), int(ExitCode.TERMINATED)}
+
+
+def test_the_guides_exit_code_table_is_the_composed_one_and_a_launchers_codes_are_its_own():
+    guide = (REPO / "docs" / "guide" / "cli.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+) \|$", guide[guide.index("## Exit codes"):], re.M)
+    assert [(int(c), m) for c, m in rows] == list(exit_codes())
+    # A launcher's own codes are distrun's neither in meaning nor in name: errors.ExitCode names no launcher.
+    errors_text = (PACKAGE / "errors.py").read_text().lower()
+    assert not [name for name in LAUNCHERS if name in errors_text]
+    slurm = LAUNCHERS["slurm"]
+    assert {code for code, _ in STATE_EXIT.values()} - {0, 1} == set(slurm.exit_codes)
 
 
 def _distrun(args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:

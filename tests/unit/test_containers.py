@@ -228,9 +228,10 @@ def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop
     class Rec:
         id = "r1"
         dir = tmp_path
-    assert stop.container_stop(Rec()) == []  # type: ignore[arg-type]  # no plan.json: nothing to remove
+    assert stop.stop_vars("r1", stop.recorded(Rec())) == {"distrun_run_id": "r1"}  # type: ignore[arg-type]  # no plan.json
     (tmp_path / "plan.json").write_text(json.dumps(to_json(plan_for(runtime="podman"))))
-    assert stop.container_stop(Rec()) == ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]  # type: ignore[arg-type]
+    assert stop.stop_vars("r1", stop.recorded(Rec()))["distrun_container_stop_argv"] == [  # type: ignore[arg-type]
+        "podman", "rm", "-f", "--filter", "label=distrun.run=r1"]
     assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1 >/dev/null"
 
 

@@ -103,7 +103,7 @@ def test_the_command_line_wins_over_the_inventory_which_wins_over_the_default(tm
         "partition": {"value": None, "from": "the default"},
         "time": {"value": "30", "from": "the command line"},
     }
-    assert dry["plan"]["slurm"] == {"mode": "single", "mpi": "pmi2", "time": "30"}
+    assert dry["plan"]["launcher_options"] == {"mode": "single", "mpi": "pmi2", "time": "30"}
     assert "#SBATCH --time=30" in dry["files"]["job.sbatch"] and "srun --mpi=pmi2" in dry["files"]["job.sbatch"]
     assert not any(line.startswith("#SBATCH --partition") for line in dry["files"]["job.sbatch"].splitlines())
     inventory_only = _dry_json(tmp_path)
@@ -140,7 +140,7 @@ def test_a_launcher_without_options_shows_none(tmp_path):
     result = _cli(["train", "-i", TWO, "--dry-run", "--json"])
     assert result.exit_code == 0, result.output
     dry = json.loads(result.stdout)
-    assert dry["launcher_options"] == {} and dry["plan"]["slurm"] == {}
+    assert dry["launcher_options"] == {} and dry["plan"]["launcher_options"] == {}
     assert "launcher options:" not in _cli(["train", "-i", TWO, "--dry-run"]).stdout
 
 

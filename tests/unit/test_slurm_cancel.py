@@ -56,3 +56,21 @@ def test_cancel_leaves_another_users_job_of_the_same_name(tmp_path):
     assert out.stdout.strip() == "2"
     left = [j["id"] for j in json.loads((tmp_path / "squeue.queue").read_text())]
     assert left == ["13", "14"]
+
+
+def test_only_a_launcher_with_a_cancel_step_names_one_and_stop_yml_names_no_launcher():
+    """Slurm's cancel is its launcher's: the stop play runs the role a plan's launcher names
+    (Launcher.cancel), and names no launcher itself."""
+    from distrun.launchers import LAUNCHERS
+    from distrun.run.stop import stop_vars
+
+    from .plans import plan_for
+    from .test_slurm import ENABLED, cluster
+
+    plan = plan_for(cluster(**ENABLED), run_id="r1", launcher="slurm")
+    assert stop_vars("r1", plan) == {"distrun_run_id": "r1", "distrun_cancel_role": "slurm", "slurm_cancel_run_id": "r1"}
+    assert stop_vars("r1", plan_for(cluster(**ENABLED), run_id="r1", launcher="mpirun")) == {"distrun_run_id": "r1"}
+    play = (REPO / "playbooks" / "stop.yml").read_text()
+    assert not [name for name in LAUNCHERS if name in play.lower()]
+    cancel = yaml.safe_load(play)[0]["tasks"][0]["ansible.builtin.include_role"]
+    assert cancel == {"name": "{{ distrun_cancel_role }}", "tasks_from": "cancel"}

@@ -53,7 +53,7 @@ def plan_for(cluster, **kw):
 
 def test_login_only_inventory_reaches_the_login_node_alone_and_asks_slurm_for_nodes(write_inventory):
     cluster = load_cluster(site(write_inventory, "slurm_nodes: 3"))
-    assert cluster.slurm_existing
+    assert cluster.site == "slurm"
     assert [n.name for n in cluster.nodes] == ["login1"]
     assert len(cluster.workers) == 3 and cluster.total_slots == 3
     plan = plan_for(cluster)

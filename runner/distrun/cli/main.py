@@ -57,7 +57,7 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
 
     inv = inventory.path
     cluster = load_cluster(inv)
-    refuse_setup(inv, cluster.slurm_existing)
+    refuse_setup(inv, cluster.site is not None)
     # Every group of the inventory (ansible-inventory's answer is kept: no second call to Ansible).
     groups = [g for g in read_inventory_json(inv) if not g.startswith("_")]
     P.check_limit(inv, limit, [n.name for n in cluster.nodes], ["all", "head", "workers", "ungrouped", *groups])
@@ -80,7 +80,7 @@ def hostfile(inventory: P.Inventory) -> None:
     from distrun.inventory.slurm_site import refuse_hostfile
 
     cluster = load_cluster(inventory.path, paths.fact_cache_dir(inventory.path))
-    refuse_hostfile(inventory.path, cluster.slurm_existing)
+    refuse_hostfile(inventory.path, cluster.site is not None)
     click.echo(render_hostfile(cluster), nl=False)
 
 

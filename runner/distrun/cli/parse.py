@@ -25,7 +25,7 @@ from distrun.cli.edges import (
     working_folder,
 )
 from distrun.cli.params import utf8
-from distrun.errors import EXIT_CODES, ExitCode, UserError
+from distrun.errors import ExitCode, UserError
 from distrun.ui import console as ui
 
 USAGE_EXIT = ExitCode.USAGE
@@ -184,7 +184,9 @@ class Group(click.Group):
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         super().format_epilog(ctx, formatter)
         with formatter.section("Exit codes"):
-            formatter.write_dl([(str(code), meaning) for code, meaning in EXIT_CODES])
+            from distrun.launchers import exit_codes  # distrun's codes and each launcher's own
+
+            formatter.write_dl([(str(code), meaning) for code, meaning in exit_codes()])
 
 
 class Command(click.Command):

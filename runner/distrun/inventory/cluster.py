@@ -51,8 +51,9 @@ class Cluster:
     env_prefix: str
     mpi_prefix: str  # Open MPI's installation: mpirun's --prefix
     group_vars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
-    # A Slurm distrun does not administer (slurm_site): workers are its compute nodes, never reached.
-    slurm_existing: bool = False
+    # A site distrun does not administer, by the name of its scheduler ("slurm": slurm_site), or None:
+    # the head is its login node, the only host distrun reaches; workers are its compute nodes.
+    site: str | None = None
     # MCA parameters that keep a run's Open MPI to its installation's own files (_openmpi_params).
     openmpi_params: tuple[tuple[str, str], ...] = ()
     # One account per person (distrun_users), or None: every run shares the training account.
@@ -61,7 +62,7 @@ class Cluster:
     @property
     def nodes(self) -> tuple[Node, ...]:
         """Every host distrun reaches, once: head first, then the workers."""
-        rest = tuple(n for n in self.workers if n.name != self.head.name and not self.slurm_existing)
+        rest = tuple(n for n in self.workers if n.name != self.head.name and not self.site)
         return (self.head, *rest)
 
     @property
@@ -222,7 +223,7 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         env_prefix=env_prefix,
         mpi_prefix=mpi_prefix,
         group_vars=hv_head,
-        slurm_existing=existing,
+        site=slurm_site.SCHEDULER if existing else None,
         openmpi_params=_openmpi_params(provider, env_prefix, head_facts),
         people=persons,
     )

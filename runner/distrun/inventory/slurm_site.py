@@ -21,6 +21,8 @@ from distrun.errors import InventoryError, UserError
 from distrun.inventory import rules
 
 FLAG = "distrun_slurm_existing"
+# Cluster.site of such an inventory: the name of the site's scheduler, whose launcher runs there.
+SCHEDULER = "slurm"
 # The compute nodes of a job when the inventory names none: placeholders Slurm fills in.
 ANY_NODE = "slurm-any-"
 

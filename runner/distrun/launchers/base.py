@@ -20,7 +20,7 @@ from distrun.transport import nodeprog, rundir
 from distrun.transport.nodeprog import RUN_TAG
 
 if TYPE_CHECKING:
-    from distrun.inventory.cluster import Cluster
+    from distrun.inventory.cluster import Cluster, Node
     from distrun.planning.jobplan import JobPlan, RankHost
 
 # What the launchers and Open MPI print about the rank that failed first.
@@ -58,6 +58,13 @@ class Launcher(ABC):
     run_dir_files: tuple[str, ...] = ()
     # The same as shell patterns, for names that take a number or a host (job-<n>.sbatch).
     run_dir_patterns: tuple[str, ...] = ()
+    # What it writes inside an attempt's folder (rundir.py), as shell patterns: its ranks' logs, its
+    # scheduler's output. They come home when the run ends; in a run of the old layout they lay
+    # at the top of the run directory, so a --script may not take such a name either.
+    attempt_files: tuple[str, ...] = ()
+    # Where among those its ranks' logs are, as shell patterns ('*' crosses '/'), each log's first
+    # line the rank wrapper's header naming its rank: collected logs are found by them.
+    rank_log_files: tuple[str, ...] = ()
     # The ranks form one MPI world, so Python runs under mpi4py's runner: a rank that raises
     # then calls MPI_Abort and the whole job ends at once.
     mpi_world: bool = False
@@ -78,13 +85,21 @@ class Launcher(ABC):
     # attempt then gets an ssh certificate for the run's hosts (run/certificate.py).
     logs_in: bool = False
 
+    # The scheduler of a site distrun does not administer (Cluster.site) that this launcher submits
+    # to: it runs there, reaching only the site's login node (``login``).
+    site: str | None = None
+
+    # Its own exit codes beside distrun's (errors.ExitCode), code -> what it means, for the ends of
+    # its own it maps in ``exit_code``; 'distrun --help' and the CLI guide list them under its name.
+    exit_codes: Mapping[int, str] = {}
+
     # Its own settings (options.py): what 'distrun train --launcher-opt KEY=VALUE' may set, and
     # the inventory key each also reads; the CLI's checks and help come from them.
     options: tuple[LauncherOption, ...] = ()
 
     def owns_run_dir_file(self, name: str) -> bool:
         """Whether this launcher writes a file of that name at the top of a run directory."""
-        return rundir.named(name, self.run_dir_files, self.run_dir_patterns)
+        return rundir.named(name, self.run_dir_files, (*self.run_dir_patterns, *self.attempt_files))
 
     def image_modules(self, plan: JobPlan) -> tuple[str, ...]:
         """With --image: what the image's python3 must import for this launcher to start ranks
@@ -100,11 +115,12 @@ class Launcher(ABC):
         return {name: r.value for name, r in resolved.items() if r.value is not None}
 
     def unready(self, cluster: Cluster) -> str | None:
-        """Why the cluster cannot run this launcher (said by --dry-run), or None. On a Slurm
-        distrun does not administer only the login node is reached: only Slurm starts ranks."""
-        if cluster.slurm_existing:
-            return (f"{cluster.source} describes a Slurm cluster distrun does not administer "
-                    "(distrun_slurm_existing: true): run jobs there with --launcher slurm")
+        """Why the cluster cannot run this launcher (said by --dry-run), or None. On a site distrun
+        does not administer (``cluster.site``) only the login node is reached: only the launcher
+        of the site's scheduler starts ranks there."""
+        if cluster.site and cluster.site != self.site:
+            return (f"{cluster.source} describes a {cluster.site} site distrun does not administer (only its login "
+                    f"node is reached): run jobs there with --launcher {cluster.site}")
         return None
 
     def require_ready(self, cluster: Cluster) -> None:
@@ -112,6 +128,13 @@ class Launcher(ABC):
         why = self.unready(cluster)
         if why:
             raise UserError(f"inventory {why}")
+
+    # --- where it reaches --------------------------------------------------------------------
+
+    def login(self, cluster: Cluster) -> Node | None:
+        """The one host distrun reaches where the launcher's scheduler places the ranks itself (a
+        site's login node), or None: distrun reaches every rank host."""
+        return None
 
     # --- what is rendered and started ------------------------------------------------------
 
@@ -158,6 +181,13 @@ class Launcher(ABC):
         return None
 
     # --- while and after it runs -----------------------------------------------------------
+
+    def cancel(self, plan: JobPlan) -> dict[str, Any]:
+        """What ends the run in the launcher's own scheduler before its processes are stopped:
+        the extra-vars of playbooks/stop.yml's cancel play (``distrun_cancel_role``, the role whose
+        entry point ``cancel`` runs on the head, and that role's variables), or {} when stopping the
+        processes is enough."""
+        return {}
 
     @abstractmethod
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # Variables forwarded to every rank from the launcher's environment. --prefix already sets
 # LD_LIBRARY_PATH for remote daemons; forwarding an unset one only makes mpirun warn.
 _FORWARD = ("PATH",)
+RANKS = "ranks"  # in the attempt's folder: mpirun's --output-filename, one folder per rank
 
 
 def mpirun_argv(plan: JobPlan) -> list[str]:
@@ -27,7 +28,7 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
         "--prefix", plan.launch.mpi_prefix,
         # Ranks go where the hostfile says, in order; never more than the slots.
         "--map-by", "slot",
-        "--output-filename", f"{rundir.attempt_path(plan)}/{rundir.RANKS}",
+        "--output-filename", f"{rundir.attempt_path(plan)}/{RANKS}",
     ]
     if plan.launch.run_as_root:
         argv.append("--allow-run-as-root")
@@ -69,6 +70,8 @@ def relay_hosts(plan: JobPlan) -> list[RankHost]:
 
 class Mpirun(Launcher):
     name = "mpirun"
+    attempt_files = (RANKS,)
+    rank_log_files = (f"{RANKS}/*/stdout",)
     summary = "Open MPI's mpirun on the head starts every rank over ssh (one MPI world)"
     owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
                   "--prefix", "--map-by", "--output-filename", "--launch-agent")

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from distrun.launchers.base import Launcher
 from distrun.planning import containers
-from distrun.transport import rundir
 
 if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan, RankHost
 
 SCRIPT = "ssh-ranks.sh"
+RANKS = "ranks"  # in the attempt's folder: ranks/<rank>/stdout, each rank's output
 FAILED_RANK = r"distrun ssh: rank (\d+) ended with exit code [1-9]"
 
 # Arguments: FIRST_RANK SLOTS PROGRAM...; the launch script exports the rest. Bash 4.3 or later
@@ -93,6 +93,8 @@ class Ssh(Launcher):
     summary = ("every rank host starts its ranks with torch's RANK/WORLD_SIZE/MASTER_ADDR variables; "
                "the program does its own rendezvous")
     run_dir_files = (SCRIPT,)
+    attempt_files = (RANKS,)
+    rank_log_files = (f"{RANKS}/*/stdout",)
     takes_args = False
     failed_rank_patterns = (FAILED_RANK,)
 
@@ -127,5 +129,5 @@ class Ssh(Launcher):
         return ({plan.launch.container.runtime: [plan.launch.container.runtime]} if plan.launch.container else {}), {}
 
     def rank_log(self, rank: int, host: str, local_rank: int) -> str:
-        return f"{rundir.RANKS}/{int(rank)}/stdout"
+        return f"{RANKS}/{int(rank)}/stdout"
 

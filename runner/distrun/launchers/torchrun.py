@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan, RankHost
 
 
+# In the attempt's folder: torchrun's --log-dir, one folder per host.
+LOG_DIR = "torchrun"
+
 def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None, store_host: bool | None = None,
                   program: tuple[str, ...] | None = None, launcher_args: tuple[str, ...] | None = None) -> list[str]:
     """The command run on ``host``; every node gets the same rendezvous, its own slot count.
@@ -46,7 +49,7 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         # In-node restarts: torchrun's agents restart every worker at once up to this many
         # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost.
         f"--max-restarts={int(plan.attempt.max_restarts)}",
-        f"--log-dir={rundir.attempt_path(plan)}/{rundir.TORCHRUN}/{host.name}",
+        f"--log-dir={rundir.attempt_path(plan)}/{LOG_DIR}/{host.name}",
         "--redirects=3",
         "--tee=3",
         *(plan.launch.launcher_args if launcher_args is None else launcher_args),
@@ -69,6 +72,8 @@ def torchrun_env(plan: JobPlan, host: RankHost) -> dict[str, str]:
 
 class Torchrun(Launcher):
     name = "torchrun"
+    attempt_files = (LOG_DIR,)
+    rank_log_files = (f"{LOG_DIR}/*/stdout.log",)
     summary = "one torchrun agent per rank host, c10d rendezvous on the first"
     owned_args = ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--rdzv-backend",
                   "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--master-addr",

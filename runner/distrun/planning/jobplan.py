@@ -38,8 +38,8 @@ class Placement:
     master_addr: str
     master_port: int
     cidr: str | None
-    # The login node of a Slurm cluster distrun does not administer (slurm_site): it launches
-    # (submits) and is the only host distrun reaches; the rank hosts are Slurm's. None elsewhere.
+    # The one host distrun reaches where the launcher's scheduler places the ranks (a site's login
+    # node, Launcher.login): it launches (submits); the rank hosts are the scheduler's. None elsewhere.
     login: RankHost | None = None
 
     @property
@@ -93,7 +93,7 @@ class Launch:
     # --launcher-args: appended as given to mpirun, torchrun or srun.
     launcher_args: tuple[str, ...] = ()
     # The chosen launcher's settings: its --launcher-opt values and inventory keys, resolved
-    # (launchers/options.py). plan.json keeps them under "slurm", their first launcher's name.
+    # (launchers/options.py); plan.json's "launcher_options".
     options: Mapping[str, str] = field(default_factory=dict)
     # --image / distrun_image: every rank runs inside a container of this image (containers.py).
     container: Container | None = None
@@ -158,11 +158,14 @@ class JobPlan:
 # plan.json's keys, in the order every distrun wrote them; a part's field is its own key except these.
 KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi_prefix", "env_prefix",
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
-        "partition_dir", "slurm", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
+        "partition_dir", "launcher_options", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
         "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params")
 # Written only when set: a plan without them is the same file as before they existed.
 OPTIONAL = ("unit_limits", "openmpi_params")
-_KEY_OF = {"argv": "program", "options": "slurm"}
+_KEY_OF = {"argv": "program", "options": "launcher_options"}
+# Keys older distruns wrote under another name, read as today's (a plan.json recorded before 0.2.0
+# kept the launcher's options under its first launcher's name); read until 0.3.0.
+_OLD_KEYS = {"slurm": "launcher_options"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))
 
@@ -207,6 +210,7 @@ def from_json(data: Mapping[str, Any]) -> JobPlan:
     """The plan a plan.json holds. A key this distrun does not know is a ValueError, a missing
     one without a default a TypeError; a plan recorded before attempts had folders keeps them
     at the top of its run dir."""
+    data = {_OLD_KEYS.get(key, key): value for key, value in data.items()}
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise ValueError(f"unknown keys {', '.join(unknown)}")

@@ -157,7 +157,7 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
         placement=Placement(
             hosts=hosts, world_size=world, master_addr=master_addr, master_port=master_port,
             cidr=network.cidr if network else None,
-            login=RankHost(cluster.head.name, cluster.head.address, 0, 0, None) if cluster.slurm_existing else None),
+            login=RankHost(login.name, login.address, 0, 0, None) if (login := launcher_named(launcher).login(cluster)) else None),
         program=Program(
             argv=program, env=tuple(sorted(env.items())), user_env_keys=tuple(sorted(extra_env or {})),
             workload=workload_name, partition=partition, partition_dir=part_dir, workdir=workdir,

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from distrun.launchers import LAUNCHERS
 from distrun.transport.rundir import ATTEMPT_FILES, ATTEMPTS, MESH_KEY
 
 # Files of the job's own up to this size come home with its logs; bigger ones stay, listed.
@@ -130,12 +131,13 @@ class Selection:
 
 
 def run_end_selection() -> Selection:
-    """What a run brings home when it ends: every attempt's own files (ATTEMPT_FILES, in
-    attempts/<n>/; at the top in a run of the old layout), log files, every small file; the rest
-    listed."""
+    """What a run brings home when it ends: every attempt's own files (ATTEMPT_FILES and every
+    launcher's, in attempts/<n>/; at the top in a run of the old layout), log files, every small
+    file; the rest listed."""
     patterns: list[str] = []
+    names = dict.fromkeys([*ATTEMPT_FILES, *(f for launcher in LAUNCHERS.values() for f in launcher.attempt_files)])
     for base in ("", f"{ATTEMPTS}/*/"):
-        for name in ATTEMPT_FILES:
+        for name in names:
             patterns += [f"{base}{name}", f"{base}{name}/*"]
     patterns += [f"*{name}" for name in LOG_NAMES]
     return Selection(tuple(patterns), small=True, listed=True)

@@ -3,13 +3,14 @@ logs collected from the nodes, and hints for the error texts distrun knows how t
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distrun.launchers import Launcher
+from distrun.launchers import LAUNCHERS, Launcher
 from distrun.transport.rundir import ATTEMPTS, collected_attempt
 
 EPOCH_RE = re.compile(r"DISTRUN_EPOCH (\{.*\})")
@@ -97,15 +98,18 @@ def result(lines: list[str]) -> dict[str, Any] | None:
 
 
 def rank_logs(nodes_dir: Path) -> dict[int, Path]:
-    """Rank -> its stdout file among the collected files, from the header line every rank prints;
-    the last attempt's (rundir.collected_attempt: the other attempts' logs lie beside it)."""
+    """Rank -> its log among the collected files (where a launcher keeps its ranks' logs:
+    ``Launcher.rank_log_files``), from the header line every rank prints; the last attempt's
+    (rundir.collected_attempt: the other attempts' logs lie beside it)."""
     last = collected_attempt(nodes_dir)
+    patterns = {p for launcher in LAUNCHERS.values() for p in launcher.rank_log_files}
     found: dict[int, Path] = {}
     for host in sorted(p for p in nodes_dir.glob("*") if p.is_dir()):
         base = host / last if last else host
         for f in sorted(base.rglob("*")):
-            if not f.is_file() or f.name not in ("stdout", "stdout.log") or (
-                    not last and ATTEMPTS in f.relative_to(base).parts):
+            rel = f.relative_to(base)
+            if not f.is_file() or not any(fnmatch.fnmatchcase(rel.as_posix(), p) for p in patterns) or (
+                    not last and ATTEMPTS in rel.parts):
                 continue
             try:
                 with f.open(errors="replace") as fh:

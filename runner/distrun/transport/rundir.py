@@ -3,8 +3,8 @@
 A run directory holds what a run's attempts share (the hostfile, the rank wrapper, env.sh, the
 launcher's rendered files, the user's program) and, for each attempt, a folder of its own,
 ``attempts/<n>/`` (n = the plan's ``restart``): its launch scripts, each launch host's pid,
-process group, log and exit code, the ranks' logs (mpirun's ``ranks/``, torchrun's
-``torchrun/<host>/``, srun's ``ranks/<rank>/``), Slurm's job output and the started-rank markers.
+process group, log and exit code, the started-rank markers, and what the launcher writes there
+(its declaration, ``Launcher.attempt_files``: the ranks' logs, a scheduler's own output).
 Nothing is ever moved between attempts: a launcher of a failed attempt that ends late writes
 into its own attempt's folder, never into the next one's.
 
@@ -45,12 +45,8 @@ WRAPPER = "rank-env.sh"  # the rank wrapper every rank starts through
 ENV_FILE = "env.sh"  # the user's --env values, 0600, removed when the run ends
 CONTAINER_SCRIPT = "container-run.sh"  # with --image: the start of one container
 RESULT = "result.json"  # the reference workloads' result
-# Inside an attempt's folder.
-RANKS = "ranks"  # mpirun's --output-filename; srun's --output=ranks/<rank>/stdout
-TORCHRUN = "torchrun"  # torchrun's --log-dir, one folder per host
+# Inside an attempt's folder (beside the launcher's own files).
 STARTED = "started"  # one marker per started rank, written by the rank wrapper
-SLURM_OUTPUT = "slurm-%j.out"  # the batch step's output, %j: the job id
-SLURM_JOBIDS = "slurm-jobids"  # the driver's submitted jobs
 # The attempt's ssh key pair (0600) and its certificate from the head's user CA: the run's hosts,
 # minutes, the relay's mesh verb only (roles/job/files/sign.py). ssh reads the certificate from
 # beside the key.
@@ -78,16 +74,17 @@ def exit_code(host: str) -> str:
     return f"exitcode-{host}"
 
 
-# What one attempt writes, as shell patterns inside its folder (the old layout: at the top).
-ATTEMPT_FILES = ("launch-*.sh", "launcher-*", "exitcode-*", RANKS, TORCHRUN, STARTED, "slurm-*.out", SLURM_JOBIDS)
+# What one attempt writes under any launcher, as shell patterns inside its folder (the old layout:
+# at the top); each launcher adds its own (Launcher.attempt_files).
+ATTEMPT_FILES = ("launch-*.sh", "launcher-*", "exitcode-*", STARTED)
 
 # What distrun itself writes at the top of a run directory on the nodes, under any launcher
 # (exact names, then shell patterns): a user's --script of such a name would replace distrun's
 # file or be replaced by it. The old layout's attempt files are kept: a run of that layout may
 # still be read. A launcher's own files are its declaration (Launcher.run_dir_files, run_dir_patterns);
 # tests/unit/test_cli_args.py renders every launcher's files against both.
-RUN_DIR_NAMES = (HOSTFILE, WRAPPER, CONTAINER_SCRIPT, ENV_FILE, RESULT, ATTEMPTS, RANKS, TORCHRUN, STARTED)
-RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*", "slurm-*")
+RUN_DIR_NAMES = (HOSTFILE, WRAPPER, CONTAINER_SCRIPT, ENV_FILE, RESULT, ATTEMPTS, STARTED)
+RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*")
 
 
 def named(name: str, names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:

@@ -7,7 +7,7 @@ output while it runs, and when the job has ended prints one ``DISTRUN_SLURM_RESU
 exits with the code ``exit_code`` gives its final state. A TERM/INT/HUP (Ctrl-C in the CLI and
 ``distrun stop`` both end in playbooks/stop.yml, which signals every process of the run)
 makes it ``scancel`` its jobs; stop.yml also cancels them by name on the controller in case
-the driver is gone.
+the driver is gone (the launcher's cancel, ``Slurm.cancel``: role slurm's entry point).
 
 Final states come from ``scontrol show job`` (no accounting database is needed: the role keeps
 finished jobs visible for MinJobAge=600 s), falling back to ``sacct`` where one exists.
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distrun.launchers.slurm.sbatch import JOB_FILE, mode, multi_job_file, placed_by_hostfile
+from distrun.launchers.slurm.sbatch import HOSTFILE, JOB_FILE, JOBIDS, RANKS, mode, multi_job_file, placed_by_hostfile
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ STATE_EXIT: Mapping[str, tuple[int, str]] = {
     "NODE_FAIL": (255, "a node of the job failed"),
     "BOOT_FAIL": (255, "a node of the job failed to boot"),
 }
+DRIVER = "slurm-driver.sh"  # at the top of the run directory
 UNKNOWN_EXIT = 1  # a state this table does not know, or none could be read
 WAITING_STATES = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
 RUNNING_STATES = ("RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING")
@@ -98,10 +99,10 @@ def driver_script(plan: JobPlan) -> str:
     running = "|".join(RUNNING_STATES)
     # Single mode: rank 0 writes ranks/0/stdout on the batch host (the head whenever it runs
     # ranks). Multi-job: torchrun's --tee copies every local rank to the job's own output.
-    stream = f'"$a"/{rundir.RANKS}/0/stdout' if not multi else ""
+    stream = f'"$a"/{RANKS}/0/stdout' if not multi else ""
     # Multi-job: one job failing ends the others (they would wait for it in the rendezvous).
     cancel_rest = '\n          scancel "${jobs[@]}" 2>/dev/null' if multi else ""
-    hostfile = f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}\n" if (
+    hostfile = f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/' + HOSTFILE)}\n" if (
         placed_by_hostfile(plan)) else ""
     return f"""#!/bin/bash
 # distrun run {plan.run_id}: submit the Slurm job(s), follow them, map the final state to an exit code.
@@ -135,7 +136,7 @@ submit() {{
   fi
   id="${{id%%;*}}"
   jobs+=("$id")
-  echo "$id" >> "$a"/{rundir.SLURM_JOBIDS}
+  echo "$id" >> "$a"/{JOBIDS}
   echo "DISTRUN_SLURM submitted $1 as job $id"
 }}
 # The state of job $1, reported when it changes; sets st (and rec).
@@ -154,7 +155,7 @@ poll() {{
     echo "DISTRUN_SLURM job $1 $st reason=$(field "$rec" Reason) nodes=$(field "$rec" NodeList)"
   fi
 }}
-{hostfile}: > "$a"/{rundir.SLURM_JOBIDS}
+{hostfile}: > "$a"/{JOBIDS}
 submit {scripts[0]} || exit 5
 """ + (f"""# Multi-job: the master must run before the workers learn its node (MASTER_ADDR).
 while :; do
@@ -233,5 +234,5 @@ exit "$(exit_code_of "${{final%% *}}")"
 
 
 def driver_files(plan: JobPlan) -> dict[str, str]:
-    return {"slurm-driver.sh": driver_script(plan)}
+    return {DRIVER: driver_script(plan)}
 

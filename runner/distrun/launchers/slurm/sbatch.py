@@ -26,6 +26,14 @@ if TYPE_CHECKING:
     from distrun.planning.jobplan import JobPlan, RankHost
 
 MODES = ("single", "multi-job")
+# In the attempt's folder: srun's --output=ranks/<rank>/stdout, the batch step's output (%j: the
+# job id) and the driver's submitted jobs.
+RANKS = "ranks"
+OUTPUT = "slurm-%j.out"
+JOBIDS = "slurm-jobids"
+ATTEMPT_FILES = (RANKS, "slurm-*.out", JOBIDS)
+# At the top of the run directory: srun's placement where slots are uneven (SLURM_HOSTFILE).
+HOSTFILE = "slurm-hostfile"
 DEFAULT_MPI = "pmix"
 
 
@@ -69,7 +77,7 @@ def _header(plan: JobPlan, name: str) -> list[str]:
         "#!/bin/bash",
         sbatch_line("job-name", name),
         # %j: the job id. The batch step's output: srun's own messages, never a rank's.
-        sbatch_line("output", f"{rundir.attempt_path(plan)}/{rundir.SLURM_OUTPUT}"),
+        sbatch_line("output", f"{rundir.attempt_path(plan)}/{OUTPUT}"),
         sbatch_line("chdir", plan.run_dir),
     ]
     if plan.launch.options.get("partition"):
@@ -138,7 +146,7 @@ def sbatch_script(plan: JobPlan) -> str:
     lines.append(f"export MASTER_PORT={plan.placement.master_port}")
     if _site(plan):
         lines.append(_site_node_check(plan))
-    rank_dirs = " ".join(rundir.in_attempt(plan, f"{rundir.RANKS}/{r}") for r in range(plan.placement.world_size))
+    rank_dirs = " ".join(rundir.in_attempt(plan, f"{RANKS}/{r}") for r in range(plan.placement.world_size))
     # srun opens each rank's output file on that rank's node: the folders must exist there
     # (in sync mode every node has its own copy of the run directory). One task per node, in
     # block distribution and without the job's SLURM_HOSTFILE (the submission's, where slots are
@@ -146,9 +154,9 @@ def sbatch_script(plan: JobPlan) -> str:
     unset = "env -u SLURM_HOSTFILE " if placed_by_hostfile(plan) else ""
     lines.append(f"{unset}srun --ntasks-per-node=1 --ntasks={nodes} --distribution=block mkdir -p {rank_dirs}")
     srun = ["srun", f"--mpi={plan.launch.options.get('mpi') or DEFAULT_MPI}", "--kill-on-bad-exit=1",
-            f"--output={rundir.attempt_path(plan)}/{rundir.RANKS}/%t/stdout"]
+            f"--output={rundir.attempt_path(plan)}/{RANKS}/%t/stdout"]
     if placed_by_hostfile(plan):
-        lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/slurm-hostfile')}")
+        lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/' + HOSTFILE)}")
         srun.append("--distribution=arbitrary")
     if plan.launch.container:
         srun += containers.pyxis_args(plan)  # each task in the image, through pyxis
@@ -219,5 +227,5 @@ def sbatch_files(plan: JobPlan) -> dict[str, str]:
                 **containers.files(plan, per_rank=False, prefixes=ENV_PREFIXES)}
     files = {JOB_FILE: sbatch_script(plan)}
     if placed_by_hostfile(plan):
-        files["slurm-hostfile"] = slurm_hostfile(plan)
+        files[HOSTFILE] = slurm_hostfile(plan)
     return files
