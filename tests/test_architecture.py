@@ -197,3 +197,25 @@ def test_a_launcher_from_outside_is_its_package_and_one_line_and_distrun_names_i
     helped = subprocess.run([str(Path(sys.executable).parent / "distrun"), "train", "--help"], capture_output=True,
                             text=True, env={**env, "COLUMNS": "200"}, timeout=60, check=False)
     assert "podlet" in helped.stdout and helped.returncode == 0
+
+
+def _behaviour_classes(path: Path) -> list[str]:
+    """The module's classes that are not plain records (dataclasses, enums, exceptions)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        decorators = [ast.unparse(d) for d in node.decorator_list]
+        bases = [ast.unparse(b) for b in node.bases]
+        if any(d.startswith("dataclass") for d in decorators) or \
+                any(b in ("StrEnum", "IntEnum", "Enum", "Exception", "UserError", "NamedTuple") for b in bases):
+            continue
+        found.append(node.name)
+    return found
+
+
+def test_no_module_of_run_holds_two_classes_of_an_attempts_life():
+    """run/'s rooms: the attempt's state machine, its start, its launchers' start, its claim, its
+    upload, its end, the run around its attempts: each its own module (records beside them)."""
+    crowded = {p.name: names for p in sorted((PACKAGE / "run").glob("*.py")) if len(names := _behaviour_classes(p)) > 1}
+    assert not crowded, f"modules of run/ holding more than one class: {crowded}"

@@ -5,25 +5,6 @@ from __future__ import annotations
 from enum import IntEnum
 
 
-class UserError(Exception):
-    """A problem the user can fix: the message names the file, host or flag, and the fix."""
-
-    exit_code: int = 2  # ExitCode.USAGE
-
-    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
-
-
-class InventoryError(UserError):
-    """The inventory cannot describe a cluster distrun can run on."""
-
-
-class PlanError(UserError):
-    """The requested job does not fit the cluster (world size, script, flags)."""
-
-
 class ExitCode(IntEnum):
     """distrun's own exit codes. A launcher maps its end to one of these or to a code it declares
     itself (``Launcher.exit_codes``); 'distrun --help' and docs/guide/cli.md list both
@@ -40,6 +21,25 @@ class ExitCode(IntEnum):
     BUSY = 8
     INTERRUPTED = 130
     TERMINATED = 143
+
+
+class UserError(Exception):
+    """A problem the user can fix: the message names the file, host or flag, and the fix."""
+
+    exit_code: int = ExitCode.USAGE
+
+    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InventoryError(UserError):
+    """The inventory cannot describe a cluster distrun can run on."""
+
+
+class PlanError(UserError):
+    """The requested job does not fit the cluster (world size, script, flags)."""
 
 
 MEANINGS: dict[ExitCode, str] = {

@@ -21,7 +21,7 @@ from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers.mpirun import Mpirun
 from distrun.planning.jobplan import to_json
 from distrun.planning.run_files import launch_scripts
-from distrun.run import busy, liveness, reconcile, restarts
+from distrun.run import busy, liveness, pending, reconcile, restarts
 from distrun.run.logs import log_text
 from distrun.store import controller, runs
 from distrun.transport import rundir
@@ -489,19 +489,19 @@ def test_a_pending_claim_opens_the_gate_or_refuses_and_says_so_in_the_gate_file(
     whether the gate is named before or after it is known, and a refusal is raised here too."""
     host = f"unit-{os.getpid()}-p"
     cluster = local_cluster((host,))
-    first = busy.Pending(cluster, [host], "20260101-000000-train-eee5")
+    first = pending.Pending(cluster, [host], "20260101-000000-train-eee5")
     first.gate(tmp_path / "first")  # named before the answer is known
     try:
         first.wait()
         assert (tmp_path / "first").read_text() == "held\n"
-        second = busy.Pending(cluster, [host], "20260101-000000-train-fff6")
+        second = pending.Pending(cluster, [host], "20260101-000000-train-fff6")
         with pytest.raises(UserError, match=f"{host} is busy with run 20260101-000000-train-eee5"):
             second.wait()
         assert second.refused
         second.gate(tmp_path / "second")  # named after: written at once
         assert (tmp_path / "second").read_text() == "refused\n"
         second.release()
-        beside = busy.Pending(cluster, [host], "20260101-000000-train-aab7", allow=True)  # --allow-concurrent
+        beside = pending.Pending(cluster, [host], "20260101-000000-train-aab7", allow=True)  # --allow-concurrent
         beside.gate(tmp_path / "beside")
         beside.wait()
         assert (tmp_path / "beside").read_text() == "allowed\n" and not beside.refused

@@ -66,7 +66,7 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     with PlaybookProgress(f"setup.yml on {len(cluster.nodes)} node(s) from {inv}", [n.name for n in cluster.nodes]) as progress:
         result = run_playbook("setup.yml", inv, run.dir, on_event=progress, tags=tags, limit=limit, check=check_mode)
     print_summary(result, time.monotonic() - started)
-    run.finish(0 if result.ok else 1, f"changed={result.changed}")
+    run.finish(ExitCode.OK if result.ok else ExitCode.FAILED, f"changed={result.changed}")
     console.print(f"run record: {run.dir}", markup=False, soft_wrap=True)
     if not result.ok:
         sys.exit(ExitCode.FAILED)
@@ -233,7 +233,7 @@ def run() -> None:
         main()
     except SystemExit as exc:
         exit_now(exc.code)
-    exit_now(0)
+    exit_now(ExitCode.OK)
 
 
 if __name__ == "__main__":  # pragma: no cover

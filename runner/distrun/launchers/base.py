@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrun.errors import UserError
+from distrun.errors import ExitCode, UserError
 from distrun.launchers.options import LauncherOption, resolve
 from distrun.transport import nodeprog, rundir
 from distrun.transport.nodeprog import RUN_TAG
@@ -195,7 +195,7 @@ class Launcher(ABC):
 
     def exit_code(self, rc: int) -> int:
         """distrun's exit code for the launcher's own: 0 or 1 unless the launcher says more."""
-        return 0 if rc == 0 else 1
+        return ExitCode.OK if rc == 0 else ExitCode.FAILED
 
     def failure_lines(self, rank_logs: Mapping[int, Path]) -> list[str]:
         """Lines from the collected rank logs that name a failing rank the launcher's own output

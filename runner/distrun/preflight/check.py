@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from distrun import paths
+from distrun.errors import ExitCode
 from distrun.inventory import read as inventory_read
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
@@ -163,7 +164,7 @@ def run_check(inventory: Path, label: str,
     marks = settle_drains(inventory, health, report, [n.name for n in reached])
     out["drained"] = {n: {k: v for k, v in d.as_dict().items() if k != "node"} for n, d in sorted(marks.items())}
     run.write("check.json", json.dumps(out, indent=2) + "\n")
-    run.finish(0 if out["ok"] else 1, "ok" if out["ok"] else "failed: " + ", ".join(
+    run.finish(ExitCode.OK if out["ok"] else ExitCode.FAILED, "ok" if out["ok"] else "failed: " + ", ".join(
         c for c, items in out["checks"].items() if any(not v["ok"] for v in items.values())))
     return out, cluster
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from distrun.errors import UserError
+from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
 from distrun.planning.jobplan import JobPlan
 from distrun.project.prepare import prepare_argv, run_prepare
@@ -121,7 +121,7 @@ def make_ready(cluster: Cluster, plan: JobPlan, project: Project, env_text: str,
     if rc != 0:
         why = f"lost contact with {head.name} (ssh failed)" if rc == 255 and head.connection != "local" else f"exited {rc}"
         raise UserError(f"--prepare {shlex.join(plan.program.prepare)} {why} on {head.name}: nothing was launched "
-                        f"(its output: {run.dir / 'prepare.log'})", exit_code=4)
+                        f"(its output: {run.dir / 'prepare.log'})", exit_code=ExitCode.STAGING)
 
 
 def record_pulls(run: Run, result: PlaybookResult) -> dict[str, dict[str, Any]]:

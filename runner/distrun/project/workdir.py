@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from distrun.errors import UserError
+from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Node
 from distrun.project.ignore_rules import IgnoreRule, parse_ignore
 from distrun.transport.remote import run_ssh
@@ -240,7 +240,7 @@ def push(node: Node, user: str, local: Path, target: str, filters: list[str]) ->
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
         why = next((ln for ln in lines if not ln.startswith("rsync error:")), lines[-1] if lines else "no output")
         raise UserError(f"--workdir {local}: rsync to {node.name}:{target} failed (exit {proc.returncode}): {why}",
-                        exit_code=4)
+                        exit_code=ExitCode.STAGING)
     stats = parse_stats(proc.stdout)
     stats.seconds = round(time.monotonic() - started, 3)
     return stats

@@ -51,7 +51,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
         end.collect(cluster, plan, hosts, lost)
         run.meta.status, run.meta.summary, run.meta.controller = RunStatus.LOST, f"lost: {state.reason}", None
         run.save()
-        raise UserError(f"run {run.id} is lost: {state.reason}; what its nodes kept is in {run.dir / 'nodes'}", exit_code=1)
+        raise UserError(f"run {run.id} is lost: {state.reason}; what its nodes kept is in {run.dir / 'nodes'}", exit_code=ExitCode.FAILED)
     try:
         outcome = end.follow(cluster, plan)
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """One run at a time on a host: a run claims its hosts before it stages anything.
 
-A run takes its claim while ansible-playbook starts (``Pending``): run.yml's stage step waits for
+A run takes its claim while ansible-playbook starts (pending.py): run.yml's stage step waits for
 its answer, which the controller writes to a gate file, so nothing is staged on a host the run
 does not hold, and the answer costs the run no time of its own.
 
@@ -18,16 +18,13 @@ import queue
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
-from distrun.run.staging import write_gate
 from distrun.store.runs import RUN_ID_RE
 from distrun.transport import nodeprog
-from distrun.transport.remote import as_root_or_user, open_masters, shell_argv
+from distrun.transport.remote import as_root_or_user, shell_argv
 
 HEARTBEAT_S = 5
 # Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
@@ -182,80 +179,3 @@ def _end(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
-
-
-class Pending:
-    """A run's claim, taken in the background while the run starts: the nodes' ssh masters are
-    opened first (the claim, run.yml and the followers ride on them), then every host is claimed
-    at once. ``gate(path)`` names the file the answer goes to ("held", "allowed" or "refused"),
-    which run.yml waits for before it stages anything; ``wait()`` gives the answer here, raising
-    the refusal."""
-
-    def __init__(self, cluster: Cluster, hosts: list[str], run_id: str, *, allow: bool = False) -> None:
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._gate: Path | None = None
-        self._held: Claim | None = None
-        self._error: UserError | None = None
-        self._allow = allow
-        self.masters = threading.Event()  # set once the ssh masters are open (or given up on)
-        self.answered_at: float | None = None  # time.monotonic() of the answer
-        self._told: list[Callable[[float], object]] = []  # called with answered_at once the hosts are held
-        self._thread = threading.Thread(target=self._take, args=(cluster, hosts, run_id), daemon=True)
-        self._thread.start()
-
-    def _take(self, cluster: Cluster, hosts: list[str], run_id: str) -> None:
-        try:
-            try:
-                open_masters(cluster.nodes)
-            finally:
-                self.masters.set()
-            if not self._allow:
-                self._held = claim(cluster, hosts, run_id)
-        except UserError as exc:
-            self._error = exc
-        except Exception as exc:  # noqa: BLE001 - any failure closes the gate, with its reason
-            self._error = UserError(f"could not claim the run's hosts: {type(exc).__name__}: {exc}")
-        with self._lock:  # told, then the gate file written, before anyone waiting is told the answer
-            self.answered_at = time.monotonic()
-            if self._error is None:
-                for told in self._told:
-                    told(self.answered_at)
-            if self._gate is not None:
-                self._write(self._gate)
-            self._done.set()
-
-    @property
-    def refused(self) -> bool:
-        return self._done.is_set() and self._error is not None
-
-    def notify(self, told: Callable[[float], object]) -> None:
-        """Call ``told(answered_at)`` once the run holds its hosts (now, if it does), before the gate
-        file says so: run.yml stages nothing before the attempt knows."""
-        with self._lock:
-            if not self._done.is_set():
-                self._told.append(told)
-            elif self._error is None and self.answered_at is not None:
-                told(self.answered_at)
-
-    def gate(self, path: Path) -> None:
-        """Write the answer to path once it is known (now, if it is)."""
-        with self._lock:
-            self._gate = path
-            if self._done.is_set():
-                self._write(path)
-
-    def _write(self, path: Path) -> None:
-        write_gate(path, "refused" if self._error is not None else ("allowed" if self._allow else "held"))
-
-    def wait(self) -> None:
-        """Block until the answer is known; raise the refusal (busy hosts name their runs)."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-
-    def release(self) -> None:
-        """Let the hosts go (after the claim's answer, which comes within its own timeouts)."""
-        self._done.wait()
-        if self._held is not None:
-            self._held.release()

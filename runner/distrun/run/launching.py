@@ -25,9 +25,9 @@ from distrun.preflight.report import from_dicts, network_changed
 from distrun.project.ready import Project, commands, load_project, make_ready, pull_command, record_pulls
 from distrun.run import certificate
 from distrun.run.attempt import Attempt, End
-from distrun.run.busy import Pending
 from distrun.run.collect import collect_hosts
 from distrun.run.listener import Listener
+from distrun.run.pending import Pending
 from distrun.run.playbooks import RunPlaybooks
 from distrun.run.staging import Upload, discard
 from distrun.run.starter import Starter

@@ -186,7 +186,7 @@ def _remote_launcher(run: Run, skip: int) -> Iterator[str]:
         raise UserError(f"run {run.id}: {state.reason}; the run may still be going: try again when its nodes answer",
                         exit_code=ExitCode.CONTACT_LOST)
     if state.state == RunStatus.LOST:
-        raise UserError(f"run {run.id} is lost: {state.reason}", exit_code=1)
+        raise UserError(f"run {run.id} is lost: {state.reason}", exit_code=ExitCode.FAILED)
     node = next(n for n in cluster.nodes if n.name == plan.placement.head.name)
     proc = subprocess.Popen(shell_argv(node, remote_launcher_command(plan, skip)), stdout=subprocess.PIPE, text=True,
                             bufsize=1, stdin=subprocess.DEVNULL)

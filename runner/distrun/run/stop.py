@@ -40,7 +40,7 @@ class StopReport:
         """The error that ends a stop that missed nodes."""
         return UserError(f"run {self.run_id}: could not stop it on {', '.join(self.missed)}; "
                          "its processes there may still run: bring the node back and run 'distrun stop' again",
-                         exit_code=1)
+                         exit_code=ExitCode.FAILED)
 
 
 def survivors(answer: dict) -> str:

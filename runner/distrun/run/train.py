@@ -20,13 +20,13 @@ from distrun.planning.jobplan import JobPlan
 from distrun.planning.network import facts_unusable
 from distrun.planning.request import JobRequest, load, load_noting
 from distrun.run.attempt import Attempt, End
-from distrun.run.busy import Pending
 from distrun.run.diagnosis import NodeFailure, failed_host
 from distrun.run.ending import RunEnd, collect_limits
 from distrun.run.follow import Outcome
 from distrun.run.launching import Launching
 from distrun.run.listener import EventHandler, Listener
 from distrun.run.liveness import out_of_contact, probe, wait_started
+from distrun.run.pending import Pending
 from distrun.run.playbooks import RunPlaybooks
 from distrun.run.restarts import decide
 from distrun.run.staging import Upload, discard
