@@ -45,8 +45,8 @@ def test_the_runner_reads_the_answers_by_the_names_the_programs_write(capsys):
 def test_each_name_of_the_head_has_no_second_home_in_a_program():
     """A program that defined a head's name again would silently replace it for itself."""
     shared = {n for n in head() if not n.startswith("__")} - {"annotations", "json", "os", "re", "sys"}
-    for program in nodeprog.SOURCES:
-        tree = ast.parse((FILES / f"{program}.py").read_text())
+    for program in (p for p in nodeprog.SOURCES if nodeprog.RECIPES[p].head):  # those sent behind the head
+        tree = ast.parse(nodeprog.files(program)[-1].read_text())
         defined = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
         defined |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef)}
         assert not defined & shared, f"{program}.py defines {sorted(defined & shared)} again"
@@ -55,7 +55,7 @@ def test_each_name_of_the_head_has_no_second_home_in_a_program():
 @pytest.mark.parametrize("program", nodeprog.SOURCES)
 def test_each_composed_program_parses_as_python_3_9(program):
     text = nodeprog.text(program)
-    assert text.startswith((FILES / "nodecommon.py").read_text())
+    assert text.startswith((FILES / "nodecommon.py").read_text()) == nodeprog.RECIPES[program].head
     ast.parse(text, feature_version=(3, 9))  # the oldest Python a node may have
 
 
@@ -106,50 +106,64 @@ def _jinja():
     return jinja
 
 
-def _render(task: dict, files: Path, **values) -> list[str]:
-    """A task's raw command rendered as Ansible renders it (its file lookups strip a file's last
-    newline unless told not to), split as the node's shell splits it."""
+def _render(task: dict, **values) -> list[str]:
+    """A task's raw command rendered as Ansible renders it, role distrun's filters for the node
+    programs' source (the one recipe) included, split as the node's shell splits it."""
+    from distrun.transport import nodeprog
 
-    def lookup(kind: str, name: str, rstrip: bool = True) -> str:
-        text = (files / name).read_text()
-        return text.rstrip() if rstrip else text
-
-    def query(kind: str, *paths: str, rstrip: bool = True) -> list[str]:
-        # A relative name is the role's file, as with lookup; an absolute path is itself.
-        return [lookup(kind, p, rstrip) for p in paths]
-
-    # Ansible keeps a backslash in a string literal of a folded template as written ('\n' is two
-    # characters there, unlike in Jinja alone): the sources are joined without one.
-    assert "\\" not in task["ansible.builtin.raw"]
-
-    raw = _jinja().from_string(task["ansible.builtin.raw"]).render(lookup=lookup, query=query, ansible_facts=FACTS, **values)
+    jinja = _jinja()
+    jinja.filters["distrun_node_source"] = nodeprog.text
+    raw = jinja.from_string(task["ansible.builtin.raw"]).render(ansible_facts=FACTS, **values)
     return shlex.split(raw)
 
 
-def test_the_stage_step_and_the_probes_stage_files_send_the_runners_source():
-    """Role job's stage step, and the files run.yml hands the preflight's probe for its stage step."""
+def test_every_node_program_is_composed_by_one_recipe_that_the_roles_use():
+    """The runner's recipe (nodeprog.RECIPES) is the only one: no role or playbook joins node
+    program files itself, and each role task that sends or installs a program asks the recipe."""
+    repo = FILES.parents[2]
+    yamls = [*repo.glob("roles/*/tasks/*.yml"), *repo.glob("roles/*/vars/*.yml"), *repo.glob("playbooks/*.yml")]
+    joined = [str(p.relative_to(repo)) for p in yamls if ".py'" in p.read_text() and "lookup('ansible.builtin.file'" in p.read_text()]
+    assert not joined, f"node program files joined outside the recipe: {joined}"
+    asked = "".join(p.read_text() for p in yamls)
+    for program in ("node", "stage", "relay", "probe", "gpuhealth", "fileserver"):
+        assert f"'{program}' | distrun_node_source" in asked, program
+    for program in nodeprog.SOURCES:
+        assert all(f.is_file() for f in nodeprog.files(program)), program
+
+
+def test_the_programs_root_runs_with_the_training_users_rights_carry_the_identity_switch():
+    """Every program that acts on the training user's files as root composes role distrun's switch
+    of a root process's filesystem identity in front of its own code; the probe asks with it first."""
+    repo = FILES.parents[2]
+    fsuser = repo / "roles" / "distrun" / "module_utils" / "distrun_fsuser.py"
+    assert nodeprog.part_path(nodeprog.FSUSER) == fsuser
+    for program in ("attempt", "stage", "files", "pack"):
+        assert nodeprog.files(program) == [FILES / "nodecommon.py", fsuser, FILES / f"{program}.py"], program
+    probe = repo / "roles" / "preflight" / "files"
+    assert nodeprog.files("probe") == [fsuser, *(probe / f"{n}.py" for n in ("netprobe", "imageprobe", "userprobe", "probe"))]
+    assert nodeprog.files("fileserver") == [fsuser, repo / "roles" / "shared_fs" / "files" / "fileserver.py"]
+    assert nodeprog.text("probe") == "".join(f.read_text() for f in nodeprog.files("probe"))
+
+
+def test_the_stage_step_and_the_probes_stage_program_send_the_runners_source():
+    """Role job's stage step, and the program run.yml names for the preflight's probe's stage step."""
     stage = yaml.safe_load((FILES.parent / "tasks" / "stage.yml").read_text())[0]
-    fsuser = str(nodeprog.part_path(nodeprog.FSUSER))
-    argv = _render(stage, FILES, _job_stage_config={"run_id": "r1"}, _job_fsuser=fsuser)
+    argv = _render(stage, _job_stage_config={"run_id": "r1"})
     assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[3] == nodeprog.text("stage")
     repo = FILES.parents[2]
     play = yaml.safe_load((repo / "playbooks" / "run.yml").read_text())
-    files = next(t["vars"]["preflight_stage_files"] for p in play for t in p.get("tasks", [])
-                 if isinstance(t.get("vars"), dict) and "preflight_stage_files" in t["vars"])
-    listed = ast.literal_eval(_jinja().from_string(files).render(playbook_dir=str(repo / "playbooks"), distrun_stage_early=True))
+    program = next(t["vars"]["preflight_stage_program"] for p in play for t in p.get("tasks", [])
+                   if isinstance(t.get("vars"), dict) and "preflight_stage_program" in t["vars"])
+    named = _jinja().from_string(program).render(distrun_stage_early=True)
     probe = yaml.safe_load((repo / "roles" / "preflight" / "tasks" / "probe.yml").read_text())[0]
-    argv = _render(probe, repo / "roles" / "preflight" / "files", _preflight_config={}, preflight_stage_files=listed,
-                   _preflight_fsuser=fsuser)
+    argv = _render(probe, _preflight_config={}, preflight_stage_program=named)
     assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage")
-    shipped = "".join([nodeprog.part_path(nodeprog.FSUSER).read_text()] + [
-        (repo / "roles" / "preflight" / "files" / f).read_text() for f in ("netprobe.py", "imageprobe.py", "userprobe.py", "probe.py")])
-    assert argv[4] == shipped  # the probe itself: the switch of identity and its three files, whole, as one word
+    assert argv[4] == nodeprog.text("probe")  # the probe itself, as the recipe composes it, one word
 
 
 def test_the_stop_task_sends_the_same_source_as_the_runner():
-    """Role job's stop step composes the program itself (a raw command): rendered as Ansible
-    renders it (its file lookup strips a file's last newline), it runs the runner's source."""
+    """Role job's stop step sends the program the runner would: the recipe's text, as one word."""
     task = yaml.safe_load((FILES.parent / "tasks" / "stop.yml").read_text())[1]
-    argv = _render(task, FILES, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train")
+    argv = _render(task, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train")
     assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[4] == "stop"
-    assert argv[3] == nodeprog.text("node").rstrip()
+    assert argv[3] == nodeprog.text("node")

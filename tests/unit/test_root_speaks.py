@@ -143,8 +143,7 @@ def test_the_file_server_serves_the_users_files_as_that_user_and_nothing_else(no
     """The sshfs mode's head side, driven by OpenSSH's own sftp client (-D: a local server)."""
     top, mine = nobody_dir
     server = top / "fileserver.py"
-    server.write_text(nodeprog.part_path(nodeprog.FSUSER).read_text()
-                      + (REPO / "roles" / "shared_fs" / "files" / "fileserver.py").read_text())
+    server.write_text(nodeprog.text("fileserver"))  # as role shared_fs installs it: the one recipe's text
     (top / "local.txt").write_text("hello\n")
     (top / "root-only").write_text("root's secret\n")
     (top / "root-only").chmod(0o600)

@@ -172,6 +172,17 @@ def people_problems(users: object, admins: object, shared_fs_mode: object, train
     return found
 
 
+def node_source(name: str) -> str:
+    """A node program's source as the runner composes it (transport/nodeprog.py's one recipe): the
+    text a raw task sends, or setup installs."""
+    from distrun.transport import nodeprog
+
+    try:
+        return nodeprog.text(str(name))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self) -> dict:
         return {
@@ -195,6 +206,7 @@ class FilterModule:
             "distrun_local_sources": local_sources,
             "distrun_free_subid": rules.free_subid,
             "distrun_node_program": node_program,
+            "distrun_node_source": node_source,
             "distrun_user_ssh": user_ssh,
             "distrun_people_problems": people_problems,
             "distrun_public_key_problem": public_key_problem,

@@ -1,13 +1,16 @@
-"""Role job's node programs (``roles/job/files/node.py``, ``launch.py``, ``attempt.py``) as the
-runner calls them: the source sent (the programs' shared head, ``nodecommon.py``, in front of the
-program), the shell text that runs one of its verbs on a node, and its answer, one JSON object on
-one line."""
+"""distrun's node programs and the one recipe that composes their source (``RECIPES``: the shared
+head, then a program's parts, then the program), for the runner and the roles alike (role
+distrun's filter ``distrun_node_source``); the shell text that runs one of a program's verbs on a
+node, and its answer, one JSON object on one line. The same text is sent (``python3 -I -c``) or
+installed by setup under its digest's name (``installed``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
@@ -33,48 +36,85 @@ class LauncherState(StrEnum):
 LAUNCHER_STATES = tuple(LauncherState)
 RUN_TAG = "DISTRUN_RUN_ID"  # the variable that tags a run's processes (node.py's evidence)
 
-# The node programs: node.py (a run's processes: scan, stop, claim), launch.py (one attempt's
-# launcher started, in a unit where it runs as root), attempt.py (that launcher followed, its state)
-# sign.py (the attempt's ssh certificate, from the user CA root keeps on the head), files.py (the
-# run's files the runner writes or removes in the training user's folders, with that user's rights)
-# and pack.py (a run's files packed for collect, with that user's rights, capped).
+# The node programs the runner calls a verb of: node.py (a run's processes: scan, stop, claim),
+# launch.py (one attempt's launcher started, in a unit where it runs as root), attempt.py (that
+# launcher followed, its state), sign.py (the attempt's ssh certificate, from the user CA root keeps
+# on the head), files.py (the run's files the runner writes or removes in the training user's
+# folders, with that user's rights) and pack.py (a run's files packed for collect, with that user's
+# rights, capped).
 PROGRAMS = ("node", "launch", "attempt", "sign", "files", "pack")
-# Every program sent behind the head: stage.py too (the run's files unpacked), which role job's
-# stage step and role preflight's probe send themselves (the runner has no verb of it), and the
-# installed ones below.
-SOURCES = (*PROGRAMS, "stage", "relay")
-# Sent in front of every node program: the names, config checks and answer they share.
+# Sent in front of every node program of role job: the names, config checks and answer they share.
 HEAD = "nodecommon"
+# A part of the programs that act on the training user's files as root: role distrun's switch of a
+# root process's filesystem identity (module_utils/distrun_fsuser.py, also the Ansible modules' own),
+# with which they take that user's filesystem identity.
+FSUSER = "fsuser"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a program's source is composed: its ``parts`` in order (``role``'s files/, or role
+    distrun's identity switch, FSUSER), the program last, behind the shared head (``head``: role
+    job's nodecommon.py) where it has one."""
+
+    role: str
+    parts: tuple[str, ...]
+    head: bool = True
+
+
+# Every node program: role job's (stage.py unpacks a run's files: role job's stage step and the
+# preflight's probe run it; the relay's mesh verb parses with mesh.py; the programs that act on the
+# training user's files as root take that user's filesystem identity with FSUSER), role
+# preflight's probe (the identity switch, then netprobe.py, imageprobe.py and userprobe.py in front
+# of its checks) and its GPU health read, and role shared_fs's file server of the sshfs mounts
+# (installed on the head, root with the training user's filesystem identity).
+RECIPES: Mapping[str, Recipe] = {
+    "node": Recipe("job", ("node",)),
+    "launch": Recipe("job", ("launch",)),
+    "attempt": Recipe("job", (FSUSER, "attempt")),
+    "sign": Recipe("job", ("sign",)),
+    "files": Recipe("job", (FSUSER, "files")),
+    "pack": Recipe("job", (FSUSER, "pack")),
+    "stage": Recipe("job", (FSUSER, "stage")),
+    "relay": Recipe("job", ("mesh", "relay")),
+    "probe": Recipe("preflight", (FSUSER, "netprobe", "imageprobe", "userprobe", "probe"), head=False),
+    "gpuhealth": Recipe("preflight", ("gpuhealth",), head=False),
+    "fileserver": Recipe("shared_fs", (FSUSER, "fileserver"), head=False),
+}
+SOURCES = tuple(RECIPES)
 # Installed by setup (role job's install step), root's files the training user runs but cannot
 # change: relay.py, through which what a launcher starts over ssh joins its node's unit. Each
 # under a name that carries its text's digest, so a node set up by another version of distrun
 # has no file of that name (the preflight says to run setup) rather than an older protocol.
 INSTALLED = ("relay",)
-# Files composed between the head and a program: the relay's mesh verb parses with mesh.py; the
-# programs that act on the training user's files as root take that user's filesystem identity
-# with role distrun's switch (module_utils/distrun_fsuser.py, also the Ansible modules' own).
-FSUSER = "fsuser"
-PARTS = {"relay": ("mesh",), "attempt": (FSUSER,), "stage": (FSUSER,), "files": (FSUSER,), "pack": (FSUSER,)}
 PROGRAMS_DIR = "/usr/local/lib/distrun"
+
+
+def files(program: str) -> list[Path]:
+    """The files a program's source is joined from, in order."""
+    if program not in RECIPES:
+        raise ValueError(f"no node program {program!r}")
+    recipe = RECIPES[program]
+    head = [part_path(HEAD)] if recipe.head else []
+    return [*head, *(part_path(name, recipe.role) for name in recipe.parts)]
+
+
+def part_path(name: str, role: str = "job") -> Path:
+    """Where a program or a part of one lies in the project: ``role``'s files/, or role distrun's
+    identity switch (FSUSER)."""
+    roles = paths.project_dir() / "roles"
+    if name == FSUSER:
+        return roles / "distrun" / "module_utils" / "distrun_fsuser.py"
+    return roles / role / "files" / f"{name}.py"
 
 
 @cache
 def text(program: str = "node") -> str:
-    """A program's source, sent on the command line (it needs no file on the node): the shared
-    head, then its PARTS, then the program, one namespace (role job's stop and stage steps and run.yml's stage
-files for the preflight's probe compose the same two files; role job's install step the relay's three)."""
-    if program not in SOURCES:
-        raise ValueError(f"no node program {program!r}")
-    texts = [part_path(name).read_text() for name in (HEAD, *PARTS.get(program, ()), program)]
-    return "".join(t if t.endswith("\n") else t + "\n" for t in texts[:-1]) + texts[-1]
-
-
-def part_path(name: str) -> Path:
-    """Where a program or a part of one lies in the project."""
-    roles = paths.project_dir() / "roles"
-    if name == FSUSER:
-        return roles / "distrun" / "module_utils" / "distrun_fsuser.py"
-    return roles / "job" / "files" / f"{name}.py"
+    """A program's source, sent on the command line (it needs no file on the node) or installed:
+    its files joined (each ending its last line), one namespace. The one recipe: the roles take the
+    same text through role distrun's filter ``distrun_node_source``."""
+    texts = [path.read_text() for path in files(program)]
+    return "".join(t if t.endswith("\n") else t + "\n" for t in texts)
 
 
 def installed(program: str) -> str:
