@@ -231,8 +231,10 @@ def test_the_program_is_started_as_train_starts_a_script(monkeypatch, tmp_path):
                         lambda result, nodes: seen.update(nodes=nodes) or bw.read(result, NODES))
     out = allreduce.measure(Path("/inv"), "torchrun", View(), "4194304")
     req = seen["request"]
-    assert (req.launcher, req.script, req.script_args) == ("torchrun", allreduce.program(), ("--max-bytes", "4194304"))
-    assert req.script.name == "allreduce_bw.py" and req.script.is_file() and req.preflight and not req.allow_concurrent
+    assert (req.launch.launcher, req.program.script, req.program.args) == \
+        ("torchrun", allreduce.program(), ("--max-bytes", "4194304"))
+    assert req.program.script.name == "allreduce_bw.py" and req.program.script.is_file()
+    assert req.policy.preflight and not req.policy.allow_concurrent
     # The hosts a result may name are the recorded plan's (that plan: a site's Slurm, its compute nodes).
     from distrun.planning.jobplan import from_json
     plan = from_json(json.loads((tmp_path / "run" / "plan.json").read_text()))

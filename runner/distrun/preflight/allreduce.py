@@ -44,11 +44,11 @@ def measure(inventory: Path, launcher: str, listener: Listener, max_bytes: str |
     """Run the all-reduce program on every rank the inventory gives and judge what it measured.
     ``listener`` keeps the run it is told of in ``.run`` (ui.run.TrainView does)."""
     from distrun.planning.jobplan import from_json
-    from distrun.planning.request import JobRequest
+    from distrun.planning.request import JobRequest, LaunchRequest, ProgramRequest
     from distrun.run.train import run_job
 
-    request = JobRequest(inventory=inventory, launcher=launcher, script=program(),
-                         script_args=program_args(max_bytes))
+    request = JobRequest(inventory=inventory, program=ProgramRequest(script=program(), args=program_args(max_bytes)),
+                         launch=LaunchRequest(launcher=launcher))
     code = run_job(request, listener)
     run = getattr(listener, "run", None)
     out = Outcome(code, run.id if run else None, run.dir if run else None)
