@@ -191,11 +191,11 @@ def test_every_option_distrun_gives_torchrun_is_in_the_guides():
     """The options distrun's torchrun command carries are those the guides show (is_host and
     --local-addr were missing, and an image's torch must know each of them)."""
     from distrun.launchers import launcher_named
-    from distrun.planning.plan import build_plan
 
+    from .plans import plan_for
     from .test_launchers import MIXED, cluster
 
-    plan = build_plan(cluster(MIXED), run_id="r1", launcher="torchrun")
+    plan = plan_for(cluster(MIXED), run_id="r1", launcher="torchrun")
     torchrun = launcher_named("torchrun")
     argv = torchrun.command(plan, torchrun.launch_hosts(plan)[0])
     options = {w.split("=", 1)[0] + ("=" + w.split("=")[1] if w.startswith("--rdzv-conf") else "")

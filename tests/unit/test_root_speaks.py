@@ -22,18 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from distrun.planning.plan import build_plan
 from distrun.run import attempt_shell, busy, collect, collect_rules, liveness, staging
 from distrun.transport import nodeprog, remote
 
-from .conftest import REPO
+from .plans import plan_for
 from .test_launchers import MIXED, cluster
 
 ROOT_FIRST = 'if [ "$(id -u)" = 0 ]; then exec bash -c "$c"; '
 
 
 def _plan():
-    return build_plan(cluster(dict(list(MIXED.items())[:3])), run_id="r1", launcher="mpirun")
+    return plan_for(cluster(dict(list(MIXED.items())[:3])), run_id="r1", launcher="mpirun")
 
 
 def test_every_command_that_speaks_for_a_run_starts_as_root_where_the_connection_can_be_root():
