@@ -12,7 +12,7 @@ import pytest
 from distrun.errors import ExitCode
 from distrun.inventory.cluster import cluster_from_json
 from distrun.planning import attempt as planning_attempt
-from distrun.run import playbooks, starter, train
+from distrun.run import launching, playbooks, starter, train
 from distrun.run.ending import RunEnd
 from distrun.run.follow import Outcome
 from distrun.store.runs import list_runs
@@ -25,7 +25,7 @@ from .test_sshmesh import FP, FakeRole
 @pytest.fixture
 def local_run(tmp_path, monkeypatch):
     """run_job's world: the inventory read, no early playbook, run.yml faked, the launchers, the
-    follower, stop and collect faked; the plans counted, the claim's hosts noted."""
+    attempt's certificate, the follower, stop and collect faked; the plans counted, the claim's hosts noted."""
     inv = tmp_path / "hosts.yml"
     inv.write_text("all: {}\n")
     hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(NODES, 1)}
@@ -36,6 +36,7 @@ def local_run(tmp_path, monkeypatch):
     monkeypatch.setattr(train.EarlyPlaybook, "for_training_run", staticmethod(lambda *a, **k: None))
     monkeypatch.setattr(playbooks, "run_playbook", FakeRole(FP))
     monkeypatch.setattr(starter, "launch", lambda cluster, plan, hosts: {})
+    monkeypatch.setattr(launching.certificate, "issue", lambda cluster, plan: {})  # no CA here: no head of a cluster
     seen: dict = {"plans": 0, "claimed": []}
     real_build = planning_attempt.build_plan
 
