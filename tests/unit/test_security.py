@@ -30,7 +30,7 @@ from distrun.planning.jobplan import to_json
 from distrun.planning.run_files import render_env_file, render_rank_wrapper
 from distrun.run import collect, collect_rules, stop, train
 from distrun.store import runs
-from distrun.transport import ansible_bridge
+from distrun.transport import ansible_bridge, nodeprog
 from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.ui import console as ui
 
@@ -327,7 +327,7 @@ def test_stop_step_is_one_call_of_the_node_program_as_root_naming_the_training_u
     task = yaml.safe_load(STOP_TASK.read_text())[1]
     assert task["become"] is True and "become_user" not in task  # root: the only one that stops a unit
     raw = task["ansible.builtin.raw"]
-    assert "-I -c" in raw and "lookup('ansible.builtin.file', 'node.py')" in raw and " stop" in raw
+    assert "-I -c" in raw and "'node' | distrun_node_source" in raw and " stop" in raw  # the one recipe's node.py
     assert "'user': job_user" in raw  # whose processes it may signal
     assert "kill" not in STOP_TASK.read_text() and "/proc" not in STOP_TASK.read_text()
 
@@ -346,11 +346,10 @@ def test_stop_step_stops_only_its_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
     run_id = f"unit-{os.getpid()}-stop"
     jinja = Environment()
-    jinja.filters.update(quote=shlex.quote, to_json=json.dumps)
+    jinja.filters.update(quote=shlex.quote, to_json=json.dumps, distrun_node_source=nodeprog.text)
     command = jinja.from_string(task["ansible.builtin.raw"]).render(
         ansible_facts={"python": {"executable": sys.executable}}, job_run_id=run_id, job_run_dir=str(run_dir),
-        job_stop_grace=3, job_user=getpass.getuser(),
-        lookup=lambda kind, name, rstrip=True: (STOP_TASK.parents[1] / "files" / name).read_text())
+        job_stop_grace=3, job_user=getpass.getuser())
     mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
     (run_dir / "launcher-n1.pgid").write_text(f"{other.pid}\n")
