@@ -70,10 +70,7 @@ def _read(path: str, limit: int = 4 << 20) -> bytes | None:
         return None
     chunks: list[bytes] = []
     try:
-        while sum(map(len, chunks)) < limit:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
+        while sum(map(len, chunks)) < limit and (chunk := os.read(fd, 1 << 16)):
             chunks.append(chunk)
     except OSError:
         return None
@@ -128,15 +125,13 @@ def processes(root: str) -> dict[int, Proc]:
     found: dict[int, Proc] = {}
     units = system_units(root)
     for name in os.listdir(root):
-        if name.isdigit():
-            stat = _read(f"{root}/{name}/stat")
-            if stat:
-                try:
-                    p = Proc(root, int(name), stat, units)
-                except (ValueError, IndexError):
-                    continue
-                if p.state not in ("Z", "X"):
-                    found[p.pid] = p
+        if name.isdigit() and (stat := _read(f"{root}/{name}/stat")):
+            try:
+                p = Proc(root, int(name), stat, units)
+            except (ValueError, IndexError):
+                continue
+            if p.state not in ("Z", "X"):
+                found[p.pid] = p
     return found
 
 
