@@ -14,8 +14,8 @@ import pytest
 from distrun.planning.containers import Container
 from distrun.planning.needs import preflight_needs
 
-from .probe_text import probe_text
 from .plans import plan_for
+from .probe_text import probe_text
 from .test_check import NODES
 from .test_preflight_needs import SETUP, cluster, failed, judge, probe, verdict
 

@@ -13,8 +13,8 @@ from distrun.preflight.judge import verdict
 from distrun.preflight.report import build_report, refusal
 from distrun.transport import nodeprog
 
-from .probe_text import probe_text
 from .plans import plan_for
+from .probe_text import probe_text
 from .test_check import NODES, SETUP
 from .test_check import probe as full_probe
 

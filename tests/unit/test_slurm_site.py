@@ -21,8 +21,8 @@ from distrun.preflight import report as judge_report
 from distrun.store.runs import new_run
 
 from .conftest import REPO, distrun_bin
-from .probe_text import probe_text
 from .plans import plan_for as planned
+from .probe_text import probe_text
 
 PROBE = REPO / "roles" / "preflight" / "files" / "probe.py"
 
