@@ -12,6 +12,8 @@ closing report prints them as one table (``table``).
 
 from __future__ import annotations
 
+import fnmatch
+import importlib
 import json
 import os
 import re
@@ -19,7 +21,7 @@ import shutil
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -313,10 +315,9 @@ def assert_layout(run: Path, hosts: Mapping[str, str], slots: Mapping[str, int])
     order of ``hosts``, and each rank's RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE say so."""
     world = sum(slots.values())
     seen: dict[int, tuple[str, ...]] = {}
-    for f in (run / "nodes").rglob("*"):
-        if f.is_file() and f.name in ("stdout", "stdout.log"):
-            for m in LAYOUT_LINE.finditer(f.read_text(errors="replace")):
-                seen[int(m[1])] = tuple(m.groups()[1:])
+    for f in rank_logs(run):
+        for m in LAYOUT_LINE.finditer(f.read_text(errors="replace")):
+            seen[int(m[1])] = tuple(m.groups()[1:])
     assert sorted(seen) == list(range(world)), f"layout lines of ranks {sorted(seen)}, expected 0..{world - 1}"
     expected_rank = 0
     for name, machine in hosts.items():
@@ -330,14 +331,34 @@ def assert_layout(run: Path, hosts: Mapping[str, str], slots: Mapping[str, int])
         expected_rank += slots[name]
 
 
+def rank_log_patterns() -> set[str]:
+    """Where every column's launcher says its ranks' logs are (Launcher.rank_log_files), those
+    from outside distrun (OUTSIDE) too."""
+    from distrun.launchers import LAUNCHERS
+
+    launchers = list(LAUNCHERS.values())
+    for entry in OUTSIDE.values():
+        module, name = entry.split(":")
+        launchers.append(getattr(importlib.import_module(module), name)())
+    return {p for launcher in launchers for p in launcher.rank_log_files}
+
+
+def rank_logs(run: Path) -> Iterator[Path]:
+    """Every rank log collected in the run's record."""
+    patterns = rank_log_patterns()
+    for f in (run / "nodes").rglob("*"):
+        rel = f.relative_to(run / "nodes").as_posix()
+        if f.is_file() and any(fnmatch.fnmatch(rel, f"*/{p}") for p in patterns):
+            yield f
+
+
 def _rank_lines(run: Path) -> dict[int, tuple[str, int]]:
     """Rank -> (machine, epochs done) from every collected rank log of the run."""
     found: dict[int, tuple[str, int]] = {}
-    for f in (run / "nodes").rglob("*"):
-        if f.is_file() and f.name in ("stdout", "stdout.log"):
-            text = f.read_text(errors="replace")
-            for m in CELL_LINE.finditer(text):
-                found[int(m[1])] = (m[3], len(re.findall(rf"CELL epoch \d+/{EPOCHS} rank={m[1]} ", text)))
+    for f in rank_logs(run):
+        text = f.read_text(errors="replace")
+        for m in CELL_LINE.finditer(text):
+            found[int(m[1])] = (m[3], len(re.findall(rf"CELL epoch \d+/{EPOCHS} rank={m[1]} ", text)))
     return found
 
 
