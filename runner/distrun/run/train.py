@@ -47,9 +47,7 @@ class Run:
     def __init__(self, request: JobRequest, listener: Listener, phases: Phases, cluster: Cluster,
                  claim: Pending | None = None, early: EarlyPlaybook | None = None) -> None:
         self.request, self.listener, self.phases = request, listener, phases
-        self.record = phases.run
-        self.cluster = cluster
-        self.claim = claim
+        self.record, self.cluster, self.claim = phases.run, cluster, claim
         self.books = RunPlaybooks(request, self.record, listener, early)
         self.end = RunEnd(self.record, request.inventory, listener)
         self.launches: list[Launching] = []  # one per attempt, the current one last
