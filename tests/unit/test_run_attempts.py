@@ -32,6 +32,7 @@ def local_run(tmp_path, monkeypatch):
     cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
                                       "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
     monkeypatch.setattr(train, "load", lambda request: cluster)
+    monkeypatch.setattr(train, "load_noting", lambda request: (cluster, []))  # no node drained
     monkeypatch.setattr(train, "facts_unusable", lambda cluster: None)
     monkeypatch.setattr(train.EarlyPlaybook, "for_training_run", staticmethod(lambda *a, **k: None))
     monkeypatch.setattr(playbooks, "run_playbook", FakeRole(FP))
