@@ -13,19 +13,14 @@ REPO = Path(__file__).resolve().parents[2]
 def _role_module_utils() -> None:
     """Role distrun's module_utils under the names Ansible gives them, so the roles' modules
     import in a test as they do on a node (ansible.module_utils.distrun_fsuser)."""
-    import importlib.util
-
     import ansible.module_utils
+
+    from tests.harness.modules import load_file
 
     for path in sorted((REPO / "roles" / "distrun" / "module_utils").glob("*.py")):
         name = f"ansible.module_utils.{path.stem}"
         if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec and spec.loader
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-            setattr(ansible.module_utils, path.stem, module)
+            setattr(ansible.module_utils, path.stem, load_file(path, name, register=True))
 
 
 _role_module_utils()

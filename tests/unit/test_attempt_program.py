@@ -8,7 +8,6 @@ makes them, root-owned in /run/distrun."""
 from __future__ import annotations
 
 import getpass
-import importlib.util
 import json
 import os
 import pwd
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from distrun.transport import nodeprog
+from tests.harness.modules import load_file
 
 PROGRAM = Path(__file__).resolve().parents[2] / "roles" / "job" / "files" / "attempt.py"
 LAUNCH = PROGRAM.with_name("launch.py")
@@ -195,10 +195,7 @@ def test_a_line_without_end_reaches_the_controller_in_bounded_pieces(attempt):
 
 def _program(monkeypatch, records: Path):
     """launch.py imported here, as if on a node with systemd, its records in records."""
-    spec = importlib.util.spec_from_file_location("launch_program", LAUNCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(LAUNCH, "launch_program")
     monkeypatch.setattr(module, "RECORDS", str(records))
     monkeypatch.setattr(module, "_systemd", lambda: True)
     monkeypatch.setattr(module.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 0, "", ""))
@@ -339,10 +336,7 @@ def test_a_units_processes_are_those_the_kernel_puts_in_its_cgroup_whatever_they
     the processes of the system manager's unit, read from /proc/<pid>/cgroup by root; not a
     tag in an environment (any process of the account can carry it, or drop it), not a unit
     of the same name under the training user's own manager, and whatever the processes' uid."""
-    spec = importlib.util.spec_from_file_location("attempt_program", PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(PROGRAM, "attempt_program")
     unit = "distrun:r1:0:h1.service"
     proc = tmp_path / "proc"
     for pid, cgroup, environ in [

@@ -4,7 +4,6 @@ result read back defensively; the node or pair named; nccl-tests' table and the 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,13 @@ import pytest
 from distrun.errors import UserError
 from distrun.preflight import bandwidth as bw
 from distrun.ui.bandwidth import pair_lines, table, verdict_lines
+from tests.harness.modules import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def program():  # noqa: ANN201
-    spec = importlib.util.spec_from_file_location("allreduce_bw_under_test", REPO / "workloads" / bw.PROGRAM)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(REPO / "workloads" / bw.PROGRAM, "allreduce_bw_under_test")
 
 
 prog = program()

@@ -3,15 +3,13 @@ the false failures and the targets (bench/nodes_report.py, pure)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("nodes_report", Path(__file__).resolve().parents[2] / "bench" / "nodes_report.py")
-assert _spec and _spec.loader
-report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(report)
+from tests.harness.modules import load_file
+
+report = load_file(Path(__file__).resolve().parents[2] / "bench" / "nodes_report.py")
 
 
 def _size(n: int, check_s: float, train_s: float, failures: tuple[str, ...] = ()) -> dict:

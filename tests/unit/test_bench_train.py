@@ -3,20 +3,17 @@ bench/run_all.py's workload rows): one table and one verdict per shape and workl
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
+
+from tests.harness.modules import load_file
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 
 def _load(name: str):  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(BENCH / f"{name}.py", f"bench_{name}")
 
 
 train = _load("train")

@@ -9,7 +9,6 @@ its one-line refusal (check.preflight_refusal). The last test runs the role's ju
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ import pytest
 from distrun.preflight import check
 from distrun.transport import ansible_bridge, handshake
 from distrun.transport.playbook_events import HostProgress, PlaybookResult
+from tests.harness.modules import load_file
 
 from .conftest import REPO
 from .test_check import NODES, SETUP
@@ -31,11 +31,7 @@ OPTIONS = {"head": "node1", "shared_mode": "sync", "shared_dir": "/srv/distrun",
 
 
 def plugin():
-    spec = importlib.util.spec_from_file_location("distrun_cluster_under_test", PLUGIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FilterModule().filters()
+    return load_file(PLUGIN, "distrun_cluster_under_test").FilterModule().filters()
 
 
 def probe(host: str, **over) -> dict:

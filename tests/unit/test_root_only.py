@@ -5,13 +5,14 @@ the tests chown to another uid, so they need root (as the build machines and CI 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.harness.modules import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_UID = 4242  # the training user: any uid but root's
@@ -21,11 +22,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid 
 
 
 def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(path, name)
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from distrun.store import runs
 from distrun.transport import ansible_bridge, nodeprog
 from distrun.transport.playbook_events import HostProgress, PlaybookEvent, PlaybookResult
 from distrun.ui import console as ui
+from tests.harness.modules import load_file
 
 from .conftest import REPO, distrun_bin
 from .plans import plan_for
@@ -491,22 +492,12 @@ def test_in_sync_mode_each_node_is_told_to_pull_only_its_own_ranks_parts(tmp_pat
 
 def _role_module(role: str, name: str):
     """A role's Ansible module (roles/<role>/library/<name>.py), imported for its functions."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, REPO / "roles" / role / "library" / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(REPO / "roles" / role / "library" / f"{name}.py")
 
 
 def _stage_script():
     """Role job's stage script (roles/job/files/stage.py), imported for its functions."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("distrun_stage_script", REPO / "roles" / "job" / "files" / "stage.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(REPO / "roles" / "job" / "files" / "stage.py", "distrun_stage_script")
 
 
 def _bundle(files: dict[str, str]) -> str:

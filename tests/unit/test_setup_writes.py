@@ -4,7 +4,6 @@ root removes that folder afterwards, wherever a job's link sent it), never throu
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import stat
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.harness.modules import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 # Modules whose action plugin sends a file to the node through a temporary folder.
@@ -71,12 +72,7 @@ def test_a_module_run_as_the_training_user_never_passes_through_a_temporary_fold
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "distrun_user_file", REPO / "roles" / "distrun" / "library" / "distrun_user_file.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(REPO / "roles" / "distrun" / "library" / "distrun_user_file.py")
 
 
 def test_a_planted_link_at_the_destination_is_replaced_never_written_through(tmp_path):
@@ -132,11 +128,7 @@ def test_no_module_of_setup_or_check_runs_as_the_training_user():
 
 
 def _fsuser():
-    spec = importlib.util.spec_from_file_location("fsuser", REPO / "roles" / "distrun" / "module_utils" / "distrun_fsuser.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file(REPO / "roles" / "distrun" / "module_utils" / "distrun_fsuser.py", "fsuser")
 
 
 def _ids() -> dict:
