@@ -23,32 +23,21 @@ import pytest
 from tests.harness import matrix
 
 from .conftest import REPO, distrun, new_train_run
-from .hostile import TALLY
+from .hostile import TALLY, TRY_TRACE
 
 SHARED_DIR = "/srv/distrun"
 
 # The job is given, per node, the processes that serve the mount there (root found them: the
 # run's /proc shows it no other account's processes, so a job learns their ids only by guessing,
 # which this saves it), and tries to trace and to stop each.
-STOP_THE_MOUNT = textwrap.dedent(r'''
-    import ctypes, json, os, signal, socket, sys
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.ptrace.restype = ctypes.c_long
-    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+STOP_THE_MOUNT = TRY_TRACE + textwrap.dedent(r'''
+    import json, os, signal, socket, sys
     host = socket.gethostname().split(".")[0]
     said = {}
     if os.environ.get("LOCAL_RANK", "0") == "0":
         for pid in json.loads(sys.argv[1]).get(host, []):
             rec = {"visible": os.path.exists(f"/proc/{pid}")}
-            if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
-                try:
-                    os.waitpid(pid, 0x40000000)
-                except OSError:
-                    pass
-                libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
-                rec["traced"] = True
-            else:
-                rec["traced"] = os.strerror(ctypes.get_errno())
+            rec["traced"] = try_trace(pid)
             try:
                 os.kill(pid, signal.SIGSTOP)
                 rec["stopped"] = True

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from .conftest import distrun, new_train_run
-from .hostile import TALLY
+from .hostile import TALLY, TRY_TRACE
 
 HOME = "/home/distrun"
 PUB = f"{HOME}/.ssh/id_ed25519.pub"
@@ -83,14 +83,11 @@ FORGER = textwrap.dedent(r'''
 
 # The detached job: on every node, every process of its uid outside every run's unit is traced
 # and stopped for two seconds; what it found goes to ~/tracer-<tag>-<host>.json.
-TRACER = textwrap.dedent(r'''
-    import ctypes, json, os, re, signal, socket, sys, time
+TRACER = TRY_TRACE + textwrap.dedent(r'''
+    import json, os, re, signal, socket, sys, time
     tag, seconds = sys.argv[1], float(sys.argv[2])
     home = os.path.expanduser("~")
     host = socket.gethostname().split(".")[0]
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.ptrace.restype = ctypes.c_long
-    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
     UNIT = re.compile(r"/distrun:[^/]+\.service$")  # a run's unit: the account's runs, not the target
 
     def read(path, n=4096):
@@ -129,15 +126,7 @@ TRACER = textwrap.dedent(r'''
                    "cmd": read(f"/proc/{name}/cmdline", 300).replace(b"\0", b" ").decode(errors="replace").strip(),
                    "cgroup": cg}
             pid = int(name)
-            if libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
-                try:
-                    os.waitpid(pid, 0x40000000)  # __WALL
-                except OSError:
-                    pass
-                libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
-                rec["traced"] = True
-            else:
-                rec["traced"] = os.strerror(ctypes.get_errno())
+            rec["traced"] = try_trace(pid)
             try:
                 os.kill(pid, signal.SIGSTOP)
                 rec["stopped"] = True
