@@ -21,9 +21,7 @@ folder, which the job can write too (the limits in docs/guide/security.md).
 import os
 import pwd
 import re
-import signal
 import stat
-import subprocess
 import sys
 import time
 
@@ -40,70 +38,9 @@ PUMP_MAX = 1 << 20  # bytes of the log read between two looks at the launcher's 
 CLOSE_MAX = 256 << 20  # bytes of the log read at most once the launcher ended
 
 
-def _root_file(path: str) -> bytes | None:
-    """A regular file that root owns in a folder that only root writes, else None."""
-    try:
-        folder = os.lstat(os.path.dirname(path))
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
-            return None
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
-
-
-def _status(text: str) -> int | None:
-    """The exit code a record says: 'RESULT exited N' is N, 'RESULT killed SIG' is 128 + SIG."""
-    words = text.split()
-    if len(words) != 3:
-        return None
-    if words[1] == "exited" and words[2].isdigit():
-        return int(words[2])
-    if words[1] in ("killed", "dumped"):
-        try:
-            return 128 + int(signal.Signals["SIG" + words[2]])
-        except KeyError:
-            return None
-    return None
-
-
-def _unit_gone(unit: str) -> bool:
-    """Whether systemd no longer runs the unit (ended, failed or forgotten): with no exit record
-    beside it, its ExecStopPost never ran, as when systemd could not set up the unit's sandbox.
-    False where systemctl cannot say (no systemd here: the record alone decides)."""
-    try:
-        out = subprocess.run(["systemctl", "show", "--property=LoadState,ActiveState", "--", unit],
-                             capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    props = dict(ln.partition("=")[::2] for ln in out.stdout.splitlines())
-    if out.returncode != 0 or "ActiveState" not in props:
-        return False
-    return props.get("LoadState") == "not-found" or props["ActiveState"] in ("inactive", "failed")
-
-
-def _unit_failure(unit: str) -> str:
-    """Why systemd could not run the unit, in one line from its journal (root reads it), or ""."""
-    try:
-        out = subprocess.run(["journalctl", "--quiet", "--no-pager", "--output=cat", "--lines=30", f"--unit={unit}"],
-                             capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    lines = [ln[ln.index("Failed"):] for ln in out.stdout.splitlines() if "Failed" in ln]  # past "<unit>: "
-    why = next((ln for ln in lines if ln.startswith("Failed to")), lines[0] if lines else "")[:200]
-    if "namespac" in why:
-        why += (" (the unit's private /tmp and /dev/shm need mount namespaces: a machine's systemd has them,"
-                " a container needs CAP_SYS_ADMIN)")
-    return why
-
-
 def _no_record(cfg: dict, unit: str) -> dict:
     """The follower's answer for a unit that systemd no longer runs and that left no exit record."""
-    why = _unit_failure(unit)
+    why = unit_failure(unit)
     return {"error": f"{cfg['host']}: systemd ended the launcher's unit {unit} without running its script to an end"
                      + (f": {why}" if why else f"; see 'journalctl -u {unit}' on {cfg['host']}")}
 
@@ -201,13 +138,13 @@ def follow(cfg: dict) -> dict:
     where = cfg["dir"]
     log = Log(os.path.join(where, cfg["log"])) if cfg.get("log") else None
     exit_file, pid_file = os.path.join(where, cfg["exit_file"]), os.path.join(where, cfg["pid_file"])
-    contained = _root_file(record_path(unit, "launched")) is not None
+    contained = root_file(record_path(unit, "launched")) is not None
     started, pid, looked = time.monotonic(), None, 0.0
 
     def ended() -> dict | None:
         nonlocal pid, looked
         if contained:
-            said = _root_file(record_path(unit, "exit"))
+            said = root_file(record_path(unit, "exit"))
             if said is None:
                 # systemd writes it after the unit's last process ended: until then the unit runs,
                 # unless systemd no longer has the unit (asked every few seconds), and then no
@@ -216,12 +153,12 @@ def follow(cfg: dict) -> dict:
                 if time.monotonic() - looked < UNIT_LOOK_S:
                     return None
                 looked = time.monotonic()
-                if not _unit_gone(unit):
+                if not unit_gone(unit):
                     return None
-                if _root_file(record_path(unit, "exit")) is not None:
+                if root_file(record_path(unit, "exit")) is not None:
                     return ended()  # written as the unit ended
                 return _no_record(cfg, unit)
-            code = _status(said.decode(errors="replace"))
+            code = record_status(said.decode(errors="replace"))
             if code is None:
                 return {"error": f"{cfg['host']}: the launcher's unit {unit} ended without an exit code "
                                  f"({said.decode(errors='replace').strip()[:80]})"}
@@ -287,14 +224,14 @@ def state(cfg: dict) -> dict:
     and its processes are the unit's (the kernel's cgroup of each, whatever their uid)."""
     said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": 0, "started": []}
     unit = unit_name(cfg)
-    contained = _root_file(record_path(unit, "launched")) is not None
+    contained = root_file(record_path(unit, "launched")) is not None
     said["procs"] = unit_processes(unit) if contained else _tagged(cfg["run"], cfg["user"])
     if contained:  # whatever became of the run directory, which the job may move or lock
-        record = _root_file(record_path(unit, "exit"))
+        record = root_file(record_path(unit, "exit"))
         if record is not None:
-            code = _status(record.decode(errors="replace"))
+            code = record_status(record.decode(errors="replace"))
             said.update(launcher="exited" if code is not None else "gone", rc=code)
-        elif _unit_gone(unit) and _root_file(record_path(unit, "exit")) is None:
+        elif unit_gone(unit) and root_file(record_path(unit, "exit")) is None:
             said["launcher"] = "gone"  # systemd no longer has the unit, and it never wrote the record
         else:
             said["launcher"] = "running"  # no record yet: systemd writes it when the unit has ended

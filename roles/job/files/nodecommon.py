@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import stat
+import subprocess
 import sys
 
 NODECOMMON = True  # this head was sent in front of the program (the programs look for this name)
@@ -89,6 +92,67 @@ def record_path(unit: str, kind: str) -> str:
     """Root's record of a unit: kind "launched" (launch.py started it), "exit" (how it ended)."""
     return os.path.join(RECORDS, f"{unit}.{kind}")
 
+
+
+def root_file(path: str) -> bytes | None:
+    """A regular file that root owns in a folder that only root writes (its first 4 KiB), else None."""
+    try:
+        folder = os.lstat(os.path.dirname(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if folder.st_uid != 0 or folder.st_mode & 0o022 or st.st_uid != 0 or not stat.S_ISREG(st.st_mode):
+            return None
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def record_status(text: str) -> int | None:
+    """The exit code a record says: 'RESULT exited N' is N, 'RESULT killed SIG' is 128 + SIG."""
+    words = text.split()
+    if len(words) != 3:
+        return None
+    if words[1] == "exited" and words[2].isdigit():
+        return int(words[2])
+    if words[1] in ("killed", "dumped"):
+        try:
+            return 128 + int(signal.Signals["SIG" + words[2]])
+        except KeyError:
+            return None
+    return None
+
+
+def unit_gone(unit: str) -> bool:
+    """Whether systemd no longer runs the unit (ended, failed or forgotten): with no exit record
+    beside it, its ExecStopPost never ran, as when systemd could not set up the unit's sandbox.
+    False where systemctl cannot say (no systemd here: the record alone decides)."""
+    try:
+        out = subprocess.run(["systemctl", "show", "--property=LoadState,ActiveState", "--", unit],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    props = dict(ln.partition("=")[::2] for ln in out.stdout.splitlines())
+    if out.returncode != 0 or "ActiveState" not in props:
+        return False
+    return props.get("LoadState") == "not-found" or props["ActiveState"] in ("inactive", "failed")
+
+
+def unit_failure(unit: str) -> str:
+    """Why systemd could not run the unit, in one line from its journal (root reads it), or ""."""
+    try:
+        out = subprocess.run(["journalctl", "--quiet", "--no-pager", "--output=cat", "--lines=30", f"--unit={unit}"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    lines = [ln[ln.index("Failed"):] for ln in out.stdout.splitlines() if "Failed" in ln]  # past "<unit>: "
+    why = next((ln for ln in lines if ln.startswith("Failed to")), lines[0] if lines else "")[:200]
+    if "namespac" in why:
+        why += (" (the unit's private /tmp and /dev/shm need mount namespaces: a machine's systemd has them,"
+                " a container needs CAP_SYS_ADMIN)")
+    return why
 
 def check_attempt(verb: str, cfg: dict) -> None:
     """The config that names one attempt on one node (attempt.py's and launch.py's): run, host,
