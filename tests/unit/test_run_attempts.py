@@ -1,6 +1,7 @@
 """A run's attempts through ``run_job``, on three local nodes with run.yml played by the role's
 judge on fake probes (test_sshmesh.FakeRole): each attempt is planned once, the claim takes its
-hosts from the first attempt's plan, and the record keeps each attempt's states."""
+hosts from the first attempt's plan, and the record keeps each attempt's states; a node the run (or
+'distrun attach') lost is drained, a job that fails drains none."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from distrun.run.stop import StopReport
 from distrun.store import drained as dr
 from distrun.store.runs import list_runs
 
-from .plans import request_for
+from .plans import plan_for, request_for
 from .test_check import NODES
 from .test_sshmesh import FP, FakeRole
 
@@ -160,3 +161,29 @@ def test_a_node_the_runs_stop_cannot_reach_is_drained(local_run, monkeypatch):
     record = list_runs()[-1]
     assert dr.drained(inv)["node3"].source == f"run {record.id}"
     assert record.meta.drained == {"node3": "lost: the run's stop step could not reach it"}
+
+
+def test_attach_drains_a_node_the_run_lost_while_it_followed(tmp_path, monkeypatch):
+    from distrun.run import attach as attaching
+    from distrun.run.liveness import ClusterState
+    from distrun.store.runs import new_run
+
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all: {}\n")
+    hosts = {h: {"ansible_connection": "ssh", "ansible_host": f"10.0.0.{i}", "slots": 1} for i, h in enumerate(NODES, 1)}
+    cluster = cluster_from_json(inv, {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
+                                      "head": {"hosts": ["node1"]}, "workers": {"hosts": NODES}}, None)
+    run = new_run("train", inv)
+    run.let_go()  # detached: nothing follows it
+    plan = plan_for(cluster, run_id=run.id, launcher="torchrun", workload="ddp", np=3)
+    reads = [ClusterState("running"), ClusterState("running", hosts={
+        h: HostState(h, reached=h != "node3", error="ssh: connect timed out") for h in NODES})]
+    monkeypatch.setattr(attaching, "recorded_plan", lambda r: plan)
+    monkeypatch.setattr(attaching, "load_cluster", lambda inventory, facts: cluster)
+    monkeypatch.setattr(attaching, "read", lambda cluster, plan, lost=frozenset(): reads.pop(0))
+    monkeypatch.setattr(RunEnd, "follow", lambda self, cluster, plan: LOST3)
+    monkeypatch.setattr(ending, "stop_play", lambda record, inventory, plan, hosts: StopReport())
+    monkeypatch.setattr(RunEnd, "collect", lambda self, cluster, plan, hosts, lost: None)
+    assert attaching.attach(run.id) != ExitCode.OK
+    assert dr.drained(inv)["node3"].source == f"run {run.id}"
+    assert run.reload().meta.drained == {"node3": "lost mid-run: ssh to it failed"}
