@@ -242,3 +242,23 @@ def test_runs_and_show_say_which_node_a_run_drained_and_the_next_run_leaves_it_o
     named = cli("train", "-i", str(inv), "--dry-run", "--hosts", "node1,node3")
     assert named.returncode == 2 and named.stdout == "", named.stderr
     assert named.stderr == f"distrun: error: --hosts node3: {mark.line()}; or leave it out of --hosts\n"
+
+
+def test_a_run_that_cannot_write_the_mark_says_so_and_goes_on(tmp_path):
+    from distrun.run.ending import LOST_MID_RUN, RunEnd
+    from distrun.run.listener import Listener
+    from distrun.store.runs import new_run
+
+    class Said(Listener):
+        def __init__(self) -> None:
+            self.warned: list[str] = []
+
+        def warn(self, message: str) -> None:
+            self.warned.append(message)
+
+    inv = tmp_path / "inv"
+    paths.drained_file(inv).write_text("{not json")
+    run, said = new_run("train", inv), Said()
+    RunEnd(run, inv, said).drain_lost({"node3"}, {"node1"}, LOST_MID_RUN)
+    assert run.meta.drained == {}
+    assert len(said.warned) == 1 and said.warned[0].startswith("node3 was lost but is not drained: the drained nodes' file ")

@@ -96,7 +96,11 @@ class RunEnd:
         if not set(answered) - set(lost):
             return
         for node in sorted(set(lost) - set(self.run.meta.drained)):
-            mark = drained.drain(self.inventory, node, why, f"run {self.run.id}")
+            try:
+                mark = drained.drain(self.inventory, node, why, f"run {self.run.id}")
+            except (UserError, OSError) as exc:  # the run still ends as it would: stopped, collected, summed up
+                self.listener.warn(f"{node} was lost but is not drained: {exc}")
+                continue
             self.run.meta.drained[node] = mark.reason
             self.run.save()
             self.listener.warn(f"drained: {mark.line()}")
