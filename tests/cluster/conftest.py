@@ -62,6 +62,14 @@ def train_program(home: Path, program: Path, text: str, env_extra: dict[str, str
     return result, run
 
 
+def bring_back(cluster, k: int, inventory: str = "test") -> None:
+    """Start node ``k`` again and clear the drain a run that lost it left ('distrun check --clear'),
+    so the tests after this one run on every node again."""
+    cluster.start_node(k)
+    cleared = distrun("check", "--inventory", inventory, "--clear", f"node{k}", timeout=120)
+    assert cleared.rc == 0, cleared.stdout + cleared.stderr
+
+
 def start_distrun(*args: str, log: TextIO) -> subprocess.Popen:
     """distrun started in the background, its output to ``log``, with SIGINT at its default
     (a shell's background jobs, as in CI, start with it ignored): for tests that interrupt it."""

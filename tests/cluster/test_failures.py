@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from .conftest import distrun, run_processes
+from .conftest import bring_back, distrun, run_processes
 from .test_train import _latest_run
 
 pytestmark = pytest.mark.phase(1)
@@ -95,6 +95,10 @@ def test_losing_a_node_mid_run_stops_everything(provisioned, distrun_home, tmp_p
         assert "lost contact with node3" in result.stdout + result.stderr, result.stdout[-3000:]
         run = _latest_run(distrun_home)
         assert not run_processes(provisioned, run.name, (1, 2))
+        # The run drained node3 (its follower's ssh failed, or its stop could not reach it), and says so.
+        drained = json.loads(distrun("show", run.name, "--json", timeout=120).stdout)["drained"]
+        assert list(drained) == ["node3"] and drained["node3"].startswith("lost"), drained
+        assert "drained: node3 is drained since" in result.stdout + result.stderr, result.stderr[-3000:]
     finally:
         worker.join(timeout=300)
-        _restore(provisioned, 3)
+        bring_back(provisioned, 3)

@@ -16,7 +16,7 @@ import pytest
 
 from tests.harness import matrix
 
-from .conftest import REPO, distrun, run_processes
+from .conftest import REPO, bring_back, distrun, run_processes
 
 pytestmark = pytest.mark.phase(1)
 
@@ -78,7 +78,7 @@ def test_a_lost_node_restarts_the_run_without_it_and_it_resumes_exactly(provisio
         assert not run_processes(provisioned, run.name, (1, 2))
     finally:
         worker.join(timeout=900)
-        provisioned.start_node(3)
+        bring_back(provisioned, 3)
 
     # The same two nodes, uninterrupted, from the same checkpoint: the same final loss, exactly.
     reference = distrun("train", *TRAIN, "--np", "2", "--", *WORKLOAD, "--resume-from", checkpoint, timeout=900)
@@ -189,4 +189,4 @@ def test_a_lost_node_on_a_shared_folder_restarts_a_workdir_program_from_its_snap
         assert not run_processes(provisioned, run.name, (1, 2))
     finally:
         worker.join(timeout=900)
-        provisioned.start_node(3)
+        bring_back(provisioned, 3, sshfs_inventory)

@@ -1,6 +1,7 @@
 """The drained nodes' store: marks per inventory with reason, source and time; cleared one at a
 time or by a passing check; a damaged file said in one line; and check's part of it (a faulty GPU
-drains, a passing node comes back) and 'distrun check --clear NODE'."""
+drains, a passing node comes back) and 'distrun check --clear NODE'; a node a run lost, as 'runs'
+and 'show' say it and the next run leaves it out (test_run_attempts.py: when a run drains one)."""
 
 from __future__ import annotations
 
@@ -206,3 +207,58 @@ def test_a_run_whose_every_worker_is_drained_is_refused_naming_them(cli_env, wri
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "every worker of inventory" in res.stderr and "node1 is drained since" in res.stderr
     assert "(and node2, node3)" in res.stderr and "'distrun check --clear node1'" in res.stderr
+
+
+def test_runs_and_show_say_which_node_a_run_drained_and_the_next_run_leaves_it_out(cli_env, write_inventory,
+                                                                                 private_state):
+    from distrun.run.ending import LOST_MID_RUN, RunEnd
+    from distrun.run.listener import Listener
+    from distrun.store.runs import new_run
+
+    inv = write_inventory(THREE)
+    lost = new_run("train", inv)
+    RunEnd(lost, inv, Listener()).drain_lost({"node3"}, {"node1", "node2"}, LOST_MID_RUN)
+    lost.finish(1, "failed rc=255; lost contact with node3 (ssh failed)")
+    other = new_run("train", inv)
+    other.finish(0, "ok test_acc=0.8")
+    cli = lambda *a: subprocess.run([distrun_bin(), *a], capture_output=True, text=True, env=cli_env,  # noqa: E731
+                                    timeout=120)
+    mark = dr.drained(inv)["node3"]
+    assert (mark.source, mark.reason) == (f"run {lost.id}", "lost mid-run: ssh to it failed")
+    listed = {r["run_id"]: r["drained"] for r in json.loads(cli("runs", "--json").stdout)["runs"]}
+    assert listed == {lost.id: {"node3": "lost mid-run: ssh to it failed"}, other.id: {}}
+    table = cli("runs").stdout
+    assert "failed rc=255; lost contact with node3 (ssh failed); drained node3: lost mid-run: ssh to it failed" in table
+    assert table.count("drained") == 1
+    shown = cli("show", lost.id).stdout.splitlines()
+    assert ("drained:    node3, by this run: lost mid-run: ssh to it failed (a 'distrun check' that passes on it, "
+            "or 'distrun check --clear node3', brings it back)") in shown
+    assert not [line for line in cli("show", other.id).stdout.splitlines() if line.startswith("drained")]
+    assert json.loads(cli("show", lost.id, "--json").stdout)["drained"] == {"node3": "lost mid-run: ssh to it failed"}
+    # The next run leaves it out, saying so; named in --hosts, it is refused in one line with the way back.
+    dry = cli("train", "-i", str(inv), "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["left_out"] == [f"left out: {mark.line()}"]
+    assert f"(run {lost.id}: lost mid-run: ssh to it failed)" in mark.line()
+    named = cli("train", "-i", str(inv), "--dry-run", "--hosts", "node1,node3")
+    assert named.returncode == 2 and named.stdout == "", named.stderr
+    assert named.stderr == f"distrun: error: --hosts node3: {mark.line()}; or leave it out of --hosts\n"
+
+
+def test_a_run_that_cannot_write_the_mark_says_so_and_goes_on(tmp_path):
+    from distrun.run.ending import LOST_MID_RUN, RunEnd
+    from distrun.run.listener import Listener
+    from distrun.store.runs import new_run
+
+    class Said(Listener):
+        def __init__(self) -> None:
+            self.warned: list[str] = []
+
+        def warn(self, message: str) -> None:
+            self.warned.append(message)
+
+    inv = tmp_path / "inv"
+    paths.drained_file(inv).write_text("{not json")
+    run, said = new_run("train", inv), Said()
+    RunEnd(run, inv, said).drain_lost({"node3"}, {"node1"}, LOST_MID_RUN)
+    assert run.meta.drained == {}
+    assert len(said.warned) == 1 and said.warned[0].startswith("node3 was lost but is not drained: the drained nodes' file ")

@@ -23,7 +23,7 @@ def runs(prune: bool, older_than: float | None, as_json: bool) -> None:
     """List run records, oldest first (the newest is last); --prune deletes old ones.
 
     --json prints {"schema": 1, "runs": [{run_id, verb, status, rc, inventory, started,
-    finished, duration_s, summary, dir}, ...]}."""
+    finished, duration_s, summary, dir, drained}, ...]}."""
     from distrun.store.runs import list_runs, prune_runs
     from distrun.ui import data as records
     from distrun.ui.records import print_runs

@@ -14,7 +14,7 @@ from distrun import paths
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import load_cluster
 from distrun.run.diagnosis import NodeFailure
-from distrun.run.ending import RunEnd
+from distrun.run.ending import LOST_MID_RUN, RunEnd
 from distrun.run.listener import Listener
 from distrun.run.liveness import UNREACHABLE, read, recorded_plan
 from distrun.store import controller
@@ -60,6 +60,7 @@ def attach(run_ref: str, listener: Listener | None = None) -> int:
     if outcome.lost and outcome.host:
         lost.add(outcome.host)
         after = read(cluster, plan, lost)
+        end.drain_lost(lost, [h for h, s in after.hosts.items() if s.reached], LOST_MID_RUN)
         if after.state == UNREACHABLE:
             run.let_go()
             listener.contact_lost(run, after.reason)

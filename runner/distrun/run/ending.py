@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from distrun.errors import UserError
@@ -19,11 +20,14 @@ from distrun.run.diagnosis import NodeFailure, RunSummary, summarise
 from distrun.run.follow import Outcome, follow
 from distrun.run.listener import Listener
 from distrun.run.stop import stop_play
+from distrun.store import drained
 from distrun.store.runs import Run
 from distrun.transport import nodeprog
 from distrun.transport.ansible_bridge import run_playbook
 from distrun.transport.remote import as_root_or_user, run_each
 
+# Why a node the follower's ssh session lost is drained (follow.Outcome.lost: ssh's own failure).
+LOST_MID_RUN = "lost mid-run: ssh to it failed"
 # Lines the runner keeps in memory to read the result and the failure from (the rest is in launcher.log).
 KEEP_LINES = 4000
 
@@ -76,10 +80,30 @@ class RunEnd:
             return follow(cluster, plan, launch_hosts, on_line)
 
     def stop(self, plan: JobPlan, hosts: list[str]) -> set[str]:
-        """Stop every process of the run on hosts; the hosts that could not be reached."""
+        """Stop every process of the run on hosts; the hosts that could not be reached (drained
+        when another answered)."""
         if not hosts:
             return set()
-        return stop_play(self.run, self.inventory, plan, hosts).unreachable
+        unreachable = stop_play(self.run, self.inventory, plan, hosts).unreachable
+        self.drain_lost(unreachable, set(hosts) - unreachable, "lost: the run's stop step could not reach it")
+        return unreachable
+
+    def drain_lost(self, lost: Iterable[str], answered: Iterable[str], why: str) -> None:
+        """Drain the nodes this run lost (store/drained.py, source ``run <id>``), each said once
+        and kept in the record. Only while another node of the run answered this controller: a
+        network lost here drains no node. ``why`` is the controller's own finding (ssh to the node
+        failed, a stop could not reach it), never what a node or the job printed."""
+        if not set(answered) - set(lost):
+            return
+        for node in sorted(set(lost) - set(self.run.meta.drained)):
+            try:
+                mark = drained.drain(self.inventory, node, why, f"run {self.run.id}")
+            except (UserError, OSError) as exc:  # the run still ends as it would: stopped, collected, summed up
+                self.listener.warn(f"{node} was lost but is not drained: {exc}")
+                continue
+            self.run.meta.drained[node] = mark.reason
+            self.run.save()
+            self.listener.warn(f"drained: {mark.line()}")
 
     def collect(self, cluster: Cluster, plan: JobPlan, hosts: list[str], lost: set[str]) -> None:
         """Bring the run's logs, exit codes and small files home from hosts (every rank host in

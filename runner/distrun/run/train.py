@@ -21,7 +21,7 @@ from distrun.planning.network import facts_unusable
 from distrun.planning.request import JobRequest, load, load_noting
 from distrun.run.attempt import Attempt, End
 from distrun.run.diagnosis import NodeFailure, failed_host
-from distrun.run.ending import RunEnd, collect_limits
+from distrun.run.ending import LOST_MID_RUN, RunEnd, collect_limits
 from distrun.run.follow import Outcome
 from distrun.run.launching import Launching
 from distrun.run.listener import EventHandler, Listener
@@ -103,10 +103,12 @@ class Run:
         return True
 
     def out_of_contact(self) -> str | None:
-        """After a node was lost: why no launch host answers any more (this machine's network, or
-        the head, is gone), or None when the launch hosts still answer."""
+        """After a node was lost: it is drained while another node answers; why no launch host
+        answers any more (this machine's network, or the head, is gone), or None when they do."""
         assert self.plan is not None
-        return out_of_contact(self.plan, probe(self.cluster, self.plan, lost=self.lost), self.lost)
+        states = probe(self.cluster, self.plan, lost=self.lost)
+        self.end.drain_lost(self.lost, [h for h, s in states.items() if s.reached], LOST_MID_RUN)
+        return out_of_contact(self.plan, states, self.lost)
 
     def stop(self) -> None:
         current = self.current
@@ -134,8 +136,7 @@ class Run:
         # The record keeps each failed attempt's plan; its output stays in launcher.log, and its
         # files on the nodes in its own folder (rundir.py), brought home with the next attempt's.
         self.record.write(f"attempts/{restart}/plan.json", (self.record.dir / "plan.json").read_text())
-        self.end.lines.clear()
-        self.end.failure = None
+        self.end.lines, self.end.failure = [], None
         self.exclude = decision.exclude
         self.record.meta.restarts = restart + 1
         self.record.save()

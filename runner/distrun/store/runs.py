@@ -9,7 +9,7 @@ import reprlib
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ class RunMeta:
     collected: bool = True
     restarts: int = 0  # restarts done so far
     max_restarts: int = 0
+    # The nodes this run lost and drained (store/drained.py): node -> what the controller found.
+    drained: dict[str, str] = field(default_factory=dict)
 
     @property
     def duration(self) -> float | None:
@@ -70,6 +72,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "verb": (str,), "inventory": (str,), "started": _NUMBER, "status": (str,),
     "rc": (int, type(None)), "finished": (*_NUMBER, type(None)), "summary": (str,), "format": (int,),
     "controller": (dict, type(None)), "collected": (bool,), "restarts": (int,), "max_restarts": (int,),
+    "drained": (dict,),
 }
 
 

@@ -59,6 +59,7 @@ def summary(run: Run) -> dict[str, Any]:
         "duration_s": None if m.duration is None else round(m.duration, 3),
         "summary": m.summary,
         "dir": str(run.dir),
+        "drained": {str(node): str(why) for node, why in sorted(m.drained.items())},  # the nodes it lost, drained
     }
 
 

@@ -19,7 +19,8 @@ def _local(iso: str | None) -> str:
 
 def print_runs(listing: dict[str, Any]) -> None:
     rows = [[r["run_id"], r["verb"], r["status"], "" if r["rc"] is None else str(r["rc"]),
-             "" if r["duration_s"] is None else f"{r['duration_s']:.1f}s", r["inventory"], r["summary"]]
+             "" if r["duration_s"] is None else f"{r['duration_s']:.1f}s", r["inventory"],
+             "; ".join(t for t in [r["summary"], *(f"drained {n}: {why}" for n, why in r.get("drained", {}).items())] if t)]
             for r in listing["runs"]]
     # Run id and status are never cut; the summary wraps; on a narrow terminal the inventory goes
     # first, then the duration, the verb, the exit code and the summary (docs/guide/cli.md).
@@ -41,6 +42,9 @@ def show_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"finished:   {_local(d['finished'])} ({d['duration_s']:.1f}s)")
     if d["summary"]:
         lines.append(f"summary:    {d['summary']}")
+    for node, why in d.get("drained", {}).items():
+        lines.append(f"drained:    {node}, by this run: {why} (a 'distrun check' that passes on it, or "
+                     f"'distrun check --clear {node}', brings it back)")
     lines.append(f"record:     {d['dir']}")
     plan = d.get("plan")
     if plan:
