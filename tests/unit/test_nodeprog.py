@@ -140,7 +140,9 @@ def test_the_programs_root_runs_with_the_training_users_rights_carry_the_identit
     for program in ("attempt", "stage", "files", "pack"):
         assert nodeprog.files(program) == [FILES / "nodecommon.py", fsuser, FILES / f"{program}.py"], program
     probe = repo / "roles" / "preflight" / "files"
-    assert nodeprog.files("probe") == [fsuser, *(probe / f"{n}.py" for n in ("netprobe", "imageprobe", "userprobe", "probe"))]
+    parts = [probe / f"{n}.py" for n in nodeprog.PROBE_PARTS]
+    assert nodeprog.files("probe") == [FILES / "nodecommon.py", fsuser, *parts, probe / "probe.py"]
+    assert {p.name for p in probe.glob("*.py")} - {"gpuhealth.py"} == {p.name for p in [*parts, probe / "probe.py"]}
     assert nodeprog.files("fileserver") == [fsuser, repo / "roles" / "shared_fs" / "files" / "fileserver.py"]
     assert nodeprog.text("probe") == "".join(f.read_text() for f in nodeprog.files("probe"))
 
