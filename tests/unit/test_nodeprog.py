@@ -53,6 +53,20 @@ def test_each_name_of_the_head_has_no_second_home_in_a_program():
 
 
 @pytest.mark.parametrize("program", nodeprog.SOURCES)
+def test_no_two_files_of_a_composed_program_define_one_name(program):
+    """The files of one program share one namespace: a name a later part defined again would
+    silently replace the earlier one for every part (the probe's dozen parts among them)."""
+    homes: dict[str, list[str]] = {}
+    for path in nodeprog.files(program):
+        for node in ast.parse(path.read_text()).body:
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+            names += [node.name] if isinstance(node, ast.FunctionDef | ast.ClassDef) else []
+            for name in names:
+                homes.setdefault(name, []).append(path.name)
+    assert not {n: h for n, h in homes.items() if len(h) > 1}
+
+
+@pytest.mark.parametrize("program", nodeprog.SOURCES)
 def test_each_composed_program_parses_as_python_3_9(program):
     text = nodeprog.text(program)
     assert text.startswith((FILES / "nodecommon.py").read_text()) == nodeprog.RECIPES[program].head
@@ -65,6 +79,18 @@ def test_a_bad_call_of_each_composed_program_is_its_usage(program):
     out = subprocess.run([sys.executable, "-I", "-c", text], capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr.startswith(f"{program}.py: usage: {program}.py ") and out.stderr.endswith(" (got nothing)\n")
+
+
+def test_a_bad_call_of_the_composed_probe_is_one_line_and_exit_2():
+    """The preflight's probe takes its config as the other programs do: a bad one is its usage."""
+    text = nodeprog.text("probe")
+    for argv, said in (([], "usage: probe.py '<config JSON>' ['<stage program>'] (got 0 arguments)"),
+                       (["[]"], "the probe's config is not a JSON object"),
+                       (['{"host": "h1", "env_prefix": "/env", "shared_dir": "/srv"}'], "user None is missing or not a string"),
+                       (['{"host": "h1", "user": "u", "env_prefix": "/e", "shared_dir": "/s", "names": "h2"}'],
+                        "names 'h2' is not a list of strings")):
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", text, *argv], capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", f"probe.py: {said}\n"), argv
 
 
 def test_the_composed_programs_answer_a_trivial_verb(tmp_path):
