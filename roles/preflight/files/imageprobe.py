@@ -116,7 +116,7 @@ def probe_image(cfg: ProbeConfig, image: dict) -> dict:
     """The image's id as the training user's runtime has it, or why there is none; with the id,
     what is inside it (``contents``) when the run says what it needs there."""
     ref, runtime = str(image.get("ref", "")), str(image.get("runtime", ""))
-    out = {"ref": ref, "runtime": runtime, "user": cfg.user, "id": ""}
+    out: dict = {"ref": ref, "runtime": runtime, "user": cfg.user, "id": ""}
     if image.get("id"):  # the id 'distrun push-image' put there, which the judge asks of every node
         out["pushed"] = str(image["id"])
     proc = as_user(cfg, [runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)

@@ -113,7 +113,7 @@ def may_run(cfg: ProbeConfig, path: str) -> bool:
 def stage_in_child(script: str, config: dict) -> dict:
     """The stage program (nodecommon.py + stage.py), run in this process: the forked root process
     that took the training user's filesystem identity."""
-    namespace = {"__name__": "distrun_stage"}
+    namespace: dict = {"__name__": "distrun_stage"}
     exec(compile(script, "stage.py", "exec"), namespace)  # noqa: S102 - root's own program, sent with the probe
     try:
         return namespace["staged"](config)
