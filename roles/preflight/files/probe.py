@@ -1,34 +1,16 @@
-# ruff: noqa: F821 - the probe's parts (probe_config.py, userprobe.py, probe_fanout.py, netprobe.py,
-# imageprobe.py, probe_*.py) and the head (role job's nodecommon.py) are composed in front of this file
+# ruff: noqa: F821 - the preflight probe's driver: names of the parts composed in front of it (nodeprog.RECIPES)
 """distrun preflight probe: everything one node can tell about itself, as one JSON line.
 
-Runs as root with the node's system Python, ``python3 -I -S -c <source> '<config JSON>'
-['<stage program>']``, its source composed by the one recipe (runner/distrun/transport/nodeprog.py):
-role job's nodecommon.py (the node programs' head), role distrun's distrun_fsuser.py, then the
-probe's parts, one per check, and this driver last. One round trip per host gathers the env and
-versions (probe_env.py), the shared folder (probe_shared.py), ssh to the other nodes and the
-node's ssh fingerprint (probe_ssh.py), name resolution and the node's addresses
-(probe_names.py), the programs the run needs (probe_needs.py), on the head the launch ports and who
-holds them (probe_ports.py) and a site's Slurm (probe_site.py), the container image
-(imageprobe.py), and TCP connections between the nodes (netprobe.py). It changes nothing except
-the shared-folder probe file, which the role removes again, its own record of the env's versions,
-which saves starting the env's Python while nothing they depend on changed, and, given a run's
-stage step (role job's files/stage.py as the second argument), the run's files, unpacked after the
-checks (probe_stage.py).
-
-Root believes no process of the training user's uid: a job of that user can trace any of them,
-or feed them through files it writes, and make them say anything. So what root records or decides
-on comes from root's own processes (the env's Python and Open MPI's mpirun are root's files, run
-as root and isolated); what the training user may do (write the shared folder, run a program,
-unpack the run's files) is done or asked by a forked root process that took only that user's
-filesystem identity (userprobe.py: the user's rights, no process of the user's).
-ssh to the other nodes logs in as the training user with root's node key, certified by the user
-CA (role ssh_mesh), and runs nothing there. Only the container image's checks run the runtime as
-the user (its image store is that user's). Standard library only; Python 3.9 or newer.
-
-It prints one JSON object, its keys sorted (role preflight's judge reads it); where a check
-broke, ``{"host": ..., "probe_error": {"step": <the step at work>}}`` instead, the trace on
-stderr. A bad call (no config, a config that is not one) is one line on stderr and exit 2.
+``python3 -I -S -c <source> '<config JSON>' ['<stage program>']``, as root with the node's system
+Python; the source is the one recipe's (runner/distrun/transport/nodeprog.py): role job's head
+(nodecommon.py), role distrun's distrun_fsuser.py, the probe's parts (its config, how root asks
+about the training user: userprobe.py, one part per check) and this driver last, which reads the
+config once, runs the checks and prints the report, its keys sorted (the role's judge reads it):
+``{"host": ..., "probe_error": {"step": ...}}`` where a check broke, the trace on stderr. A bad
+call is one line on stderr and exit 2. It changes nothing but the shared folder's probe file
+(the role removes it), root's record of the env's versions and, given a run's stage step (role
+job's files/stage.py, the second argument), the run's files, unpacked after the checks. Root
+believes no process of the training user's uid (userprobe.py says how). Standard library only.
 """
 
 import os

@@ -1,14 +1,10 @@
-# ruff: noqa: F821 - CallError is nodecommon.py's, the head composed in front of this file
-"""The preflight probe's configuration, read once from its one JSON argument (role preflight's
-probe task renders it: tasks/probe.yml) and handed to every check; a config that is not one is
-a bad call (CallError). Composed behind the node programs' head (role job's nodecommon.py), one
-namespace with the probe's other parts; standard library only, Python 3.9 or newer.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The probe's config, read once from its JSON argument (as tasks/probe.yml renders it) and handed
+to the checks; one that is not the probe's is a bad call (CallError, the head's)."""
 
 import json
 
-# typing's names, for the annotations of every part of the probe alone: the probe does not import
-# typing (its start counts on every node of every run), type checkers read this as true.
+# typing's names for the parts' annotations only: the probe starts faster without typing.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any  # noqa: F401 - the other parts' annotations

@@ -1,14 +1,8 @@
-# ruff: noqa: F821 - ProbeConfig, run and last_line are probe_config.py's and userprobe.py's, composed
-# in front of this file
-"""The preflight probe's env and versions check: the env's Python started as root and asked for
-its versions, the modules the run needs and mpi4py's MPI library; Open MPI's version from root's
-own mpirun. The env's answer is the slowest part of a probe and depends only on the env, so root
-keeps it (``record_env``) under a fingerprint of what it depends on, read without starting the env
-(``env_fingerprint``), and a run reads it back while that fingerprint holds, for a day at most
-(``probe_env_once``). The controller's judge compares the versions across nodes
-(runner/distrun/preflight/judge.py). A part of the probe, composed in front of probe.py;
-standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The env and versions check: the env's Python, as root, says its versions, the modules the run
+needs and mpi4py's MPI library; root's mpirun, Open MPI's version. Root keeps the env's answer under
+a fingerprint of what it depends on, and a run reads it back while that holds, for a day at most
+(judged by runner/distrun/preflight/judge.py)."""
 
 import contextlib
 import hashlib

@@ -1,9 +1,6 @@
-# ruff: noqa: F821 - Any (typing's, for annotations) is probe_config.py's, composed in front of this file
-"""The preflight probe's checks side by side: one in a thread of its own (``in_thread``), or one
-per item, a few at a time (``fan_out``: ssh to the other nodes, their names). Threads, not a
-pool: the probe starts in a fraction of the time without one. A part of the probe, composed in
-front of probe.py (the one recipe: runner/distrun/transport/nodeprog.py); standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The probe's checks side by side: one in a thread (``in_thread``), or one per item, a few at a
+time (``fan_out``). Threads, not a pool: the probe starts in a fraction of the time without one."""
 
 import threading
 from collections.abc import Callable, Hashable, Iterable

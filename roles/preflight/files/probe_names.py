@@ -1,8 +1,6 @@
-"""The preflight probe's name and address checks: every address each node's name has here (the
-judge compares them across nodes), and this node's interfaces with their IPv4 addresses as it has
-them now (a run plans from cached facts and the judge checks the plan against these). A part of
-the probe, composed in front of probe.py; standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The names and addresses checks: every address each node's name has here, and this node's
+interfaces with their IPv4 addresses now (judged by runner/distrun/preflight/judge.py)."""
 
 import json
 import socket

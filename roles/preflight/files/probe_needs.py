@@ -1,11 +1,6 @@
-# ruff: noqa: F821 - ProbeConfig and may_run are probe_config.py's and userprobe.py's, composed in
-# front of this file
-"""The preflight probe's needs check, the programs part: each program the run needs (each
-launcher's, the head's, the relay) found where the training user may run it (the modules part
-is the env's answer: probe_env.py). The controller's judge says the fix for what is missing
-(runner/distrun/preflight/judge.py). A part of the probe, composed in front of probe.py;
-standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The needs check's programs (its modules are the env's answer): each found where the training user
+may run it (judged by runner/distrun/preflight/judge.py)."""
 
 import os
 

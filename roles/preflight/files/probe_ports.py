@@ -1,8 +1,5 @@
-"""The preflight probe's ports check, on the head: who listens on each port or range the run's
-launchers will open (``ss`` as root names the process). A part of the probe, composed in front of
-probe.py, which takes netprobe.py's turn first (another run's probe here ends before this one
-looks); standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The ports check, on the head: who listens on each port or range the run's launchers open."""
 
 import re
 import subprocess

@@ -1,12 +1,7 @@
-# ruff: noqa: F821 - ProbeConfig, user_files, may_write and new_file are probe_config.py's and
-# userprobe.py's, FsUserError distrun_fsuser.py's, all composed in front of this file
-"""The preflight probe's shared folder checks: writable by the training user (asked with that
-user's rights), the mounted filesystem itself where it must be one (nfs, sshfs), the mount lines
-that hold it (external: the judge says whether every node has the same one), and the probe file
-the head writes for every other node to see. The controller's verdict is
-runner/distrun/preflight/sharedfs.py. A part of the probe, composed in front of probe.py;
-standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The shared folder checks: writable by the training user (asked with that user's rights), the
+mount where it must be one, the mount lines that hold it, the head's probe file (judged by
+runner/distrun/preflight/sharedfs.py)."""
 
 import os
 import pwd

@@ -1,10 +1,6 @@
-# ruff: noqa: F821 - ProbeConfig, run, last_line and probe_programs are probe_config.py's,
-# userprobe.py's and probe_needs.py's, composed in front of this file
-"""The preflight probe's check of a Slurm the user does not administer, on its login node: the
-client commands distrun runs are there, sinfo answers, the partition (if one is set) is up. The
-controller's fixes for it are runner/distrun/preflight/judge_site.py's. A part of the probe,
-composed in front of probe.py; standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The check of a Slurm the user does not administer, on its login node: its client commands, sinfo,
+the partition (judged by runner/distrun/preflight/judge_site.py)."""
 
 SLURM_PROGRAMS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 

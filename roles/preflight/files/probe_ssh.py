@@ -1,12 +1,7 @@
-# ruff: noqa: F821 - ProbeConfig, run, last_line, login_argv, NODE_KEY and ROOT_KNOWN_HOSTS are
-# probe_config.py's and userprobe.py's, composed in front of this file
-"""The preflight probe's ssh check: this node's logins as the training user to the other nodes
-(``probe_ssh``, root's node key certified by the user CA: role ssh_mesh), or, once such a login
-was proved and nothing it depends on changed, their sshd's banner (``probe_banner``); and the
-node's ssh fingerprint (``ssh_fingerprint``), a digest of what a login depends on here, from which
-the controller's ssh mesh (runner/distrun/preflight/sshmesh.py) decides when a banner is enough.
-A part of the probe, composed in front of probe.py; standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""The ssh check: this node's logins as the training user to the others (root's node key, certified
+by the user CA), or their sshd's banner once a login was proved; and the node's ssh fingerprint, a
+digest of what a login depends on here (judged by runner/distrun/preflight/sshmesh.py)."""
 
 import contextlib
 import hashlib

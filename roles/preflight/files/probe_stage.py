@@ -1,11 +1,6 @@
-# ruff: noqa: F821 - ProbeConfig, user_files, stage_in_child, probe_writable and probe_mount are
-# probe_config.py's, userprobe.py's and probe_shared.py's, FsUserError distrun_fsuser.py's, all
-# composed in front of this file
-"""A run's stage step in the preflight probe's round trip (``stage_run``): role job's files/stage.py,
-passed to the probe as its second argument, run with the training user's rights after the probe's
-own checks of that user and the shared folder. A part of the probe, composed in front of
-probe.py; standard library only.
-"""
+# ruff: noqa: F821 - a part of the preflight probe: names of the parts composed in front of it (nodeprog.RECIPES)
+"""A run's stage step in the probe's round trip: role job's files/stage.py, the probe's second
+argument, run with the training user's rights after the probe's checks of that user and folder."""
 
 import pwd
 
