@@ -195,3 +195,25 @@ def test_the_stop_task_sends_the_same_source_as_the_runner():
     argv = _render(task, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train")
     assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[4] == "stop"
     assert argv[3] == nodeprog.text("node")
+
+
+def test_the_probes_command_leaves_room_for_a_large_clusters_config():
+    """Ansible sends the probe's task as one command line, which the node's shell takes as one
+    argument, quoted once more under become (sudo), and the kernel takes at most 128 KiB in one
+    argument: the probe, a run's stage program and the full set's config of 128 nodes fit in it."""
+    nodes = [f"gpu-node-{i:03d}.cluster.example" for i in range(128)]
+    config = {"host": nodes[0], "user": "train", "env_prefix": "/opt/distrun/env", "mpi_prefix": "/opt/distrun/env",
+              "shared_dir": "/srv/distrun", "ssh_timeout": 10, "user_ssh": ["ssh", "-F", "/etc/ssh/ssh_config"],
+              "ssh_mode": "login", "ssh_targets": nodes[1:], "names": nodes, "modules": ["mpi4py", "numpy", "torch"],
+              "env_records": False, "programs": {"mpirun": ["/opt/distrun/env/bin/mpirun"], "torchrun": ["/opt/distrun/env/bin/torchrun"]},
+              "image": {}, "mount_fstypes": [], "shared_fs_mounts": False, "ports": [29500, "50000-50999"],
+              "net": {"nonce": "0" * 40, "timeout": 8, "head": nodes[0], "rendezvous": 29500, "mpi_range": "50000-50999",
+                      "peers": {n: f"10.20.{i // 200}.{i % 200 + 1}" for i, n in enumerate(nodes)}, "listen_address": "10.20.0.1"},
+              "addresses": True, "slurm": False, "slurm_partition": "", "shared_probe": True, "stage": {"run_id": "r" * 40}}
+    task = yaml.safe_load((FILES.parents[1] / "preflight" / "tasks" / "probe.yml").read_text())[0]
+    jinja = _jinja()
+    jinja.filters["distrun_node_source"] = nodeprog.text
+    raw = jinja.from_string(task["ansible.builtin.raw"]).render(ansible_facts=FACTS, _preflight_config=config,
+                                                                preflight_stage_program="stage")
+    become = "sudo -H -S -n -u root /bin/sh -c " + shlex.quote(f"echo BECOME-SUCCESS-{'x' * 32} ; {raw}")
+    assert len(become.encode()) < 128 * 1024, len(become.encode())
