@@ -21,7 +21,7 @@ from .conftest import REPO
 
 DATA = Path(__file__).parent / "data"
 CODE = [*sorted((REPO / "runner" / "distrun").rglob("*.py")), *sorted((REPO / "workloads").glob("*.py")),
-        REPO / "roles" / "preflight" / "files" / "probe.py"]
+        *sorted((REPO / "roles" / "preflight" / "files").glob("probe*.py"))]  # the probe's driver and its checks
 # What a placeholder of an f-string stands for: digits match \d+, and also \S+.
 FILLER = "7"
 

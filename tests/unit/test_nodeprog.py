@@ -53,6 +53,20 @@ def test_each_name_of_the_head_has_no_second_home_in_a_program():
 
 
 @pytest.mark.parametrize("program", nodeprog.SOURCES)
+def test_no_two_files_of_a_composed_program_define_one_name(program):
+    """The files of one program share one namespace: a name a later part defined again would
+    silently replace the earlier one for every part (the probe's dozen parts among them)."""
+    homes: dict[str, list[str]] = {}
+    for path in nodeprog.files(program):
+        for node in ast.parse(path.read_text()).body:
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+            names += [node.name] if isinstance(node, ast.FunctionDef | ast.ClassDef) else []
+            for name in names:
+                homes.setdefault(name, []).append(path.name)
+    assert not {n: h for n, h in homes.items() if len(h) > 1}
+
+
+@pytest.mark.parametrize("program", nodeprog.SOURCES)
 def test_each_composed_program_parses_as_python_3_9(program):
     text = nodeprog.text(program)
     assert text.startswith((FILES / "nodecommon.py").read_text()) == nodeprog.RECIPES[program].head
@@ -65,6 +79,18 @@ def test_a_bad_call_of_each_composed_program_is_its_usage(program):
     out = subprocess.run([sys.executable, "-I", "-c", text], capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout) == (2, "")
     assert out.stderr.startswith(f"{program}.py: usage: {program}.py ") and out.stderr.endswith(" (got nothing)\n")
+
+
+def test_a_bad_call_of_the_composed_probe_is_one_line_and_exit_2():
+    """The preflight's probe takes its config as the other programs do: a bad one is its usage."""
+    text = nodeprog.text("probe")
+    for argv, said in (([], "usage: probe.py '<config JSON>' ['<stage program>'] (got 0 arguments)"),
+                       (["[]"], "the probe's config is not a JSON object"),
+                       (['{"host": "h1", "env_prefix": "/env", "shared_dir": "/srv"}'], "user None is missing or not a string"),
+                       (['{"host": "h1", "user": "u", "env_prefix": "/e", "shared_dir": "/s", "names": "h2"}'],
+                        "names 'h2' is not a list of strings")):
+        out = subprocess.run([sys.executable, "-I", "-S", "-c", text, *argv], capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout, out.stderr) == (2, "", f"probe.py: {said}\n"), argv
 
 
 def test_the_composed_programs_answer_a_trivial_verb(tmp_path):
@@ -140,7 +166,9 @@ def test_the_programs_root_runs_with_the_training_users_rights_carry_the_identit
     for program in ("attempt", "stage", "files", "pack"):
         assert nodeprog.files(program) == [FILES / "nodecommon.py", fsuser, FILES / f"{program}.py"], program
     probe = repo / "roles" / "preflight" / "files"
-    assert nodeprog.files("probe") == [fsuser, *(probe / f"{n}.py" for n in ("netprobe", "imageprobe", "userprobe", "probe"))]
+    parts = [probe / f"{n}.py" for n in nodeprog.PROBE_PARTS]
+    assert nodeprog.files("probe") == [FILES / "nodecommon.py", fsuser, *parts, probe / "probe.py"]
+    assert {p.name for p in probe.glob("*.py")} - {"gpuhealth.py"} == {p.name for p in [*parts, probe / "probe.py"]}
     assert nodeprog.files("fileserver") == [fsuser, repo / "roles" / "shared_fs" / "files" / "fileserver.py"]
     assert nodeprog.text("probe") == "".join(f.read_text() for f in nodeprog.files("probe"))
 
@@ -167,3 +195,25 @@ def test_the_stop_task_sends_the_same_source_as_the_runner():
     argv = _render(task, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train")
     assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[4] == "stop"
     assert argv[3] == nodeprog.text("node")
+
+
+def test_the_probes_command_leaves_room_for_a_large_clusters_config():
+    """Ansible sends the probe's task as one command line, which the node's shell takes as one
+    argument, quoted once more under become (sudo), and the kernel takes at most 128 KiB in one
+    argument: the probe, a run's stage program and the full set's config of 128 nodes fit in it."""
+    nodes = [f"gpu-node-{i:03d}.cluster.example" for i in range(128)]
+    config = {"host": nodes[0], "user": "train", "env_prefix": "/opt/distrun/env", "mpi_prefix": "/opt/distrun/env",
+              "shared_dir": "/srv/distrun", "ssh_timeout": 10, "user_ssh": ["ssh", "-F", "/etc/ssh/ssh_config"],
+              "ssh_mode": "login", "ssh_targets": nodes[1:], "names": nodes, "modules": ["mpi4py", "numpy", "torch"],
+              "env_records": False, "programs": {"mpirun": ["/opt/distrun/env/bin/mpirun"], "torchrun": ["/opt/distrun/env/bin/torchrun"]},
+              "image": {}, "mount_fstypes": [], "shared_fs_mounts": False, "ports": [29500, "50000-50999"],
+              "net": {"nonce": "0" * 40, "timeout": 8, "head": nodes[0], "rendezvous": 29500, "mpi_range": "50000-50999",
+                      "peers": {n: f"10.20.{i // 200}.{i % 200 + 1}" for i, n in enumerate(nodes)}, "listen_address": "10.20.0.1"},
+              "addresses": True, "slurm": False, "slurm_partition": "", "shared_probe": True, "stage": {"run_id": "r" * 40}}
+    task = yaml.safe_load((FILES.parents[1] / "preflight" / "tasks" / "probe.yml").read_text())[0]
+    jinja = _jinja()
+    jinja.filters["distrun_node_source"] = nodeprog.text
+    raw = jinja.from_string(task["ansible.builtin.raw"]).render(ansible_facts=FACTS, _preflight_config=config,
+                                                                preflight_stage_program="stage")
+    become = "sudo -H -S -n -u root /bin/sh -c " + shlex.quote(f"echo BECOME-SUCCESS-{'x' * 32} ; {raw}")
+    assert len(become.encode()) < 128 * 1024, len(become.encode())

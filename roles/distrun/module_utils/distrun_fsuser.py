@@ -28,7 +28,7 @@ class FsUserError(Exception):
     """The switch could not be made (one line: why, and the fix)."""
 
 
-_LIBC = []  # the C library's handle, found once (before any fork: a child only uses it)
+_LIBC: list = []  # the C library's handle, found once (before any fork: a child only uses it)
 
 
 def _libc():

@@ -1,7 +1,8 @@
-# ruff: noqa: F821 - as_user, CFG, USER and _last_line are probe.py's, which is shipped after this file
+# ruff: noqa: F821 - as_user, last_line and ProbeConfig are userprobe.py's and probe_config.py's,
+# composed in front of this file
 """The run's container image on one node, as the training user's runtime sees it (rootless podman
-keeps images per user). Shipped in front of probe.py (``python3 -c <netprobe.py + imageprobe.py +
-probe.py>``) and called by it; standard library only.
+keeps images per user). One of the preflight probe's parts, composed in front of probe.py (the
+one recipe: runner/distrun/transport/nodeprog.py) and called by it; standard library only.
 
 The image's id (its configuration's digest: the same content on every node, whichever registry
 or archive it came from), the runtime's storage driver (vfs copies the whole image at every
@@ -66,23 +67,23 @@ print(json.dumps(out))
 """
 
 
-def _folder_here(folder):
+def _folder_here(cfg: ProbeConfig, folder: str) -> str:
     """The shared folder's device and inode as the training user sees it on the node."""
-    proc = as_user(["stat", "-L", "-c", "%d:%i", folder], timeout=30)
+    proc = as_user(cfg, ["stat", "-L", "-c", "%d:%i", folder], timeout=30)
     return (proc.stdout or "").strip() if proc.returncode == 0 else ""
 
 
-def image_contents(runtime, ref, modules, mpi, folder=""):
+def image_contents(cfg: ProbeConfig, runtime: str, ref: str, modules: list[str], mpi: bool, folder: str = "") -> dict:
     """What a rank finds in the image: its python3's version, the modules it lacks, torch's
     version, its MPI, and ``folder`` (the shared folder) mounted and entered as the ranks do."""
     # A pid namespace of its own: whatever the image starts ends with it (this runs outside every unit).
     argv = [runtime, "run", "--rm", "--network=host", "--entrypoint", "python3"]
-    if runtime == "podman" and USER != "root":
+    if runtime == "podman" and cfg.user != "root":
         argv.append("--userns=keep-id")  # rootless: the user's own uid inside, as the ranks run
     if folder:
         argv += ["--volume", f"{folder}:{folder}", "--workdir", folder]  # as container-run.sh mounts the run's folders
     argv += [ref, "-I", "-c", IMAGE_PYTHON_CHECK, json.dumps(sorted(modules)), "1" if mpi else "0", folder]
-    proc = as_user(argv, timeout=120)
+    proc = as_user(cfg, argv, timeout=120)
     lines = (proc.stdout or "").strip().splitlines()
     if proc.returncode == 0 and lines:
         try:
@@ -91,43 +92,43 @@ def image_contents(runtime, ref, modules, mpi, folder=""):
             said = None
         if isinstance(said, dict):
             if folder:
-                said["folder_here"] = _folder_here(folder)
+                said["folder_here"] = _folder_here(cfg, folder)
             return said
-    return {"error": _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"}
+    return {"error": last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"}
 
 
-def _names(runtime):
+def _names(cfg: ProbeConfig, runtime: str) -> list[str]:
     """The image names the user's store holds (for a "did you mean"), at most 200."""
-    proc = as_user([runtime, "images", "--format", "{{.Repository}}:{{.Tag}}"], timeout=60)
+    proc = as_user(cfg, [runtime, "images", "--format", "{{.Repository}}:{{.Tag}}"], timeout=60)
     if proc.returncode != 0:
         return []
     return sorted({n.strip() for n in (proc.stdout or "").splitlines() if n.strip() and "<none>" not in n})[:200]
 
 
-def _driver(runtime):
+def _driver(cfg: ProbeConfig, runtime: str) -> str:
     """The runtime's storage driver (overlay, vfs, ...), or "" when it does not say."""
     fmt = "{{.Store.GraphDriverName}}" if runtime == "podman" else "{{.Driver}}"
-    proc = as_user([runtime, "info", "--format", fmt], timeout=60)
+    proc = as_user(cfg, [runtime, "info", "--format", fmt], timeout=60)
     return (proc.stdout or "").strip().splitlines()[0][:40] if proc.returncode == 0 and (proc.stdout or "").strip() else ""
 
 
-def probe_image(image):
+def probe_image(cfg: ProbeConfig, image: dict) -> dict:
     """The image's id as the training user's runtime has it, or why there is none; with the id,
     what is inside it (``contents``) when the run says what it needs there."""
     ref, runtime = str(image.get("ref", "")), str(image.get("runtime", ""))
-    out = {"ref": ref, "runtime": runtime, "user": USER, "id": ""}
+    out: dict = {"ref": ref, "runtime": runtime, "user": cfg.user, "id": ""}
     if image.get("id"):  # the id 'distrun push-image' put there, which the judge asks of every node
         out["pushed"] = str(image["id"])
-    proc = as_user([runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
+    proc = as_user(cfg, [runtime, "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
     first = (proc.stdout or "").strip().splitlines()[:1]
     if proc.returncode != 0 or not first:
-        out["error"] = _last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
-        out["names"] = _names(runtime)
+        out["error"] = last_line(proc.stderr or proc.stdout) or f"exit {proc.returncode}"
+        out["names"] = _names(cfg, runtime)
         return out
     image_id = first[0].strip()
     out["id"] = image_id if image_id.startswith("sha256:") else f"sha256:{image_id}"
-    out["driver"] = _driver(runtime)
+    out["driver"] = _driver(cfg, runtime)
     if "modules" in image and out.get("pushed", out["id"]) == out["id"]:  # never an image nobody pushed
-        out["contents"] = image_contents(runtime, ref, image.get("modules") or [], bool(image.get("mpi")),
-                                         str(CFG.get("shared_dir") or ""))
+        out["contents"] = image_contents(cfg, runtime, ref, image.get("modules") or [], bool(image.get("mpi")),
+                                         cfg.shared_dir)
     return out

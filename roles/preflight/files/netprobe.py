@@ -1,6 +1,7 @@
 """distrun preflight, network part: the TCP connections ranks will open, tried for real.
 
-Shipped in front of probe.py in one ``python3 -c`` (standard library only); probe.py starts it
+One of the preflight probe's parts, composed in front of probe.py into one ``python3 -c`` (the
+one recipe: runner/distrun/transport/nodeprog.py; standard library only); probe.py starts it
 first, in a thread, so every node listens while the others call. The head listens on the
 rendezvous port (torchrun's, and MASTER_PORT of every torch program) and every other node calls
 it; in the full set ('distrun check') every node also listens on a port of Open MPI's TCP range
@@ -18,12 +19,13 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Iterable
 
 # Root's folder for the probes' turn (root-owned, writable by root only).
 TURN_DIR = "/run/distrun"
 
 
-def take_turn(folder=TURN_DIR, wait_s=60.0):
+def take_turn(folder: str = TURN_DIR, wait_s: float = 60.0) -> None:
     """As root: wait until no other run's probe on this node holds the turn (at most ``wait_s``),
     then hold it until this probe ends (the lock goes with the process). Without a root-owned
     folder to hold it in, the probe goes on at once."""
@@ -48,9 +50,9 @@ def take_turn(folder=TURN_DIR, wait_s=60.0):
             time.sleep(0.05)
 
 
-def range_ports(nonce, host, low, high, count=4):
+def range_ports(nonce: str, host: str, low: int, high: int, count: int = 4) -> list[int]:
     """Ports of a range that ``host`` tries to listen on, in order; every node computes the same."""
-    out = []
+    out: list[int] = []
     for i in range(64):
         digest = hashlib.sha256(f"{nonce}/{host}/{i}".encode()).digest()
         port = low + int.from_bytes(digest[:4], "big") % (high - low + 1)
@@ -61,7 +63,7 @@ def range_ports(nonce, host, low, high, count=4):
     return out
 
 
-def greeting(nonce, host, port):
+def greeting(nonce: str, host: str, port: int | None) -> bytes:
     return f"DISTRUN-NETPROBE {nonce} {host} {port}\n".encode()
 
 
@@ -70,11 +72,15 @@ class Listener:
     until every expected caller came or the deadline passed and ``busy`` (the node's probe still
     at its other checks) is no longer set."""
 
-    def __init__(self, nonce, me, ports, expect, deadline, address="0.0.0.0", busy=None):
+    def __init__(self, nonce: str, me: str, ports: list[int], expect: Iterable[str], deadline: float,
+                 address: str = "0.0.0.0", busy: threading.Event | None = None) -> None:
         self.nonce, self.me, self.expect, self.deadline = nonce, me, set(expect), deadline
         self.busy = busy or threading.Event()
-        self.seen, self.port, self.error, self.sock = set(), None, "", None
-        self.greeters = []
+        self.seen: set[str] = set()
+        self.port: int | None = None
+        self.error = ""
+        self.sock: socket.socket | None = None
+        self.greeters: list[threading.Thread] = []
         for port in ports:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,7 +97,8 @@ class Listener:
         if self.sock is not None:
             self.thread.start()
 
-    def _serve(self):
+    def _serve(self) -> None:
+        assert self.sock is not None  # started only with a socket
         self.sock.settimeout(0.1)
         while (time.monotonic() < self.deadline or self.busy.is_set()) and not self.expect <= self.seen:
             try:
@@ -107,7 +114,7 @@ class Listener:
             self.greeters[-1].start()
         self.sock.close()
 
-    def _greet(self, conn):
+    def _greet(self, conn: socket.socket) -> None:
         with conn:
             try:
                 conn.settimeout(1.0)
@@ -119,7 +126,7 @@ class Listener:
             except OSError:
                 pass
 
-    def result(self):
+    def result(self) -> dict:
         if self.sock is None:
             return {"ok": False, "detail": f"could not listen ({self.error})"}
         self.thread.join(max(0.0, self.deadline - time.monotonic()) + 1)
@@ -128,7 +135,8 @@ class Listener:
         return {"ok": True, "port": self.port, "seen": sorted(self.seen)}
 
 
-def call(me, nonce, peer, address, ports, deadline, late=None, busy=None):
+def call(me: str, nonce: str, peer: str, address: str, ports: list[int], deadline: float, late: float | None = None,
+         busy: threading.Event | None = None) -> dict:
     """Connect to ``peer``'s listener, retrying until the deadline (it may not listen yet); on
     failure, what went wrong in words the judge turns into a cause. A refused connection is tried
     until ``late`` (default: the deadline): nothing listens there yet while that node's own probe
@@ -198,7 +206,7 @@ class NetworkProbe:
     rendezvous (the head's port, 0: none), mpi_range ("low-high", "": not probed), listen_address.
     """
 
-    def __init__(self, me, cfg):
+    def __init__(self, me: str, cfg: dict) -> None:
         timeout = cfg.get("timeout", 8)  # as given: the judge's words quote it
         self.said = {"timeout": timeout, "mpi_range": cfg.get("mpi_range", "")}
         nonce = str(cfg["nonce"])
@@ -209,7 +217,8 @@ class NetworkProbe:
         peers = {p: a for p, a in (cfg.get("peers") or {}).items() if p != me}
         head, rendezvous = cfg.get("head", ""), int(cfg.get("rendezvous") or 0)
         address = cfg.get("listen_address") or "0.0.0.0"
-        self.listeners, jobs = {}, {}
+        self.listeners: dict[str, Listener] = {}
+        jobs: dict[str, tuple[str, str, list[int]]] = {}
         self.busy = threading.Event()  # cleared by result(): the probe's other checks are done
         self.busy.set()
         if rendezvous and me == head:
@@ -221,16 +230,16 @@ class NetworkProbe:
             self.listeners["mpi"] = Listener(nonce, me, range_ports(nonce, me, low, high), peers, late, address, self.busy)
             for peer, peer_address in sorted(peers.items()):
                 jobs[f"mpi {peer}"] = (peer, peer_address, range_ports(nonce, peer, low, high))
-        self.calls = {}
+        self.calls: dict[str, dict] = {}
 
-        def run(key, job):
+        def run(key: str, job: tuple[str, str, list[int]]) -> None:
             self.calls[key] = call(me, nonce, job[0], job[1], job[2], deadline, late, self.busy)
 
         self.threads = [threading.Thread(target=run, args=(k, j), daemon=True) for k, j in jobs.items()]
         for t in self.threads:
             t.start()
 
-    def result(self):
+    def result(self) -> dict:
         self.busy.clear()
         for t in self.threads:
             t.join()

@@ -1,46 +1,55 @@
-# ruff: noqa: F821 - USER, PREFIX, CFG and TIMEOUT are probe.py's, shipped after this file; as_user_fs
-# and FsUserError are distrun_fsuser.py's, shipped before it
+# ruff: noqa: F821 - as_user_fs and FsUserError are distrun_fsuser.py's, ProbeConfig and Any (typing's, for
+# annotations) probe_config.py's, both composed in front of this file
 """What root's preflight probe asks about the training user, and how, without believing any
 process of that user's uid (a job of that user can trace any of them, or feed them through files it
 writes, and make them say anything): root's own processes run what root records or decides on (the
 env's Python, Open MPI's mpirun, ssh with root's node key); what the user may do (write the shared
 folder, run a program, unpack the run's files) is asked by a forked root process that took only
-that user's filesystem identity (user_files). Composed in front of probe.py.
+that user's filesystem identity (user_files). Composed in front of the probe's checks; each
+function here takes the probe's config (``ProbeConfig``), read once by probe.py, as its argument.
 """
 
 import os
 import pwd
 import subprocess
+from collections.abc import Callable
 
 
-def _isolated_env():
+def last_line(text: str | None) -> str:
+    """The last line of a program's output that says something, capped (for a detail)."""
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _isolated_env(cfg: ProbeConfig) -> dict[str, str]:
     """The probe's own environment, reduced: its PATH (root's, behind the env's bin), HOME, LANG."""
     return {"HOME": os.environ.get("HOME", "/root" if os.geteuid() == 0 else "/"), "LANG": "C.UTF-8",
-            "PATH": f"{PREFIX}/bin:" + os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")}
+            "PATH": f"{cfg.prefix}/bin:" + os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")}
 
 
-def run(argv, timeout=60):
+def run(cfg: ProbeConfig, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     """Run argv as this probe (root, or the user where the connection is that user), in /, with a
     plain environment: root's own answer, never a process of the training user's."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd="/",
-                              env=_isolated_env(), stdin=subprocess.DEVNULL)
+                              env=_isolated_env(cfg), stdin=subprocess.DEVNULL)
     except FileNotFoundError as exc:
         return subprocess.CompletedProcess(argv, 127, "", str(exc))
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout}s")
 
 
-def as_user(argv, timeout=60):
+def as_user(cfg: ProbeConfig, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     """Run argv as the training user (from root), or directly when we already are that user: only
     the container image's checks, whose runtime keeps its store in that user's home. The working
     directory is / (root's), never the user's home: a job can write its home."""
-    kwargs = {"cwd": "/"}
-    if os.geteuid() == 0 and USER != "root":
-        pw = pwd.getpwnam(USER)
-        kwargs.update({"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(USER, pw.pw_gid),
-                       "env": {"HOME": pw.pw_dir, "USER": USER, "LOGNAME": USER,
-                               "PATH": f"{PREFIX}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}})
+    user = cfg.user
+    kwargs: dict = {"cwd": "/"}
+    if os.geteuid() == 0 and user != "root":
+        pw = pwd.getpwnam(user)
+        kwargs.update({"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(user, pw.pw_gid),
+                       "env": {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user,
+                               "PATH": f"{cfg.prefix}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}})
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
     except FileNotFoundError as exc:
@@ -49,13 +58,13 @@ def as_user(argv, timeout=60):
         return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout}s")
 
 
-def user_files(work, *args):
+def user_files(cfg: ProbeConfig, work: Callable[..., Any], *args: Any) -> Any:
     """work(*args) with the training user's rights on files: in a forked root process that took
     that user's filesystem identity (as_user_fs), or here where the probe already is that user.
     Its value, or FsUserError."""
-    if os.geteuid() != 0 or USER == "root":
+    if os.geteuid() != 0 or cfg.user == "root":
         return work(*args)
-    return as_user_fs(USER, work, *args)  # noqa: F821 - distrun_fsuser.py, shipped in front
+    return as_user_fs(cfg.user, work, *args)
 
 
 # Root's own logins as the training user: root's node key (root's alone, role ssh_mesh), which the
@@ -64,47 +73,47 @@ NODE_KEY = "/etc/distrun/node_key"
 ROOT_KNOWN_HOSTS = "/etc/distrun/known_hosts"
 
 
-def login_argv(target):
+def login_argv(cfg: ProbeConfig, target: str) -> list[str]:
     """The login that proves the mesh: as the training user with a certificate of the user CA,
     running nothing on the target (-N; the master it becomes ends a second later). As root, with
     root's node key; where the probe already is the training user, with that user's own ssh."""
     if os.geteuid() == 0:
         ssh = ["ssh", "-F", "/etc/ssh/ssh_config", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-i", NODE_KEY,
                "-o", f"UserKnownHostsFile={ROOT_KNOWN_HOSTS}", "-o", "StrictHostKeyChecking=yes"]
-        login = f"{USER}@{target}"
+        login = f"{cfg.user}@{target}"
     else:
-        ssh, login = list(CFG["user_ssh"]), target
+        ssh, login = list(cfg.user_ssh), target
     control = f"/tmp/distrun-login-{os.getpid()}-{os.urandom(4).hex()}"
-    return [*ssh, "-o", f"ConnectTimeout={TIMEOUT}", "-N", "-f", "-o", "ControlMaster=yes",
+    return [*ssh, "-o", f"ConnectTimeout={cfg.ssh_timeout}", "-N", "-f", "-o", "ControlMaster=yes",
             "-o", f"ControlPath={control}", "-o", "ControlPersist=1", "--", login]
 
 
-def _writable(path):
+def may_write(path: str) -> bool:
     return os.access(path, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids)
 
 
-def _new_file(path):
+def new_file(path: str) -> bool:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     os.close(fd)
     return True
 
 
-def _runnable(path):
+def _runnable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK, effective_ids=os.access in os.supports_effective_ids)
 
 
-def _may_run(path):
+def may_run(cfg: ProbeConfig, path: str) -> bool:
     """Whether the training user may run path (the kernel's answer, with that user's rights)."""
     try:
-        return bool(user_files(_runnable, path))
-    except FsUserError:  # noqa: F821 - distrun_fsuser.py, shipped in front
+        return bool(user_files(cfg, _runnable, path))
+    except FsUserError:
         return False
 
 
-def _stage_in_child(script, config):
+def stage_in_child(script: str, config: dict) -> dict:
     """The stage program (nodecommon.py + stage.py), run in this process: the forked root process
     that took the training user's filesystem identity."""
-    namespace = {"__name__": "distrun_stage"}
+    namespace: dict = {"__name__": "distrun_stage"}
     exec(compile(script, "stage.py", "exec"), namespace)  # noqa: S102 - root's own program, sent with the probe
     try:
         return namespace["staged"](config)

@@ -51,6 +51,11 @@ HEAD = "nodecommon"
 FSUSER = "fsuser"
 
 
+# The preflight probe's parts, composed in this order between the identity switch and probe.py.
+PROBE_PARTS = ("probe_config", "userprobe", "probe_fanout", "netprobe", "imageprobe", "probe_env", "probe_ssh",
+               "probe_shared", "probe_names", "probe_ports", "probe_needs", "probe_site", "probe_stage")
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How a program's source is composed: its ``parts`` in order (``role``'s files/, or role
@@ -65,9 +70,11 @@ class Recipe:
 # Every node program: role job's (stage.py unpacks a run's files: role job's stage step and the
 # preflight's probe run it; the relay's mesh verb parses with mesh.py; the programs that act on the
 # training user's files as root take that user's filesystem identity with FSUSER), role
-# preflight's probe (the identity switch, then netprobe.py, imageprobe.py and userprobe.py in front
-# of its checks) and its GPU health read, and role shared_fs's file server of the sshfs mounts
-# (installed on the head, root with the training user's filesystem identity).
+# preflight's probe (behind the head and the identity switch: its config, how root runs things and
+# asks with the training user's rights, its threads, then one part per check; probe.py, the driver
+# that reads the config once and prints the report, last) and its GPU health read, and role
+# shared_fs's file server of the sshfs mounts (installed on the head, root with the training user's
+# filesystem identity).
 RECIPES: Mapping[str, Recipe] = {
     "node": Recipe("job", ("node",)),
     "launch": Recipe("job", ("launch",)),
@@ -77,7 +84,7 @@ RECIPES: Mapping[str, Recipe] = {
     "pack": Recipe("job", (FSUSER, "pack")),
     "stage": Recipe("job", (FSUSER, "stage")),
     "relay": Recipe("job", ("mesh", "relay")),
-    "probe": Recipe("preflight", (FSUSER, "netprobe", "imageprobe", "userprobe", "probe"), head=False),
+    "probe": Recipe("preflight", (FSUSER, *PROBE_PARTS, "probe")),
     "gpuhealth": Recipe("preflight", ("gpuhealth",), head=False),
     "fileserver": Recipe("shared_fs", (FSUSER, "fileserver"), head=False),
 }
