@@ -43,17 +43,17 @@ def write(path: Path, size: int) -> None:
 # What a run dir holds after an mpirun run and one restart: size, and whether it comes home.
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = {
-    "launcher-n1.log": (300, True),
-    "launcher-n1.pid": (5, True),
-    "exitcode-n1": (2, True),
+    "attempts/1/launcher-n1.log": (300, True),
+    "attempts/1/launcher-n1.pid": (5, True),
+    "attempts/1/exitcode-n1": (2, True),
     "hostfile": (30, True),
     "train.py": (4000, True),
-    "ranks/1/rank.0/stdout": (3 * MIB, True),  # a big rank log: a log, whatever its size
-    "ranks/1/rank.0/stderr": (0, True),
-    "attempts/0/ranks/1/rank.0/stdout": (2 * MIB, True),  # a failed attempt's log, put aside
+    "attempts/1/ranks/1/rank.0/stdout": (3 * MIB, True),  # a big rank log: a log, whatever its size
+    "attempts/1/ranks/1/rank.0/stderr": (0, True),
+    "attempts/0/ranks/1/rank.0/stdout": (2 * MIB, True),  # a failed attempt's log
     "attempts/0/launcher-n1.log": (2 * MIB, True),
-    "torchrun/n1/x_1/attempt_0/0/stdout.log": (2 * MIB, True),
-    "slurm-42.out": (2 * MIB, True),
+    "attempts/1/torchrun/n1/x_1/attempt_0/0/stdout.log": (2 * MIB, True),
+    "attempts/1/slurm-42.out": (2 * MIB, True),
     "metrics/train.log": (2 * MIB, True),  # the job's own log, by its name
     "result.json": (200, True),  # small: comes
     "out/eval.csv": (MIB, True),  # exactly the small size: comes

@@ -132,13 +132,11 @@ class Selection:
 
 def run_end_selection() -> Selection:
     """What a run brings home when it ends: every attempt's own files (ATTEMPT_FILES and every
-    launcher's, in attempts/<n>/; at the top in a run of the old layout), log files, every small
-    file; the rest listed."""
+    launcher's, in attempts/<n>/), log files, every small file; the rest listed."""
     patterns: list[str] = []
     names = dict.fromkeys([*ATTEMPT_FILES, *(f for launcher in LAUNCHERS.values() for f in launcher.attempt_files)])
-    for base in ("", f"{ATTEMPTS}/*/"):
-        for name in names:
-            patterns += [f"{base}{name}", f"{base}{name}/*"]
+    for name in names:
+        patterns += [f"{ATTEMPTS}/*/{name}", f"{ATTEMPTS}/*/{name}/*"]
     patterns += [f"*{name}" for name in LOG_NAMES]
     return Selection(tuple(patterns), small=True, listed=True)
 
