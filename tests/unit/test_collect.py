@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -94,6 +95,15 @@ def test_the_listing_stops_at_its_limit(run_dir, tmp_path, monkeypatch):
     assert len(pulled.left["n1"].files) == 2 and pulled.left["n1"].more
 
 
+def find_test(sel: collect_rules.Selection) -> str:
+    """The selection as a find(1) expression: patterns as -path, the small size as -size."""
+    paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in sel.patterns)
+    if sel.small:
+        paths += f" -o -size -{collect_rules.SMALL_BYTES + 1}c"
+    never = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in sel.never)
+    return f"\\( {paths} \\)" + (f" ! \\( {never} \\)" if never else "")
+
+
 def test_the_playbooks_fallback_applies_the_same_rule(run_dir):
     """The collect playbook (for a node the stream could not bring) keeps a file when the
     selection's regex matches './<path>' or it is at most SMALL_BYTES: the same files as find."""
@@ -104,7 +114,7 @@ def test_the_playbooks_fallback_applies_the_same_rule(run_dir):
     sizes = {**{name: size for name, (size, _) in RUN_DIR.items()}, "attempts/0/mesh-key": 400}
     by_regex = {name for name in names if (regex.match("./" + name) or sizes[name] <= collect_rules.SMALL_BYTES)
                 and not never.match("./" + name)}
-    out = subprocess.run(["bash", "-c", f"cd {run_dir} && find . -type f {sel.find_test()} -printf '%P\\n'"],
+    out = subprocess.run(["bash", "-c", f"cd {run_dir} && find . -type f {find_test(sel)} -printf '%P\\n'"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert by_regex == set(out) == {name for name, (_, comes) in RUN_DIR.items() if comes}
     # the role's default rule (its fallback without the runner's extra-var) says the same

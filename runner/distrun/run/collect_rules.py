@@ -14,7 +14,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import shlex
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,14 +110,6 @@ class Selection:
     listed: bool = False
     gzip: bool = True
     never: tuple[str, ...] = NEVER  # neither travels nor is listed, even when a pattern names it
-
-    def find_test(self) -> str:
-        """The selection as a find(1) expression."""
-        paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.patterns)
-        if self.small:
-            paths += f" -o -size -{SMALL_BYTES + 1}c"
-        never = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.never)
-        return f"\\( {paths} \\)" + (f" ! \\( {never} \\)" if never else "")
 
     def never_regex(self) -> str:
         """``never`` as one regular expression over './'-prefixed relative paths."""
