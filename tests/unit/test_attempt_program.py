@@ -129,8 +129,8 @@ def test_a_unit_systemd_could_not_start_ends_the_follow_with_the_reason(attempt,
     assert (said["launcher"], said["rc"]) == ("gone", None)
     # Without a word from its journal, the follower names where to look.
     quiet = systemd_says(tmp_path, "gone")
-    assert nodeprog.answer(call("follow", cfg, env=quiet).stdout, "follow")["error"].endswith(
-        f"see 'journalctl -u {unit}' on h1")
+    followed = nodeprog.answer(call("follow", cfg, env=quiet).stdout, "follow")
+    assert followed is not None and followed["error"].endswith(f"see 'journalctl -u {unit}' on h1")
 
 
 def test_a_unit_that_ended_without_a_status_is_named(attempt):
