@@ -16,7 +16,7 @@ LIMIT = 300  # lines per module (DEVELOPING: one idea per module)
 # Modules over the limit, each at most as long as it is now: they may shrink, never grow, and
 # one that is back under the limit leaves this list.
 CEILINGS = {
-    "roles/job/files/node.py": 400,
+    "roles/job/files/node.py": 398,
 }
 
 

@@ -163,8 +163,8 @@ def test_secret_stays_private_and_stop_stops_exactly_this_run(provisioned, distr
                            (f"env DISTRUN_RUN_ID={run.name} sleep 300", "other user")):
             pid = provisioned.exec(2, f"setsid {cmd} > /dev/null 2>&1 < /dev/null & echo $!").stdout.strip()
             decoys.append((int(pid), label))
-        # The job writes the other run's process group into its own launcher file on node2.
-        provisioned.exec(2, f"runuser -u distrun -- sh -c 'echo {decoys[0][0]} > /srv/distrun/runs/{run.name}/launcher-node2.pgid'")
+        # The job writes the other run's process group into its attempt's launcher file on node2.
+        provisioned.exec(2, f"runuser -u distrun -- sh -c 'echo {decoys[0][0]} > /srv/distrun/runs/{run.name}/attempts/0/launcher-node2.pgid'")
         stop = distrun("stop", run.name, timeout=300)
         assert stop.rc == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
         counts = dict(re.findall(r"^\s+(node\d): stopped (\d+) process", stop.stdout, re.M))

@@ -200,7 +200,7 @@ def gpu_cluster(write_inventory, tmp_path):
     cache = tmp_path / "facts"
     cache.mkdir()
     for host, gpus in (("g1", 4), ("g2", 4)):
-        (cache / host).write_text(json.dumps({"ansible_local": {"distrun": {"gpus": gpus}}}))
+        (cache / f"s1_{host}").write_text(json.dumps({"__payload__": json.dumps({"ansible_local": {"distrun": {"gpus": gpus}}})}))
     inv = write_inventory("[head]\ng1\n[workers]\ng1\ng2 slots=2\n", name="gpu.ini")
     return load_cluster(inv, cache)
 

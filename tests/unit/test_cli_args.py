@@ -6,6 +6,7 @@ plus a few through the real `distrun` executable to prove the wiring.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -48,7 +49,7 @@ def inv(tmp: Path, text: str, name: str = "hosts.ini") -> str:
 def gpu_inventory(tmp: Path) -> str:
     """g2 has 4 GPUs in this inventory's fact cache but slots=2."""
     path = inv(tmp, "[head]\ng1\n[workers]\ng1\ng2 slots=2\n", "gpus.ini")
-    (paths.fact_cache_dir(Path(path)) / "g2").write_text('{"ansible_local": {"distrun": {"gpus": 4}}}')
+    (paths.fact_cache_dir(Path(path)) / "s1_g2").write_text(json.dumps({"__payload__": '{"ansible_local": {"distrun": {"gpus": 4}}}'}))
     return path
 
 

@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -43,17 +44,17 @@ def write(path: Path, size: int) -> None:
 # What a run dir holds after an mpirun run and one restart: size, and whether it comes home.
 REPO = Path(__file__).resolve().parents[2]
 RUN_DIR = {
-    "launcher-n1.log": (300, True),
-    "launcher-n1.pid": (5, True),
-    "exitcode-n1": (2, True),
+    "attempts/1/launcher-n1.log": (300, True),
+    "attempts/1/launcher-n1.pid": (5, True),
+    "attempts/1/exitcode-n1": (2, True),
     "hostfile": (30, True),
     "train.py": (4000, True),
-    "ranks/1/rank.0/stdout": (3 * MIB, True),  # a big rank log: a log, whatever its size
-    "ranks/1/rank.0/stderr": (0, True),
-    "attempts/0/ranks/1/rank.0/stdout": (2 * MIB, True),  # a failed attempt's log, put aside
+    "attempts/1/ranks/1/rank.0/stdout": (3 * MIB, True),  # a big rank log: a log, whatever its size
+    "attempts/1/ranks/1/rank.0/stderr": (0, True),
+    "attempts/0/ranks/1/rank.0/stdout": (2 * MIB, True),  # a failed attempt's log
     "attempts/0/launcher-n1.log": (2 * MIB, True),
-    "torchrun/n1/x_1/attempt_0/0/stdout.log": (2 * MIB, True),
-    "slurm-42.out": (2 * MIB, True),
+    "attempts/1/torchrun/n1/x_1/attempt_0/0/stdout.log": (2 * MIB, True),
+    "attempts/1/slurm-42.out": (2 * MIB, True),
     "metrics/train.log": (2 * MIB, True),  # the job's own log, by its name
     "result.json": (200, True),  # small: comes
     "out/eval.csv": (MIB, True),  # exactly the small size: comes
@@ -94,6 +95,15 @@ def test_the_listing_stops_at_its_limit(run_dir, tmp_path, monkeypatch):
     assert len(pulled.left["n1"].files) == 2 and pulled.left["n1"].more
 
 
+def find_test(sel: collect_rules.Selection) -> str:
+    """The selection as a find(1) expression: patterns as -path, the small size as -size."""
+    paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in sel.patterns)
+    if sel.small:
+        paths += f" -o -size -{collect_rules.SMALL_BYTES + 1}c"
+    never = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in sel.never)
+    return f"\\( {paths} \\)" + (f" ! \\( {never} \\)" if never else "")
+
+
 def test_the_playbooks_fallback_applies_the_same_rule(run_dir):
     """The collect playbook (for a node the stream could not bring) keeps a file when the
     selection's regex matches './<path>' or it is at most SMALL_BYTES: the same files as find."""
@@ -104,7 +114,7 @@ def test_the_playbooks_fallback_applies_the_same_rule(run_dir):
     sizes = {**{name: size for name, (size, _) in RUN_DIR.items()}, "attempts/0/mesh-key": 400}
     by_regex = {name for name in names if (regex.match("./" + name) or sizes[name] <= collect_rules.SMALL_BYTES)
                 and not never.match("./" + name)}
-    out = subprocess.run(["bash", "-c", f"cd {run_dir} && find . -type f {sel.find_test()} -printf '%P\\n'"],
+    out = subprocess.run(["bash", "-c", f"cd {run_dir} && find . -type f {find_test(sel)} -printf '%P\\n'"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert by_regex == set(out) == {name for name, (_, comes) in RUN_DIR.items() if comes}
     # the role's default rule (its fallback without the runner's extra-var) says the same

@@ -63,7 +63,7 @@ def test_head_not_a_worker_runs_no_rank(write_inventory):
 def test_slots_default_to_detected_gpus_from_the_fact_cache(write_inventory, tmp_path):
     cache = tmp_path / "facts"
     cache.mkdir()
-    (cache / "g1").write_text(json.dumps({"ansible_local": {"distrun": {"gpus": 4}}}))
+    (cache / "s1_g1").write_text(json.dumps({"__payload__": json.dumps({"ansible_local": {"distrun": {"gpus": 4}}})}))
     cluster = load_cluster(write_inventory("[head]\ng1\n[workers]\ng1\ng2\n", name="g.ini"), cache)
     assert [(n.name, n.slots, n.slots_source) for n in cluster.workers] == [("g1", 4, "gpus"), ("g2", 1, "default")]
 

@@ -66,7 +66,7 @@ def test_mpirun_root_gpu_conda():
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         for h, n in facts.items():
-            (Path(d) / h).write_text(json.dumps({"ansible_local": {"distrun": {"gpus": n}}}))
+            _facts(Path(d), h, ansible_local={"distrun": {"gpus": n}})
         c = cluster(hosts, head="g1", fact_cache=Path(d), distrun_user="root", distrun_mpi_provider="conda")
     plan = plan_for(c, run_id="r2", workload="ddp")
     argv = mpirun_argv(plan)

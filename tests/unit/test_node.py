@@ -99,9 +99,16 @@ def procs():
     p.end()
 
 
+def attempt_dir(run_dir: Path, n: int = 0) -> Path:
+    """The run's attempt folder attempts/<n>/ (runner/distrun/transport/rundir.py), made."""
+    folder = run_dir / "attempts" / str(n)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def fake_launcher(procs: Procs, run_dir: Path, run_id: str, host: str = "n1") -> None:
     """A run's launch script as the launch command starts it: its own session, no tag of its own
-    (env -i), in the run directory; it tags what it starts, as the launchers do. Started from it:
+    (env -i), in the attempt's folder ``run_dir``; it tags what it starts, as the launchers do. Started from it:
     a tagged rank, a rank that dropped the tag, a tagless escapee to its own session (setsid)
     and a tagged one; each writes its pid to pids-<host>."""
     script = run_dir / f"launch-{host}.sh"
@@ -137,15 +144,15 @@ def other_run(procs: Procs, run_id: str) -> int:
 def test_stop_ends_the_run_with_its_escapees_and_spares_a_group_forged_into_its_files(tmp_path, procs):
     mine, other = f"unit-{os.getpid()}-a", f"unit-{os.getpid()}-b"
     run_dir = tmp_path / "runs" / mine
-    run_dir.mkdir(parents=True)
-    fake_launcher(procs, run_dir, mine)
+    attempt = attempt_dir(run_dir)
+    fake_launcher(procs, attempt, mine)
     other_group = other_run(procs, other)
     # The job writes other groups into its own launcher files: another run's, and the group of
     # the process that runs these tests.
-    (run_dir / "launcher-n1.pgid").write_text(f"{other_group}\n")
-    (run_dir / "launcher-n2.pgid").write_text(f"{os.getpgid(0)}\n")
-    (run_dir / "launcher-n3.pgid").write_text("1\n")
-    os.mkfifo(run_dir / "launcher-n4.pgid")  # read by nobody: the scan must not wait on it
+    (attempt / "launcher-n1.pgid").write_text(f"{other_group}\n")
+    (attempt / "launcher-n2.pgid").write_text(f"{os.getpgid(0)}\n")
+    (attempt / "launcher-n3.pgid").write_text("1\n")
+    os.mkfifo(attempt / "launcher-n4.pgid")  # read by nobody: the scan must not wait on it
 
     found = answer("scan", {"run": mine, "run_dir": str(run_dir)})
     assert set(found["runs"]) == {mine}
@@ -156,8 +163,7 @@ def test_stop_ends_the_run_with_its_escapees_and_spares_a_group_forged_into_its_
     assert stopped == {"verb": "stop", "run": mine, "units": 0, "stopped": 5, "killed": 0, "survived": []}
     assert procs.alive() == {f"{other} rank", f"{other} untagged rank"}
     # The other run's own stop finds its group although its leader ended: the tagged rank vouches for it.
-    (tmp_path / "runs" / other).mkdir()
-    (tmp_path / "runs" / other / "launcher-n1.pgid").write_text(f"{other_group}\n")
+    (attempt_dir(tmp_path / "runs" / other) / "launcher-n1.pgid").write_text(f"{other_group}\n")
     assert answer("stop", {"run": other, "run_dir": str(tmp_path / "runs" / other), "grace_s": 5})["stopped"] == 2
     assert procs.alive() == set()
 
@@ -167,8 +173,7 @@ def test_a_run_dir_pointed_at_another_runs_folder_stops_nothing_of_that_run(tmp_
     that run's launch script works, its stop must still not take the other run's launcher."""
     mine, other = f"unit-{os.getpid()}-g", f"unit-{os.getpid()}-h"
     other_dir = tmp_path / "runs" / other
-    other_dir.mkdir(parents=True)
-    fake_launcher(procs, other_dir, other)
+    fake_launcher(procs, attempt_dir(other_dir), other)
     (tmp_path / "runs" / mine).symlink_to(other_dir)
     assert answer("scan", {"run": mine, "run_dir": str(tmp_path / "runs" / mine)})["runs"] == {}
     assert answer("stop", {"run": mine, "run_dir": str(tmp_path / "runs" / mine), "grace_s": 1})["stopped"] == 0
@@ -191,7 +196,7 @@ def test_an_escapee_whose_parents_ended_is_found_by_its_tag_or_its_recorded_grou
     for name in ("tagged", "tagless", "tagless escapee", "forged tag"):
         procs.add(name, int(leader.stdout.readline()))
     leader.wait(timeout=10)
-    (run_dir / "launcher-n1.pgid").write_text(f"{leader.pid}\n")
+    (attempt_dir(run_dir) / "launcher-n1.pgid").write_text(f"{leader.pid}\n")
     found = answer("scan", {"run": run, "run_dir": str(run_dir)})
     whys = {p["pid"]: p["why"] for p in found["runs"][run]}
     assert whys == {procs.started["tagged"][0]: "tag", procs.started["tagless"][0]: "group",

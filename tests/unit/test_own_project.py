@@ -164,6 +164,37 @@ def test_rank_variables_come_from_the_inventory_the_env_file_and_env_in_that_ord
     assert "readable by other users of this machine (mode 0644)" in (env_file_warning(tmp_path) or "")
 
 
+def test_a_run_says_first_that_its_project_env_file_is_readable_by_others(tmp_path, monkeypatch):
+    """docs/guide/your-own-project.md: distrun warns when .distrun_env is readable by other users."""
+    from distrun.planning.request import JobRequest, ProgramRequest
+    from distrun.run import train
+
+    env = tmp_path / ".distrun_env"
+    env.write_text("TOKEN=s3cr3t\n")
+    env.chmod(0o644)
+    said: list[str] = []
+
+    class Told(train.Listener):
+        def warn(self, message: str) -> None:
+            said.append(message)
+
+    def planned_no_further(*args, **kwargs):
+        raise PlanError("planned no further")
+
+    monkeypatch.setattr(train.EarlyPlaybook, "for_training_run", staticmethod(lambda *a, **k: None))
+    monkeypatch.setattr(train, "load_noting", lambda request: (cluster(), []))  # no node drained
+    monkeypatch.setattr(train, "plan_attempt", planned_no_further)
+    request = JobRequest(inventory=tmp_path / "hosts.yml", program=ProgramRequest(args=("python", "t.py"), workdir=tmp_path))
+    with pytest.raises(PlanError):
+        train.run_job(request, Told())
+    assert said == [f"{env} is readable by other users of this machine (mode 0644); it may hold secrets: chmod 600 {env}"]
+    env.chmod(0o600)
+    said.clear()
+    with pytest.raises(PlanError):
+        train.run_job(request, Told())
+    assert said == []
+
+
 def test_values_never_reach_the_plan_the_scripts_or_the_commands(tmp_path, private_state):
     c = cluster()
     plan = plan_for(c, run_id="r1", command=("python", "t.py"), workdir="/w", prepare=("python", "p.py"),

@@ -1,6 +1,7 @@
 """plan.json, the record of what a run executes: runs recorded by earlier versions of distrun (the
 flat files under data/plans, written before the plan had parts) are read back as the same plan,
-and a plan is written as exactly those files again."""
+and a plan is written as exactly those files again (their "slurm" key and a plan without
+"attempt_dirs" are read until store/retiring.py's READ_UNTIL)."""
 
 from __future__ import annotations
 

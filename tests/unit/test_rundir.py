@@ -1,6 +1,7 @@
 """An attempt's files are its own (rundir.py): everything a launch script, a launcher and the rank
 wrapper write lies in the attempt's folder, a launcher of a failed attempt that ends late writes
-nothing the next attempt reads, and runs recorded before attempts had folders still read."""
+nothing the next attempt reads, and runs recorded before attempts had folders still read (until
+store/retiring.py's READ_UNTIL)."""
 
 from __future__ import annotations
 

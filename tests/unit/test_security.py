@@ -353,7 +353,8 @@ def test_stop_step_stops_only_its_run(tmp_path):
         job_stop_grace=3, job_user=getpass.getuser())
     mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
-    (run_dir / "launcher-n1.pgid").write_text(f"{other.pid}\n")
+    (run_dir / "attempts" / "0").mkdir(parents=True)
+    (run_dir / "attempts" / "0" / "launcher-n1.pgid").write_text(f"{other.pid}\n")
     try:
         out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr

@@ -28,9 +28,9 @@ where there is no root or no systemd), the oldest first:
      pgid) belongs to a run belongs to it; processes join a session or group only by fork or
      inside their own session, so no other run's process can enter one;
   3. the launch script: ``bash launch-<host>.sh`` working in its attempt's folder
-     D/attempts/<n> (D itself for runs from before attempt folders) and leading a session that
-     holds a process tagged R (stop and scan of one run): the job owns D's path and may point it at
-     another run's folder, but cannot put a process into another run's session;
+     D/attempts/<n> and leading a session that holds a process tagged R (stop and scan of one
+     run): the job owns D's path and may point it at another run's folder, but cannot put a
+     process into another run's session;
   4. the tag: DISTRUN_RUN_ID=<run> in the environment the process was started with.
 A process of R that forges another run's tag stays R's while it has an ancestor or a session
 leader of R. The job writes the run's ``launcher-*.pgid`` files (those of the last attempt's
@@ -115,9 +115,8 @@ class Proc:
             cwd = os.readlink(f"{self.root}/{self.pid}/cwd")
         except OSError:
             return False
-        # its attempt's folder (attempts/<n>/), or the run directory itself (runs before attempt folders)
-        return cwd == run_dir or (os.path.dirname(cwd) == os.path.join(run_dir, ATTEMPTS)
-                                  and os.path.basename(cwd).isdigit())
+        # its attempt's folder, attempts/<n>/
+        return os.path.dirname(cwd) == os.path.join(run_dir, ATTEMPTS) and os.path.basename(cwd).isdigit()
 
 
 def processes(root: str) -> dict[int, Proc]:
@@ -146,19 +145,19 @@ def _last_attempt(run_dir: str) -> str | None:
 
 
 def _pgid_files(run_dir: str) -> set[int]:
-    """The groups the run's launch scripts recorded (regular files only; the job can write them),
-    in the last attempt's folder, or at the top of a run recorded before attempts had folders."""
+    """The groups the run's launch scripts recorded (regular files only; the job can write them)
+    in the last attempt's folder."""
     groups: set[int] = set()
-    for folder in (run_dir, _last_attempt(run_dir)):
-        try:
-            names = os.listdir(folder) if folder else []
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith("launcher-") and name.endswith(".pgid"):
-                text = (_read(os.path.join(folder, name), 32) or b"").strip()
-                if text.isdigit() and int(text) > 1:
-                    groups.add(int(text))
+    folder = _last_attempt(run_dir)
+    try:
+        names = os.listdir(folder) if folder else []
+    except OSError:
+        return groups
+    for name in names:
+        if name.startswith("launcher-") and name.endswith(".pgid"):
+            text = (_read(os.path.join(folder, name), 32) or b"").strip()
+            if text.isdigit() and int(text) > 1:
+                groups.add(int(text))
     return groups
 
 

@@ -1,4 +1,4 @@
-"""'distrun init': a new inventory folder from a head and workers (registered by cli.py)."""
+"""'distrun init': a new inventory folder from a head and workers (registered by cli/main.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The command line of runs that outlive the terminal: 'distrun status' and 'distrun attach'
-(registered on the main group by cli.py, which owns output and exit codes the same way)."""
+(registered on the main group by cli/main.py, which owns output and exit codes the same way)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The distrun command line: the verbs, their options and what each runs. How the command line
-is read and its mistakes told is cli_parse.py; what each value may be, cli_params.py; the verbs
-of a training run (train, partition), cli_train.py."""
+is read and its mistakes told is cli/parse.py; what each value may be, cli/params.py; the verbs
+of a training run (train, partition), cli/train.py."""
 
 from __future__ import annotations
 

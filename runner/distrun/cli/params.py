@@ -22,12 +22,6 @@ from distrun.errors import UserError
 INVENTORY_ENV = "DISTRUN_INVENTORY"
 
 
-def _opt(param: click.Parameter | None) -> str:
-    """The option's long name, as a user would type it."""
-    opts = getattr(param, "opts", None) or [f"--{getattr(param, 'name', 'value')}"]
-    return max(opts, key=len)
-
-
 class Bounded(click.ParamType):
     """A whole number within bounds, refused with the bounds as the fix."""
 

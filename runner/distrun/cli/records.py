@@ -1,5 +1,5 @@
 """The command line of run records: 'distrun runs' (every record, running ones checked against
-their nodes) and 'distrun show' (one record); registered on the main group by cli.py."""
+their nodes) and 'distrun show' (one record); registered on the main group by cli/main.py."""
 
 from __future__ import annotations
 

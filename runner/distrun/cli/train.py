@@ -1,5 +1,5 @@
 """The command line of a training run: 'distrun train' and 'distrun partition' (registered on
-the main group by cli.py), their options, and what those options mean together, refused while
+the main group by cli/main.py), their options, and what those options mean together, refused while
 the command line is read rather than ignored later."""
 
 from __future__ import annotations

@@ -123,23 +123,21 @@ def _openmpi_params(provider: str, env_prefix: str, head_facts: Mapping[str, Any
 def load_facts(cache_dir: Path | None, host: str) -> dict[str, Any] | None:
     """Facts Ansible cached for a host (jsonfile cache), or None: plans never contact nodes.
 
-    ansible-core 2.19 names the files ``s1_<host>`` and wraps the facts in ``__payload__``;
-    older releases wrote plain ``<host>`` files. Both are read.
+    ansible-core 2.19 (the release distrun requires) names the files ``s1_<host>`` and wraps the
+    facts in ``__payload__``.
     """
     if cache_dir is None:
         return None
-    for name in (f"s1_{host}", host):
-        f = cache_dir / name
-        if not f.is_file():
-            continue
-        try:
-            data = json.loads(f.read_text())
-            if isinstance(data, dict) and isinstance(data.get("__payload__"), str):
-                data = json.loads(data["__payload__"])
-        except (OSError, json.JSONDecodeError):
-            return None
-        return data if isinstance(data, dict) else None
-    return None
+    f = cache_dir / f"s1_{host}"
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text())
+        if isinstance(data, dict) and isinstance(data.get("__payload__"), str):
+            data = json.loads(data["__payload__"])
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | None = None) -> Cluster:

@@ -59,8 +59,8 @@ class Launcher(ABC):
     # The same as shell patterns, for names that take a number or a host (job-<n>.sbatch).
     run_dir_patterns: tuple[str, ...] = ()
     # What it writes inside an attempt's folder (rundir.py), as shell patterns: its ranks' logs, its
-    # scheduler's output. They come home when the run ends; in a run of the old layout they lay
-    # at the top of the run directory, so a --script may not take such a name either.
+    # scheduler's output. They come home when the run ends; at the top of a collected run they mark
+    # a run recorded before attempt folders (store/retiring.py), so a --script may not take such a name.
     attempt_files: tuple[str, ...] = ()
     # Where among those its ranks' logs are, as shell patterns ('*' crosses '/'), each log's first
     # line the rank wrapper's header naming its rank: collected logs are found by them.

@@ -30,7 +30,7 @@ DEFAULT = "the default"
 class LauncherOption:
     name: str
     help: str
-    # The values it takes; without choices, the rule of inventory_key (inventory_values.py).
+    # The values it takes; without choices, the rule of inventory_key (inventory/values.py).
     choices: tuple[str, ...] = ()
     inventory_key: str | None = None
     default: str | None = None  # None: unset, the launcher leaves it to its tool

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from distrun.planning.containers import Container
+from distrun.store import retiring
 from distrun.transport import rundir
 
 
@@ -111,8 +112,8 @@ class AttemptInfo:
 
     restart: int = 0  # how many times distrun restarted the run before this attempt
     max_restarts: int = 0  # distrun's budget; torchrun also restarts its workers in place up to it
-    # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a plan
-    # recorded before that (no such key in its plan.json) kept them at the top of the run dir.
+    # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a recorded
+    # plan.json without this key kept them at the top of the run dir (store/retiring.py).
     attempt_dirs: bool = True
 
 
@@ -163,9 +164,6 @@ KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi
 # Written only when set: a plan without them is the same file as before they existed.
 OPTIONAL = ("unit_limits", "openmpi_params")
 _KEY_OF = {"argv": "program", "options": "launcher_options"}
-# Keys older distruns wrote under another name, read as today's (a plan.json recorded before 0.2.0
-# kept the launcher's options under its first launcher's name); read until 0.3.0.
-_OLD_KEYS = {"slurm": "launcher_options"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))
 
@@ -208,13 +206,12 @@ _READ: dict[str, Callable[[Any], Any]] = {
 
 def from_json(data: Mapping[str, Any]) -> JobPlan:
     """The plan a plan.json holds. A key this distrun does not know is a ValueError, a missing
-    one without a default a TypeError; a plan recorded before attempts had folders keeps them
-    at the top of its run dir."""
-    data = {_OLD_KEYS.get(key, key): value for key, value in data.items()}
+    one without a default a TypeError; the forms store/retiring.py lists are read as today's."""
+    data = {retiring.PLAN_KEYS_RENAMED.get(key, key): value for key, value in data.items()}
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise ValueError(f"unknown keys {', '.join(unknown)}")
-    data = {"attempt_dirs": False, **data}
+    data = {"attempt_dirs": retiring.ATTEMPT_DIRS_WHEN_MISSING, **data}
     parts: dict[str, Any] = {}
     for name, cls in _PARTS:
         given = {f.name: _KEY_OF.get(f.name, f.name) for f in fields(cls)}

@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 MODES = ("nfs", "sshfs", "sync", "external")
-# Modes where every node sees the head's files at once (one run directory for all nodes).
-SHARED = ("nfs", "sshfs", "external")
 
 Finding = tuple[bool, str, str]  # ok, detail, fix
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import shlex
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,14 +111,6 @@ class Selection:
     gzip: bool = True
     never: tuple[str, ...] = NEVER  # neither travels nor is listed, even when a pattern names it
 
-    def find_test(self) -> str:
-        """The selection as a find(1) expression."""
-        paths = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.patterns)
-        if self.small:
-            paths += f" -o -size -{SMALL_BYTES + 1}c"
-        never = " -o ".join(f"-path {shlex.quote('./' + p)}" for p in self.never)
-        return f"\\( {paths} \\)" + (f" ! \\( {never} \\)" if never else "")
-
     def never_regex(self) -> str:
         """``never`` as one regular expression over './'-prefixed relative paths."""
         return "|".join(f"(?:{fnmatch.translate('./' + p)})" for p in self.never) or "(?!)"
@@ -132,13 +123,11 @@ class Selection:
 
 def run_end_selection() -> Selection:
     """What a run brings home when it ends: every attempt's own files (ATTEMPT_FILES and every
-    launcher's, in attempts/<n>/; at the top in a run of the old layout), log files, every small
-    file; the rest listed."""
+    launcher's, in attempts/<n>/), log files, every small file; the rest listed."""
     patterns: list[str] = []
     names = dict.fromkeys([*ATTEMPT_FILES, *(f for launcher in LAUNCHERS.values() for f in launcher.attempt_files)])
-    for base in ("", f"{ATTEMPTS}/*/"):
-        for name in names:
-            patterns += [f"{base}{name}", f"{base}{name}/*"]
+    for name in names:
+        patterns += [f"{ATTEMPTS}/*/{name}", f"{ATTEMPTS}/*/{name}/*"]
     patterns += [f"*{name}" for name in LOG_NAMES]
     return Selection(tuple(patterns), small=True, listed=True)
 

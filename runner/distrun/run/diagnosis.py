@@ -100,7 +100,8 @@ def result(lines: list[str]) -> dict[str, Any] | None:
 def rank_logs(nodes_dir: Path) -> dict[int, Path]:
     """Rank -> its log among the collected files (where a launcher keeps its ranks' logs:
     ``Launcher.rank_log_files``), from the header line every rank prints; the last attempt's
-    (rundir.collected_attempt: the other attempts' logs lie beside it)."""
+    (rundir.collected_attempt: the other attempts' logs lie beside it, or, in a run recorded before
+    attempt folders, under attempts/: store/retiring.py)."""
     last = collected_attempt(nodes_dir)
     patterns = {p for launcher in LAUNCHERS.values() for p in launcher.rank_log_files}
     found: dict[int, Path] = {}

@@ -24,7 +24,7 @@ from distrun.launchers.base import fill
 from distrun.planning.jobplan import JobPlan
 from distrun.run.diagnosis import rank_logs
 from distrun.run.liveness import UNREACHABLE, ClusterState, read, recorded_plan
-from distrun.store import controller
+from distrun.store import controller, retiring
 from distrun.store.runs import Run, RunStatus, load_run
 from distrun.transport import rundir
 from distrun.transport.remote import as_user, shell_argv
@@ -53,8 +53,8 @@ def remote_log_command(plan: dict[str, Any], rank: int) -> str | None:
     host, local = where
     name = str(plan.get("launcher"))
     launcher = launcher_named(name if name in LAUNCHERS else "mpirun")
-    # The recorded plan's attempt's folder (a plan recorded before attempts had folders: the top).
-    attempt = rundir.folder(int(plan.get("restart") or 0), bool(plan.get("attempt_dirs", False)))
+    # The recorded plan's attempt's folder (the top where plan.json lacks attempt_dirs: store/retiring.py).
+    attempt = rundir.folder(int(plan.get("restart") or 0), bool(plan.get("attempt_dirs", retiring.ATTEMPT_DIRS_WHEN_MISSING)))
     pattern = f"{attempt}/{launcher.rank_log(rank, host, local)}" if attempt else launcher.rank_log(rank, host, local)
     run_dir = rundir.run_dir(str(plan["shared_dir"]), str(plan["run_id"]))
     user = str(plan.get("user") or contract.default("distrun_user"))

@@ -104,7 +104,7 @@ class Starter:
         if said.get("stage_created"):
             self.created[str(event.host)] = [str(d) for d in said["stage_created"]]
         if self.waiting and event.host in self.waiting:
-            if "staged" in said and str(said["staged"]) == self.plan.run_id:
+            if staged_run(event) == self.plan.run_id:
                 self.waiting.discard(event.host)
             elif "stage_error" in said:
                 self.stage_errors[event.host] = str(said["stage_error"])

@@ -16,6 +16,7 @@ from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
 from distrun.planning.attempt import AttemptPlan, plan_attempt
 from distrun.planning.bundle import stage_vars
+from distrun.planning.jobenv import env_file_warning
 from distrun.planning.jobplan import JobPlan
 from distrun.planning.network import facts_unusable
 from distrun.planning.request import JobRequest, load, load_noting
@@ -224,7 +225,7 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
     listener = listener or Listener()
     try:
         cluster, left_out = load_noting(request)  # a bad inventory leaves no record
-        for line in left_out:  # drained workers: the run goes on without them, and says so first
+        for line in [*left_out, *filter(None, [env_file_warning(request.program.workdir)])]:  # drained workers, an open env file
             listener.warn(line)
         launcher_named(request.launch.launcher).require_ready(cluster)
         collect_limits()  # a bad limit is refused before anything starts

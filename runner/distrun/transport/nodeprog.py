@@ -28,7 +28,7 @@ class LauncherState(StrEnum):
     """attempt.py's state of one launcher on its node."""
 
     RUNNING = "running"
-    EXITED = "exited"  # with the exit code its unit's record (or the older exit code file) holds
+    EXITED = "exited"  # with the exit code its unit's record holds (without a unit: its exit code file)
     GONE = "gone"  # started, no process left, no exit code
     NONE = "none"  # no launcher there, or not yet
 

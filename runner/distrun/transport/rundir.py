@@ -8,10 +8,10 @@ process group, log and exit code, the started-rank markers, and what the launche
 Nothing is ever moved between attempts: a launcher of a failed attempt that ends late writes
 into its own attempt's folder, never into the next one's.
 
-Runs recorded before attempts had folders (their plan.json lacks ``attempt_dirs``) keep these
+A run recorded in the layout before that (its plan.json lacks ``attempt_dirs``) kept these
 files at the top of the run directory, and a restart there moved them to ``attempts/<n>/``:
 ``attempt_folder`` answers "" for such a plan, and ``collected_attempt`` finds the last
-attempt's files in a collected copy of either layout.
+attempt's files in a collected copy of either layout, until store/retiring.py's version.
 
 Names that take a host are plain text around it, so a shell line may pass ``"$h"``.
 """
@@ -74,14 +74,15 @@ def exit_code(host: str) -> str:
     return f"exitcode-{host}"
 
 
-# What one attempt writes under any launcher, as shell patterns inside its folder (the old layout:
-# at the top); each launcher adds its own (Launcher.attempt_files).
+# What one attempt writes under any launcher, as shell patterns inside its folder; each launcher
+# adds its own (Launcher.attempt_files).
 ATTEMPT_FILES = ("launch-*.sh", "launcher-*", "exitcode-*", STARTED)
 
 # What distrun itself writes at the top of a run directory on the nodes, under any launcher
 # (exact names, then shell patterns): a user's --script of such a name would replace distrun's
-# file or be replaced by it. The old layout's attempt files are kept: a run of that layout may
-# still be read. A launcher's own files are its declaration (Launcher.run_dir_files, run_dir_patterns);
+# file or be replaced by it. The attempt files are among them: at the top they mark a collected
+# run of the layout before attempt folders (collected_attempt; store/retiring.py). A launcher's
+# own files are its declaration (Launcher.run_dir_files, run_dir_patterns);
 # tests/unit/test_cli_args.py renders every launcher's files against both.
 RUN_DIR_NAMES = (HOSTFILE, WRAPPER, CONTAINER_SCRIPT, ENV_FILE, RESULT, ATTEMPTS, STARTED)
 RUN_DIR_PATTERNS = ("launch-*.sh", "launcher-*", "exitcode-*")
@@ -98,12 +99,12 @@ def clashes(name: str) -> bool:
 
 
 def folder(restart: int, own: bool = True) -> str:
-    """An attempt's folder relative to the run directory ("" in the old layout)."""
+    """An attempt's folder relative to the run directory ("" in a recorded run without attempt folders)."""
     return f"{ATTEMPTS}/{int(restart)}" if own else ""
 
 
 def attempt_folder(plan: JobPlan) -> str:
-    """The plan's attempt's folder relative to the run directory ("" in the old layout)."""
+    """The plan's attempt's folder relative to the run directory ("" in a recorded run without attempt folders)."""
     return folder(plan.attempt.restart, plan.attempt.attempt_dirs)
 
 
@@ -127,7 +128,8 @@ def in_attempt(plan: JobPlan, name: str) -> str:
 def collected_attempt(nodes_dir: Path) -> str:
     """In a collected copy of a run directory (``nodes/<host>/...``), the last attempt's folder
     relative to each host's copy: "attempts/<n>" with the highest n, or "" where the attempt's
-    files lie at the top (the old layout, whose last attempt stayed there)."""
+    files lie at the top (a run recorded before attempt folders, whose last attempt stayed there:
+    store/retiring.py)."""
     if any(p.is_file() for p in nodes_dir.glob("*/launcher-*")):
         return ""
     numbers = [int(p.name) for p in nodes_dir.glob(f"*/{ATTEMPTS}/*") if p.is_dir() and p.name.isdigit()]
