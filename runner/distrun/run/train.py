@@ -127,8 +127,7 @@ class Run:
         if restart >= request.policy.max_restarts:
             return None
         self.stop()
-        failed = outcome.host if outcome.lost else (failed_host(self.end.lines, launcher_named(plan.launch.launcher))
-                                                    or outcome.host)
+        failed = outcome.host if outcome.lost else failed_host(self.end.lines, launcher_named(plan.launch.launcher)) or outcome.host
         decision = decide(self.cluster, plan, request.placement.np, failed=failed, lost=self.lost,
                           exclude_failed=request.policy.exclude_failed)
         if not decision.ok:
