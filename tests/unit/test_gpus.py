@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -15,8 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from distrun.cli.main import main
+from distrun.planning import containers
+from distrun.planning.containers import Container
 from distrun.planning.jobplan import from_json, to_json
-from distrun.planning.run_files import render_rank_wrapper
+from distrun.planning.run_files import plan_files, render_rank_wrapper
 
 from .plans import plan_for as planned
 from .test_launchers import cluster, net
@@ -217,6 +220,47 @@ def test_the_plan_records_the_mapping_and_reads_it_back():
     assert from_json(recorded) == plan
     cpu = planned(cluster({"c1": {"ansible_host": "10.0.0.9", "slots": 1}}, head="c1"), run_id="r1")
     assert "visible" not in to_json(cpu)["hosts"][0]  # a run without GPUs: the same plan.json as before
+
+
+# --- containers: rendered ---------------------------------------------------------------
+
+def container_start(plan, tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """Run the plan's container-run.sh with a stand-in runtime recording its argv and the
+    CUDA_VISIBLE_DEVICES it passes in."""
+    script = tmp_path / "container-run.sh"
+    script.write_text(plan_files(plan)[containers.SCRIPT])
+    bin_dir = tmp_path / "rt"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / plan.launch.container.runtime
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" "CVD=${{CUDA_VISIBLE_DEVICES-unset}}" > {shlex.quote(str(tmp_path / "argv"))}\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    subprocess.run(["bash", str(script), "python3", "t.py"], env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env},
+                   check=True, timeout=30)
+    return (tmp_path / "argv").read_text().split("\0")[:-1]
+
+
+def devices(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a in ("--device", "--gpus")]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "ssh"])
+def test_one_container_per_rank_gets_the_cdi_device_of_each_gpu_it_sees_renumbered_inside(tmp_path, launcher):
+    plan = plan_for(launcher, gpu_ids={"g2": (3, 1)}, hosts=("g2",), container=Container("localhost/t:1"))
+    argv = container_start(plan, tmp_path, {"DISTRUN_HOST": "g2", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "3,1"})
+    assert devices(argv) == ["nvidia.com/gpu=3", "nvidia.com/gpu=1"]
+    # Inside, the container numbers its two GPUs 0 (GPU 1) and 1 (GPU 3): cuda:LOCAL_RANK is still GPU 1.
+    assert argv[-1] == "CVD=1,0" and "CUDA_VISIBLE_DEVICES" in argv
+    two_each = plan_for(launcher, container=Container("localhost/t:1", "docker"))
+    argv = container_start(two_each, tmp_path, {"DISTRUN_HOST": "g1", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "2,3"})
+    assert devices(argv) == ['"device=2,3"'] and argv[-1] == "CVD=0,1"
+
+
+def test_one_container_per_node_gets_the_nodes_gpus_and_the_wrapper_inside_numbers_them_its_way(tmp_path):
+    plan = plan_for("torchrun", gpu_ids={"g2": (3, 1)}, hosts=("g2",), container=Container("localhost/t:1"))
+    argv = container_start(plan, tmp_path, {"DISTRUN_HOST": "g2"})
+    assert devices(argv) == ["nvidia.com/gpu=3", "nvidia.com/gpu=1"] and argv[-1] == "CVD=unset"
+    seen = rank_sees(plan, tmp_path, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
+    assert seen["CUDA_VISIBLE_DEVICES"] == "1,0"
 
 
 def test_the_inventorys_gpus_must_be_a_count(write_inventory):
