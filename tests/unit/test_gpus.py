@@ -16,6 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from distrun.cli.main import main
+from distrun.errors import PlanError
+from distrun.launchers import sbatch_script
+from distrun.launchers.slurm import multi_job_script
 from distrun.planning import containers
 from distrun.planning.containers import Container
 from distrun.planning.jobplan import from_json, to_json
@@ -222,7 +225,7 @@ def test_the_plan_records_the_mapping_and_reads_it_back():
     assert "visible" not in to_json(cpu)["hosts"][0]  # a run without GPUs: the same plan.json as before
 
 
-# --- containers: rendered ---------------------------------------------------------------
+# --- containers and Slurm: rendered ---------------------------------------------------------------
 
 def container_start(plan, tmp_path: Path, env: dict[str, str]) -> list[str]:
     """Run the plan's container-run.sh with a stand-in runtime recording its argv and the
@@ -261,6 +264,23 @@ def test_one_container_per_node_gets_the_nodes_gpus_and_the_wrapper_inside_numbe
     assert devices(argv) == ["nvidia.com/gpu=3", "nvidia.com/gpu=1"] and argv[-1] == "CVD=unset"
     seen = rank_sees(plan, tmp_path, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
     assert seen["CUDA_VISIBLE_DEVICES"] == "1,0"
+
+
+def test_slurm_asks_for_the_selected_gpus_per_node_on_the_sbatch_and_srun_lines():
+    script = sbatch_script(plan_for("slurm", gpus=2))
+    assert "#SBATCH --gpus-per-node=2\n" in script
+    assert " --gpus-per-node=2 " in script.splitlines()[-1]  # the ranks' step
+    assert "--gpus-per-node" not in sbatch_script(plan_for("slurm", gpus=0))
+    multi = plan_for("slurm", gpus=2, slurm={"mode": "multi-job"})
+    assert "#SBATCH --gpus-per-node=2\n" in multi_job_script(multi, 1, multi.placement.hosts[1])
+
+
+def test_slurm_refuses_nodes_with_different_gpu_counts_in_one_job():
+    uneven = dict(GPU_HOSTS, g2={**GPU_HOSTS["g2"], "gpus": 2})
+    plan = planned(cluster(uneven, head="g1", slurm_enabled=True), run_id="r1", launcher="slurm",
+                   network=net(g1="eth0", g2="eth0"), allow_gpu_mismatch=True)
+    with pytest.raises(PlanError, match=r"one GPU count \(--gpus-per-node\), but g1 has 4, g2 has 2; give --gpus 2"):
+        sbatch_script(plan)
 
 
 def test_the_inventorys_gpus_must_be_a_count(write_inventory):
