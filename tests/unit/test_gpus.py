@@ -12,6 +12,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -24,6 +25,7 @@ from distrun.planning.containers import Container
 from distrun.planning.jobplan import from_json, to_json
 from distrun.planning.run_files import plan_files, render_rank_wrapper
 
+from .conftest import REPO
 from .plans import plan_for as planned
 from .test_launchers import cluster, net
 
@@ -112,6 +114,8 @@ def test_the_dry_runs_json_carries_the_mapping(private_state, tmp_path):
     code, out, err = dry_run(tmp_path, "--hosts", "node1:2,3", "--json", slots=2)
     assert code == 0, err
     shown = json.loads(out)
+    schema = json.loads((REPO / "docs" / "guide" / "distrun-json.schema.json").read_text())
+    jsonschema.validate(shown, {**schema, "$ref": "#/$defs/dry_run"})
     assert shown["gpus"] == [{"host": "node1", "rank": 0, "local_rank": 0, "gpus": [2], "visible": "2,3"},
                              {"host": "node1", "rank": 1, "local_rank": 1, "gpus": [3], "visible": "2,3"}]
     host = shown["plan"]["hosts"][0]
