@@ -23,7 +23,7 @@ from distrun.launchers.slurm import multi_job_script
 from distrun.planning import containers
 from distrun.planning.containers import Container
 from distrun.planning.jobplan import from_json, to_json
-from distrun.planning.run_files import plan_files, render_rank_wrapper
+from distrun.planning.run_files import plan_files, render_env_file, render_rank_wrapper
 
 from .conftest import REPO
 from .plans import plan_for as planned
@@ -173,7 +173,7 @@ def fake_hostname(tmp_path: Path, short: str, address: str) -> str:
     return f"{bin_dir}:{os.environ['PATH']}"
 
 
-def rank_sees(plan, tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+def rank_sees(plan, tmp_path: Path, env: dict[str, str], *, header: bool = True) -> dict[str, str]:
     """Run the plan's rank wrapper on g2 as the launcher starts a rank there: what the program gets."""
     wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
     names = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "LOCAL_RANK", "RANK")
@@ -182,11 +182,11 @@ def rank_sees(plan, tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
     out = subprocess.run(["bash", "-c", wrapper, "bash", "bash", "-c", show], env={**base, **env}, cwd=tmp_path,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    header, *lines = out.stdout.splitlines()
+    first, *lines = out.stdout.splitlines()
     seen = dict(line.split("=", 1) for line in lines)
     # Each rank's log starts with what it was given, where the plan gives any.
     mapped = any(h.visible for h in plan.placement.hosts)
-    assert header.endswith(f" cuda_visible_devices={seen['CUDA_VISIBLE_DEVICES']}") == mapped, header
+    assert not header or first.endswith(f" cuda_visible_devices={seen['CUDA_VISIBLE_DEVICES']}") == mapped, first
     return seen
 
 
@@ -218,6 +218,13 @@ def test_under_slurm_the_ranks_keep_the_gpus_slurm_gave_them(tmp_path):
 def test_a_rank_of_a_node_given_no_gpu_sees_none(tmp_path):
     seen = rank_sees(plan_for("torchrun", gpus=0), tmp_path, started("torchrun", 3, 1, 4))
     assert seen["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_cuda_visible_devices_of_the_users_own_wins_on_every_rank(tmp_path):
+    plan = plan_for("torchrun", extra_env={"CUDA_VISIBLE_DEVICES": "7"})
+    (tmp_path / "env.sh").write_text(render_env_file({"CUDA_VISIBLE_DEVICES": "7"}))
+    # (The log's first line says what distrun gave the rank, before the user's variables.)
+    assert rank_sees(plan, tmp_path, started("torchrun", 3, 1, 4), header=False)["CUDA_VISIBLE_DEVICES"] == "7"
 
 
 def test_the_plan_records_the_mapping_and_reads_it_back():
