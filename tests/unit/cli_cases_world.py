@@ -166,8 +166,9 @@ refused("init --dir in a read-only place", lambda t: ["init", "x", "--head", "a=
 # --- class 3: what the user typed comes back as typed ----------------------------------------------------
 for word in [":x:", ":ok:", ":cd:", "[bold]x[/bold]", "[red]", "2001:db8:a:b::1", ":a::b:", "\\[x]", "x\\"]:
     refused(f"show {word!r}", (lambda w: lambda t: ["show", w])(word), (f"{word!r} is not a run id",))
-    refused(f"--hosts {word!r}", (lambda w: lambda t: [*D, "--hosts", w])(word), (f"--hosts {word}: no such host",),
-            reads_inventory=True)
+    # A colon starts a host's GPUs (--hosts a:0,1): such a word is refused as GPUs, still as typed.
+    refused(f"--hosts {word!r}", (lambda w: lambda t: [*D, "--hosts", w])(word),
+            (f"--hosts {word}: no such host",) if ":" not in word else (f"--hosts {word}",), reads_inventory=":" not in word)
 refused("--workdir ':cd:' that does not exist", lambda t: [*D, "--workdir", str(t / ":cd:"), "--", "python", "x.py"],
         (":cd:", "no such folder"))
 refused("--dataset in capitals", lambda t: [*D, "--dataset", "CORA"], ("'CORA' is not one of", "did you mean cora"))

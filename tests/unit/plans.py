@@ -26,10 +26,11 @@ def request_for(inventory: Path = Path("inventory"), *, launcher: str = "mpirun"
                 env: Mapping[str, str] | None = None, master_port: int = 29500, allow_gpu_mismatch: bool = False,
                 hosts: tuple[str, ...] = (), exclude: tuple[str, ...] = (), slurm: Mapping[str, str] | None = None,
                 launcher_args: tuple[str, ...] | list[str] = (), container: Container | None = None,
-                image: str | None = None, container_runtime: str | None = None, **policy: Any) -> JobRequest:
+                image: str | None = None, container_runtime: str | None = None, gpus: int | None = None,
+                gpu_ids: Mapping[str, tuple[int, ...]] | None = None, **policy: Any) -> JobRequest:
     """The request of those flat names: ``slurm`` (or any launcher's) options as --launcher-opt
     gives them, ``container`` as --image and --container-runtime, ``command`` the words after --
-    with a workdir."""
+    with a workdir, ``gpus`` as --gpus and ``gpu_ids`` as --hosts host:0,1 name them."""
     return JobRequest(
         inventory=inventory,
         program=ProgramRequest(workload=workload or "gcn", script=Path(script) if script else None,
@@ -37,7 +38,8 @@ def request_for(inventory: Path = Path("inventory"), *, launcher: str = "mpirun"
                                data_dir=data_dir, epochs=epochs, gdc=gdc, workdir=Path(workdir) if workdir else None,
                                prepare=tuple(prepare), env=dict(env or {})),
         placement=PlacementRequest(np=np, hosts=hosts, exclude=exclude, port=master_port,
-                                   allow_gpu_mismatch=allow_gpu_mismatch),
+                                   allow_gpu_mismatch=allow_gpu_mismatch, gpus=gpus,
+                                   gpu_ids=tuple((gpu_ids or {}).items())),
         launch=LaunchRequest(launcher=launcher, options=dict(slurm or {}), args=tuple(launcher_args),
                              image=container.image if container else image,
                              container_runtime=container.runtime if container else container_runtime),

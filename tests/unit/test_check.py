@@ -190,9 +190,11 @@ def node(name: str, slots: int, gpus: int, worker: bool = True) -> Node:
     return Node(name, name, slots, "inventory", gpus, name == "g1", worker)
 
 
-def test_gpu_slot_mismatch_only_where_gpus_were_detected():
-    nodes = [node("g1", 4, 4), node("g2", 2, 4), node("c1", 2, 0), node("login", 1, 2, worker=False)]
-    assert [(m.host, m.slots, m.gpus) for m in gpu_slot_mismatches(nodes)] == [("g2", 2, 4)]
+def test_gpu_slot_mismatch_only_where_slots_cannot_share_the_gpus():
+    nodes = [node("g1", 4, 4), node("g2", 3, 4), node("g3", 2, 4), node("g4", 8, 4), node("c1", 2, 0),
+             node("login", 1, 2, worker=False)]
+    # g3: two GPUs per rank; g4: two ranks on each GPU.
+    assert [(m.host, m.slots, m.gpus) for m in gpu_slot_mismatches(nodes)] == [("g2", 3, 4), ("g4", 8, 4)]
 
 
 @pytest.fixture
@@ -201,7 +203,7 @@ def gpu_cluster(write_inventory, tmp_path):
     cache.mkdir()
     for host, gpus in (("g1", 4), ("g2", 4)):
         (cache / f"s1_{host}").write_text(json.dumps({"__payload__": json.dumps({"ansible_local": {"distrun": {"gpus": gpus}}})}))
-    inv = write_inventory("[head]\ng1\n[workers]\ng1\ng2 slots=2\n", name="gpu.ini")
+    inv = write_inventory("[head]\ng1\n[workers]\ng1\ng2 slots=3\n", name="gpu.ini")
     return load_cluster(inv, cache)
 
 
@@ -209,14 +211,16 @@ def test_train_refuses_a_gpu_slot_mismatch_with_host_slots_gpus_and_fix(gpu_clus
     with pytest.raises(PlanError) as exc:
         plan_for(gpu_cluster, run_id="T")
     msg = str(exc.value)
-    assert "g2 has slots=2 but 4 GPU(s) detected" in msg
+    assert "g2 has slots=3 but 4 GPU(s), which 3 rank(s) cannot share evenly" in msg
     assert "set slots=4 for g2" in msg and "--allow-gpu-mismatch" in msg
     assert "\n" not in msg
 
 
 def test_allow_gpu_mismatch_launches_anyway(gpu_cluster):
     plan = plan_for(gpu_cluster, run_id="T", allow_gpu_mismatch=True)
-    assert plan.placement.world_size == 6
+    assert plan.placement.world_size == 7
+    # The node's GPUs are left as they are where its ranks cannot share them.
+    assert [h.visible for h in plan.placement.hosts] == [("0,1,2,3",) * 4, ()]
     check_gpu_slots(gpu_cluster, allow=True)
 
 

@@ -47,8 +47,8 @@ def inv(tmp: Path, text: str, name: str = "hosts.ini") -> str:
 
 
 def gpu_inventory(tmp: Path) -> str:
-    """g2 has 4 GPUs in this inventory's fact cache but slots=2."""
-    path = inv(tmp, "[head]\ng1\n[workers]\ng1\ng2 slots=2\n", "gpus.ini")
+    """g2 has 4 GPUs in this inventory's fact cache but slots=3."""
+    path = inv(tmp, "[head]\ng1\n[workers]\ng1\ng2 slots=3\n", "gpus.ini")
     (paths.fact_cache_dir(Path(path)) / "s1_g2").write_text(json.dumps({"__payload__": '{"ansible_local": {"distrun": {"gpus": 4}}}'}))
     return path
 
@@ -109,7 +109,8 @@ BAD: list[Bad] = [
     Bad("unknown MPI provider", lambda t: ["hostfile", "-i", inv(t, "[head]\na distrun_mpi_provider=spack\n[workers]\na\n")],
         ("distrun_mpi_provider='spack'", "choose one of"), reads_inventory=True),
     Bad("GPU count against slots", lambda t: ["train", "-i", gpu_inventory(t), "--dry-run"],
-        ("g2 has slots=2 but 4 GPU(s) detected", "set slots=4 for g2", "--allow-gpu-mismatch"), reads_inventory=True),
+        ("g2 has slots=3 but 4 GPU(s), which 3 rank(s) cannot share evenly", "set slots=4 for g2", "--allow-gpu-mismatch"),
+        reads_inventory=True),
     Bad("setup: unknown inventory", lambda t: ["setup", "-i", "nosuch"], ("--inventory 'nosuch'", "pass a name")),
     Bad("setup: malformed inventory", lambda t: ["setup", "-i", inv(t, "[head\nx\n")], ("Ansible cannot parse it", "hosts.ini"),
         reads_inventory=True),

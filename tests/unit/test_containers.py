@@ -156,12 +156,16 @@ def test_docker_runs_as_the_callers_uid_and_gets_gpus_only_on_gpu_nodes(tmp_path
     plan = plan_for("torchrun", runtime="docker", hosts=GPU, gpus={"g1": 2})
     on_gpu = run_start(plan, tmp_path, {"DISTRUN_HOST": "g1"})
     assert pairs(on_gpu, "--user") == [f"{os.getuid()}:{os.getgid()}"]
-    assert pairs(on_gpu, "--gpus") == ["all"] and "--userns=keep-id" not in on_gpu
+    # One container per node: the node's selected GPUs (all it has, by default), by index.
+    assert pairs(on_gpu, "--gpus") == ['"device=0,1"'] and "--userns=keep-id" not in on_gpu
     assert on_gpu[0] == "run"  # docker's containers are its daemon's children: removed by label on stop
     assert "--pid=host" not in on_gpu  # one container per node: its ranks share its namespace
     assert "--gpus" not in run_start(plan, tmp_path, {"DISTRUN_HOST": "g2"})
     podman = plan_for("torchrun", hosts=GPU, gpus={"g1": 2, "g2": 2})
-    assert pairs(run_start(podman, tmp_path, {"DISTRUN_HOST": "g2"}), "--device") == ["nvidia.com/gpu=all"]
+    assert pairs(run_start(podman, tmp_path, {"DISTRUN_HOST": "g2"}), "--device") == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    # A node whose GPUs its ranks cannot share, launched anyway: every GPU, as the node has them.
+    odd = plan_for("torchrun", hosts=GPU, gpus={"g1": 2, "g2": 3}, allow_gpu_mismatch=True)
+    assert pairs(run_start(odd, tmp_path, {"DISTRUN_HOST": "g2"}), "--device") == ["nvidia.com/gpu=all"]
 
 
 def test_torchrun_runs_one_agent_container_per_node_with_the_images_torchrun():

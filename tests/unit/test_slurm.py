@@ -12,6 +12,8 @@ from distrun.errors import UserError
 from distrun.inventory.cluster import cluster_from_json
 from distrun.launchers import slurm
 from distrun.launchers.slurm import multi_job_script, sbatch_files, sbatch_script, slurm_hostfile
+from distrun.planning.run_files import plan_files
+from distrun.transport.rundir import WRAPPER
 
 from .conftest import REPO, distrun_bin
 from .plans import plan_for as planned
@@ -84,17 +86,19 @@ def test_cpu_job_one_rank_per_slot_srun_pmix_and_no_gres():
     assert "mkdir -p attempts/0/ranks/0 attempts/0/ranks/1 attempts/0/ranks/2" in script
 
 
-def test_gpu_nodes_get_gres_from_the_distrun_fact(tmp_path):
+def test_gpu_nodes_get_gpus_per_node_from_the_distrun_fact(tmp_path):
     for host in HOSTS:
         facts = {"ansible_local": {"distrun": {"gpus": 4}}}
         (tmp_path / f"s1_{host}").write_text(json.dumps({"__payload__": json.dumps(facts)}))
     c = cluster(fact_cache=tmp_path, **ENABLED)
     plan = plan_for(c)
     script = sbatch_script(plan)
-    assert "#SBATCH --gres=gpu:4" in script
+    assert "#SBATCH --gpus-per-node=4" in script and "--gres" not in script
     assert "#SBATCH --ntasks-per-node=4" in script  # slots from the GPUs
+    # The ranks' step asks for them too; Slurm picks which, and sets CUDA_VISIBLE_DEVICES itself.
+    assert " --gpus-per-node=4 " in script.splitlines()[-1] and "CUDA_VISIBLE_DEVICES" not in plan_files(plan)[WRAPPER]
     multi = multi_job_script(plan_for(c, "multi-job"), 1, plan.placement.hosts[1])
-    assert "#SBATCH --gres=gpu:4" in multi
+    assert "#SBATCH --gpus-per-node=4" in multi
 
 
 def test_uneven_slots_place_ranks_with_an_arbitrary_distribution():

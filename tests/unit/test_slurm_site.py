@@ -77,7 +77,7 @@ def test_named_compute_nodes_become_the_nodelist_with_the_site_options(write_inv
     cluster = load_cluster(site(write_inventory, extra))
     script = slurm.sbatch_script(plan_for(cluster, np=12))
     for line in ("--partition=gpu1", "--nodes=2", "--nodelist=g1001,g1002", "--ntasks=12", "--ntasks-per-node=8",
-                 "--cpus-per-task=8", "--gres=gpu:8"):
+                 "--cpus-per-task=8", "--gpus-per-node=8"):
         assert f"#SBATCH {line}\n" in script, line
     assert "SLURM_HOSTFILE" not in script  # uneven (8 + 4): Slurm places them, no hostfile
 

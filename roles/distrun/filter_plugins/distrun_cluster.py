@@ -49,7 +49,10 @@ def network_address(hostvars: object, network: object = "", fallback: str = "") 
 
 
 def gpus(hostvars: object) -> int:
-    return rules.gpus({"ansible_facts": _get(hostvars, "ansible_facts") or {}})
+    try:
+        return rules.gpus({"ansible_facts": _get(hostvars, "ansible_facts") or {}}, {"gpus": _get(hostvars, "gpus")})
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
 
 
 def slots(hostvars: object) -> int:

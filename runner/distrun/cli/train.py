@@ -69,7 +69,11 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
                    "run variables filled in); a non-zero exit refuses the launch.")
 @click.option("--launcher-args", "launcher_args_text", default=None, metavar="ARGS",
               help="Extra arguments appended to mpirun, torchrun or srun, split like a shell would (no shell runs).")
-@click.option("--hosts", "hosts", multiple=True, metavar="A,B", help="Run ranks only on these workers of the inventory.")
+@click.option("--hosts", "hosts", multiple=True, metavar="A,B",
+              help="Run ranks only on these workers of the inventory; A:0,1,B:2,3 also names the GPUs each uses "
+                   "(nvidia-smi's indices).")
+@click.option("--gpus", "gpus", type=P.Bounded(0), default=None, metavar="N",
+              help="GPUs used on each node: its first N (default: every GPU the node declares; 0: none).")
 @click.option("--exclude", "exclude", multiple=True, metavar="C", help="Run no ranks on these workers.")
 @click.option("--image", default=None, metavar="REF",
               help="Run every rank inside a container of this image (default: the inventory's distrun_image).")
@@ -83,7 +87,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
           launcher_opt: tuple[str, ...], allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
           exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
           prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
-          image: str | None, container_runtime: str | None, as_json: bool, program_args: tuple[str, ...] = ()) -> None:
+          gpus: int | None, image: str | None, container_runtime: str | None, as_json: bool, program_args: tuple[str, ...] = ()) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
 
     \b
@@ -116,7 +120,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
     try:
         from distrun.planning.dryrun import dry_run as planned_dry_run
         from distrun.planning.request import JobRequest, LaunchRequest, PlacementRequest, ProgramRequest, RunPolicy
-        from distrun.planning.selection import host_names
+        from distrun.planning.selection import host_gpus, host_names
         from distrun.planning.variables import split_words
         from distrun.printable import printable
         from distrun.project.ready import check_flags
@@ -132,8 +136,9 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
             program=ProgramRequest(workload=workload, script=script, args=program_args, dataset=dataset,
                                    data_dir=data_dir, epochs=epochs, gdc=(gdc_alpha, gdc_topk) if use_gdc else None,
                                    workdir=workdir, prepare=split_words(prepare_text, "--prepare"), env=env),
-            placement=PlacementRequest(np=np, hosts=host_names(hosts), exclude=host_names(exclude), port=port,
-                                       allow_gpu_mismatch=allow_gpu_mismatch),
+            placement=PlacementRequest(np=np, hosts=host_names(hosts), exclude=host_names(exclude, "--exclude"),
+                                       port=port, allow_gpu_mismatch=allow_gpu_mismatch, gpus=gpus,
+                                       gpu_ids=tuple((n, ids) for n, ids in host_gpus(hosts) if ids is not None)),
             launch=LaunchRequest(launcher=launcher, options=launcher_options,
                                  args=split_words(launcher_args_text, "--launcher-args"), image=image,
                                  container_runtime=container_runtime),
@@ -235,8 +240,13 @@ def check_train(ctx: click.Context) -> None:
         if value is not None and not value.strip():
             raise click.UsageError(f"{_flag(name)} is empty: give it a command (words as a shell would split them) "
                                    f"or drop {_flag(name)}", ctx)
+    from distrun.planning.selection import host_gpus
     for name in ("hosts", "exclude"):
         for value in params.get(name) or ():
             if not value.strip(", \t"):
                 raise click.UsageError(f"--{name} {value!r} names no host: give worker names (--{name} w1,w2) or "
                                        f"drop --{name}", ctx)
+        try:
+            host_gpus(params.get(name) or (), f"--{name}")
+        except UserError as exc:
+            raise click.UsageError(str(exc), ctx) from None

@@ -25,7 +25,7 @@ class Node:
     address: str
     slots: int
     slots_source: str  # "inventory", "gpus" or "default": shown by dry-run so users see why
-    gpus: int
+    gpus: int  # the inventory's ``gpus``, else the count role mpi_env detected
     is_head: bool
     is_worker: bool
     hostvars: Mapping[str, Any] = field(repr=False, compare=False, default_factory=dict)
@@ -174,7 +174,10 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
         check_host_name(path, name)
         check_address(path, name, str(hv.get("ansible_host") or name))
         check_values(path, name, hv)
-        gpus = rules.gpus(load_facts(fact_cache, name))
+        try:
+            gpus = rules.gpus(load_facts(fact_cache, name), hv)
+        except ValueError as exc:
+            raise InventoryError(f"inventory {path}: host {name} has {exc}") from None
         slots, source = _slots(path, name, hv, gpus)
         check_slots(path, name, slots)
         return Node(

@@ -96,8 +96,20 @@ def local_fact(facts: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def gpus(facts: Mapping[str, Any] | None) -> int:
-    """The GPUs role mpi_env counted on a node (0 when it has none or no facts were gathered)."""
+def gpus(facts: Mapping[str, Any] | None, hostvars: Mapping[str, Any] | None = None) -> int:
+    """A node's GPUs: its ``gpus`` hostvar where the inventory declares one (known before any
+    fact is gathered, and the count a run selects from), else what role mpi_env counted there (0
+    when it has none or no facts were gathered). ValueError (naming the value) for a declared
+    count that is not a whole number >= 0."""
+    declared = (hostvars or {}).get("gpus")
+    if declared is not None and declared != "":
+        try:
+            value = int(str(declared))
+        except ValueError:
+            raise ValueError(f"gpus={declared!r}; set gpus to the node's GPU count (a whole number, 0 for none)") from None
+        if value < 0:
+            raise ValueError(f"gpus={value}; set gpus to the node's GPU count (a whole number, 0 for none)")
+        return value
     try:
         return max(0, int(local_fact(facts).get("gpus", 0)))
     except (TypeError, ValueError):

@@ -85,6 +85,13 @@ class Launcher(ABC):
     # attempt then gets an ssh certificate for the run's hosts (run/certificate.py).
     logs_in: bool = False
 
+    # Its scheduler chooses which of a node's GPUs the ranks get (Slurm's gres): distrun asks for
+    # their count and leaves CUDA_VISIBLE_DEVICES to it; GPU indices in --hosts are refused.
+    picks_gpus: bool = False
+    # With --image, one container per rank (True: mpirun, ssh) or one per node holding its
+    # launcher and ranks (False): which of a node's GPUs each container is given.
+    container_per_rank: bool = False
+
     # The scheduler of a site distrun does not administer (Cluster.site) that this launcher submits
     # to: it runs there, reaching only the site's login node (``login``).
     site: str | None = None

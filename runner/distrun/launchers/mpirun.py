@@ -79,6 +79,7 @@ class Mpirun(Launcher):
     # units), over ssh with the system's configuration.
     owned_params = {flag: envnames.OPEN_MPI_PARAMS for flag in ("--mca", "-mca")}
     mpi_world = True
+    container_per_rank = True
     image_uses_node_mpi = True
     logs_in = True
     rank_variables = {"RANK": ("OMPI_COMM_WORLD_RANK",), "WORLD_SIZE": ("OMPI_COMM_WORLD_SIZE",),
@@ -105,7 +106,7 @@ class Mpirun(Launcher):
         return mpirun_argv(plan)
 
     def files(self, plan: JobPlan) -> dict[str, str]:
-        return containers.files(plan, per_rank=True, prefixes=self.env_prefixes)
+        return containers.files(plan, per_rank=self.container_per_rank, prefixes=self.env_prefixes)
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         mpi_bin = f"{plan.launch.mpi_prefix.rstrip('/')}/bin"

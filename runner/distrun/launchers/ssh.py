@@ -96,13 +96,14 @@ class Ssh(Launcher):
     attempt_files = (RANKS,)
     rank_log_files = (f"{RANKS}/*/stdout",)
     takes_args = False
+    container_per_rank = True
     failed_rank_patterns = (FAILED_RANK,)
 
     def files(self, plan: JobPlan) -> dict[str, str]:
         # With an image, one container per rank, as under mpirun (containers.py).
         script = (f"#!/bin/bash\n# distrun run {' '.join(plan.run_id.split())}: starts one rank host's ranks "
                   f"(ssh launcher). Generated; do not edit.\n{_BODY}")
-        return {SCRIPT: script, **containers.files(plan, per_rank=True, prefixes=self.env_prefixes)}
+        return {SCRIPT: script, **containers.files(plan, per_rank=self.container_per_rank, prefixes=self.env_prefixes)}
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return list(plan.placement.hosts)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distrun.errors import PlanError
+from distrun.planning import gpus
 from distrun.transport import rundir
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ _IMAGE = re.compile(rf"{_REGISTRY}?{_COMPONENT}(?:/{_COMPONENT})*(?::[A-Za-z0-9_
 # launcher's own (Open MPI's, PMIx's, Slurm's) are passed by the prefixes it declares
 # (``Launcher.env_prefixes``), whatever they are.
 RANK_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DISTRUN_HOST")
+              "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "DISTRUN_HOST", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 @dataclass(frozen=True)
@@ -146,21 +147,58 @@ def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
     return argv
 
 
-def gpu_args(runtime: str) -> list[str]:
-    """How a node's GPUs reach the container: CDI for podman, the NVIDIA runtime's flag for docker."""
-    return ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
+def gpu_args(runtime: str, ids: tuple[int, ...] | None = None) -> list[str]:
+    """How GPUs reach the container: CDI names for podman (one --device per GPU), the NVIDIA
+    runtime's flag for docker; ``ids`` None: every GPU of the node."""
+    if ids is None:
+        return ["--device", "nvidia.com/gpu=all"] if runtime == "podman" else ["--gpus", "all"]
+    if runtime == "podman":
+        return [word for i in ids for word in ("--device", f"nvidia.com/gpu={int(i)}")]
+    return ["--gpus", f'"device={",".join(str(int(i)) for i in ids)}"']
+
+
+def _gpu_lines(plan: JobPlan, per_rank: bool) -> list[str]:
+    """The GPUs each container gets, as the plan maps them (planning/gpus.py): one container per
+    rank gets the GPUs its rank sees and their CUDA_VISIBLE_DEVICES renumbered as the container
+    numbers them; one per node gets the node's selection (the rank wrapper inside renumbers). A
+    node with GPUs the plan does not map gets them all."""
+    assert plan.launch.container is not None
+    runtime = plan.launch.container.runtime
+    arms, whole = [], []
+    for h in plan.placement.hosts:
+        if not h.visible:
+            if h.gpus > 0:
+                whole.append(shlex.quote(h.name))
+            continue
+        if not per_rank:
+            if h.gpu_ids:
+                arms.append(f"  {shlex.quote(h.name)}) args+=({shlex.join(gpu_args(runtime, h.gpu_ids))}) ;;")
+            continue
+        by_value: dict[str, list[str]] = {}
+        for local_rank, value in enumerate(h.visible):
+            if value:
+                by_value.setdefault(value, []).append(shlex.quote(f"{h.name}:{local_rank}"))
+        for value, keys in by_value.items():
+            ids = tuple(int(g) for g in value.split(","))
+            arms.append(f"  {'|'.join(keys)}) args+=({shlex.join(gpu_args(runtime, ids))}); "
+                        f"export CUDA_VISIBLE_DEVICES={shlex.quote(gpus.in_container(value, ids))} ;;")
+    key = '"${DISTRUN_HOST:-}:${LOCAL_RANK:-}"' if per_rank else '"${DISTRUN_HOST:-}"'
+    lines = [f"case {key} in", *arms, "esac"] if arms else []
+    if whole:
+        lines.append(f'case "${{DISTRUN_HOST:-}}" in {"|".join(whole)}) args+=({shlex.join(gpu_args(runtime))}) ;; esac')
+    return lines
 
 
 def script(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> str:
     """container-run.sh: starts the container on its node and runs its arguments inside.
 
     What only the node knows is added there: the launcher's variables by their prefix, docker's
-    user (the caller's uid and gid: docker's daemon would start it as root), and the GPUs of a
-    node the plan gives GPUs (by DISTRUN_HOST, which the rank wrapper or the launch sets).
+    user (the caller's uid and gid: docker's daemon would start it as root), and the GPUs the plan
+    gives the node or the rank (by DISTRUN_HOST and LOCAL_RANK, which the rank wrapper or the
+    launch sets).
     """
     assert plan.launch.container is not None
     c = plan.launch.container
-    gpu_hosts = "|".join(shlex.quote(h.name) for h in plan.placement.hosts if h.gpus > 0)
     lines = [
         "#!/bin/bash",
         f"# Container start for distrun run {' '.join(plan.run_id.split())}. Generated; do not edit.",
@@ -174,8 +212,7 @@ def script(plan: JobPlan, *, per_rank: bool, prefixes: tuple[str, ...]) -> str:
         # The node's Open MPI folders (mpirun gives its ranks them) are not the image's.
         node_own = "".join(f"OMPI_MCA_{name}) ;; " for name, _ in plan.launch.openmpi_params)
         lines.append(f'for name in $(compgen -e); do case "$name" in {node_own}{patterns}) args+=(--env "$name") ;; esac; done')
-    if gpu_hosts:
-        lines.append(f'case "${{DISTRUN_HOST:-}}" in {gpu_hosts}) args+=({shlex.join(gpu_args(c.runtime))}) ;; esac')
+    lines += _gpu_lines(plan, per_rank)
     lines.append(f'exec "${{args[@]}}" {shlex.quote(c.image)} "$@"')
     return "\n".join(lines) + "\n"
 

@@ -3,10 +3,11 @@ launcher's options and where each value came from), touching no node."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
+from distrun.launchers.base import fill
 from distrun.launchers.options import Resolved, resolve
 from distrun.planning.attempt import plan_attempt
 from distrun.planning.jobplan import JobPlan
@@ -28,6 +29,37 @@ class DryRun:
     before: dict[str, str] = field(default_factory=dict)  # title -> command run before the launch
     options: dict[str, Resolved] = field(default_factory=dict)  # the launcher's options and their origins
     left_out: list[str] = field(default_factory=list)  # a line per drained worker the run leaves out
+    gpus: list[GpuRow] = field(default_factory=list)  # each rank's GPUs, where the run maps any
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One rank's GPUs as the plan maps them: ``gpus`` its own (nvidia-smi's indices on its host),
+    ``visible`` its CUDA_VISIBLE_DEVICES (None: the scheduler's, or the node's left as it is)."""
+
+    host: str
+    rank: int | None  # None: the scheduler numbers the ranks
+    local_rank: int
+    gpus: tuple[int, ...]
+    visible: str | None
+
+
+def gpu_rows(plan: JobPlan) -> list[GpuRow]:
+    """Every rank's GPUs, in rank order where the launcher knows it ([] where no host has GPUs)."""
+    hosts = plan.placement.hosts
+    if not any(h.gpu_ids or h.visible for h in hosts):
+        return []
+    order = launcher_named(plan.launch.launcher).rank_order([asdict(h) for h in hosts])
+    ranks = fill(order) if order is not None else {}
+    by_name = {h.name: h for h in hosts}
+    rows = []
+    for name in [str(h["name"]) for h in order] if order is not None else list(by_name):
+        h = by_name[name]
+        for local in range(h.slots):
+            rank = ranks[name][local] if ranks else None
+            own = h.rank_gpus[local] if h.rank_gpus else ()
+            rows.append(GpuRow(name, rank, local, own, h.visible[local] if h.visible else None))
+    return sorted(rows, key=lambda r: (r.rank is None, r.rank or 0))
 
 
 def dry_run(request: JobRequest) -> DryRun:
@@ -38,4 +70,5 @@ def dry_run(request: JobRequest) -> DryRun:
     launcher = launcher_named(plan.launch.launcher)
     return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher.unready(cluster),
                   project, commands(cluster, plan, project) if project else {},
-                  resolve(launcher, request.launch.options, cluster.group_vars, cluster.source), left_out)
+                  resolve(launcher, request.launch.options, cluster.group_vars, cluster.source), left_out,
+                  gpu_rows(plan))

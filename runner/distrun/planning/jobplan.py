@@ -28,6 +28,12 @@ class RankHost:
     # agents announce it to their peers instead of the machine's hostname, which the other
     # nodes may not resolve.
     net_address: str = ""
+    # The GPUs this run uses there and each local rank's (planning/gpus.py): the node's selection
+    # (nvidia-smi indices; under a scheduler that picks them, only their count matters), each local
+    # rank's own GPUs, and each local rank's CUDA_VISIBLE_DEVICES (none: the node's left as it is).
+    gpu_ids: tuple[int, ...] = ()
+    rank_gpus: tuple[tuple[int, ...], ...] = ()
+    visible: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,10 @@ def to_json(plan: JobPlan) -> dict[str, Any]:
     for name, _ in _PARTS:
         for key, value in asdict(getattr(plan, name)).items():
             flat[_KEY_OF.get(key, key)] = value
+    for host in [*flat["hosts"], *([flat["login"]] if flat["login"] else [])]:  # no GPUs: as before the mapping
+        for key in _HOST_GPU_KEYS:
+            if not host[key]:
+                del host[key]
     if flat["container"] and not flat["container"]["image_id"]:  # an image never pushed: as before pins existed
         del flat["container"]["image_id"]
     return json.loads(json.dumps({key: flat[key] for key in KEYS if flat[key] or key not in OPTIONAL}, default=str))
@@ -187,12 +197,19 @@ def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), str(x)) for k, x in value)
 
 
+_HOST_GPU_KEYS = ("gpu_ids", "rank_gpus", "visible")
+
+
 def _host(value: Any) -> RankHost | None:
-    return RankHost(**value) if value else None
+    if not value:
+        return None
+    gpus = {"gpu_ids": tuple(value.get("gpu_ids", ())), "rank_gpus": tuple(tuple(g) for g in value.get("rank_gpus", ())),
+            "visible": tuple(value.get("visible", ()))}
+    return RankHost(**{**value, **gpus})
 
 
 _READ: dict[str, Callable[[Any], Any]] = {
-    "hosts": lambda v: tuple(RankHost(**h) for h in v),
+    "hosts": lambda v: tuple(h for h in map(_host, v) if h is not None),
     "login": _host,
     "container": lambda v: Container(**v) if v else None,
     "argv": _tuple, "user_env_keys": _tuple, "prepare": _tuple, "launcher_args": _tuple,

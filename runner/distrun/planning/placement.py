@@ -1,5 +1,6 @@
-"""Rank placement: ranks put on the workers' slots in hostfile order, and the rule of one rank per
-GPU (a worker whose detected GPUs differ from its slots is refused unless allowed)."""
+"""Rank placement: ranks put on the workers' slots in hostfile order, and the rule that a node's
+ranks share its GPUs evenly (one GPU per rank, or a whole number per rank: planning/gpus.py); a
+worker whose GPUs its slots cannot share is refused unless allowed."""
 
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ class GpuSlotMismatch:
     gpus: int
 
     def message(self) -> str:
-        return f"{self.host} has slots={self.slots} but {self.gpus} GPU(s) detected"
+        return f"{self.host} has slots={self.slots} but {self.gpus} GPU(s), which {self.slots} rank(s) cannot share evenly"
 
 
 def gpu_slot_mismatches(nodes: Sequence[Node]) -> list[GpuSlotMismatch]:
-    """Workers whose detected GPU count (fact ``gpus``) is above 0 and differs from their slots.
+    """Workers with GPUs (declared, or fact ``gpus``) that their slots cannot share evenly.
 
-    One rank per GPU is the rule; other counts leave GPUs idle or put two ranks on one GPU.
-    Nodes without a detected GPU are never a mismatch (CPU ranks, or facts not gathered yet).
+    One rank per GPU, or the same whole number of GPUs per rank; other counts leave GPUs idle or
+    put two ranks on one GPU. Nodes without a GPU are never a mismatch (CPU ranks, or facts not
+    gathered yet).
     """
-    return [GpuSlotMismatch(n.name, n.slots, n.gpus) for n in nodes if n.is_worker and n.gpus > 0 and n.slots != n.gpus]
+    return [GpuSlotMismatch(n.name, n.slots, n.gpus) for n in nodes if n.is_worker and n.gpus > 0 and n.gpus % n.slots]
 
 
 def check_gpu_slots(cluster: Cluster, allow: bool = False) -> None:
@@ -37,7 +39,8 @@ def check_gpu_slots(cluster: Cluster, allow: bool = False) -> None:
         more = f" (and {', '.join(m.host for m in bad[1:])})" if len(bad) > 1 else ""
         raise PlanError(
             f"{first.message()}{more}; set slots={first.gpus} for {first.host} in {cluster.source} "
-            "(or remove 'slots' to use the GPU count), or pass --allow-gpu-mismatch to launch anyway"
+            "(or remove 'slots' to use the GPU count), select GPUs for its ranks (--gpus N), "
+            "or pass --allow-gpu-mismatch to launch anyway"
         )
 
 

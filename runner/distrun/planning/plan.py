@@ -12,7 +12,7 @@ from distrun.errors import PlanError
 from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
-from distrun.planning import containers, limits
+from distrun.planning import containers, gpus, limits
 from distrun.planning.envnames import check_env_key
 from distrun.planning.jobplan import AttemptInfo, JobPlan, Launch, Placement, Program, RankHost
 from distrun.planning.network import NetworkChoice
@@ -72,7 +72,9 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
                                                     asked.container_runtime), cluster.source)
     extra_env = env or {}
     mpi_world = launcher_named(launcher).mpi_world
-    check_gpu_slots(cluster, allow=request.placement.allow_gpu_mismatch)
+    asked_gpus = gpus.Asked(request.placement.gpus, dict(request.placement.gpu_ids))
+    if not asked_gpus.chosen:  # a selection of the user's is checked against the slots per host instead
+        check_gpu_slots(cluster, allow=request.placement.allow_gpu_mismatch)
     placed = allocate(cluster, np)
     world = sum(n for _, n in placed)
     by_name = {n.name: n for n in cluster.workers}
@@ -91,8 +93,15 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
             return network.per_host[name].address
         return by_name[name].address
 
+    picks = launcher_named(launcher).picks_gpus
+
+    def gpus_of(name: str, n: int) -> gpus.HostGpus:
+        return gpus.host_gpus(by_name[name], n, asked_gpus, cluster.source, scheduler_picks=picks,
+                              lenient=request.placement.allow_gpu_mismatch)
+
     hosts = tuple(
-        RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name), net_address_of(name))
+        RankHost(name, by_name[name].address, n, by_name[name].gpus, iface_of(name), net_address_of(name),
+                 **vars(gpus_of(name, n)))
         for name, n in placed
     )
     # Rank 0 hosts torch's store and torchrun's rendezvous: the first rank host (the head

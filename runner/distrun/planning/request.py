@@ -42,6 +42,10 @@ class PlacementRequest:
 
     np: int | None = None  # None: every slot of the chosen workers
     hosts: tuple[str, ...] = ()  # --hosts: only these workers
+    # GPUs (planning/gpus.py): --gpus N, each node's first N (None: every GPU it declares), and the
+    # indices --hosts named per host (node1:0,1).
+    gpus: int | None = None
+    gpu_ids: tuple[tuple[str, tuple[int, ...]], ...] = ()
     exclude: tuple[str, ...] = ()  # --exclude: not these workers
     port: int = contract.DEFAULT_MASTER_PORT
     allow_gpu_mismatch: bool = False

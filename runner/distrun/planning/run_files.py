@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Mapping
 
 from distrun.launchers import LAUNCHERS, launcher_named
+from distrun.planning import gpus
 from distrun.planning.envnames import check_env_key
 from distrun.planning.jobplan import JobPlan
 from distrun.planning.plan import render_hostfile
@@ -97,6 +98,25 @@ def _host_block(plan: JobPlan) -> str:
     return block
 
 
+def _gpu_block(plan: JobPlan) -> str:
+    """Shell that gives each rank of a node the GPUs the plan maps to it (planning/gpus.py), by its
+    node and LOCAL_RANK; "" where the plan maps none. Inside one container per node (the wrapper
+    runs in it) the indices are the container's own."""
+    launcher = launcher_named(plan.launch.launcher)
+    renumber = plan.launch.container is not None and not launcher.container_per_rank
+    arms = []
+    for h in plan.placement.hosts:
+        by_value: dict[str, list[str]] = {}
+        for local_rank, value in enumerate(h.visible):
+            shown = gpus.in_container(value, h.gpu_ids) if renumber else value
+            by_value.setdefault(shown, []).append(shlex.quote(f"{h.name}:{local_rank}"))
+        arms += [f"  {'|'.join(keys)}) export CUDA_VISIBLE_DEVICES={shlex.quote(value)} "
+                 f"{'='.join(gpus.ORDER)} ;;" for value, keys in by_value.items()]
+    if not arms:
+        return ""
+    return 'case "$DISTRUN_HOST:$LOCAL_RANK" in\n' + "\n".join(arms) + "\nesac\n"
+
+
 def _rank_variable(plan: JobPlan, name: str, default: str) -> str:
     """``export NAME=...``: its own value, else the first of the launcher's variables it is
     declared from (``Launcher.rank_variables``) that is set, else ``default``."""
@@ -127,6 +147,10 @@ def render_rank_wrapper(plan: JobPlan) -> str:
         source_env += (f"export PATH={shlex.quote(plan.launch.env_prefix.rstrip('/') + '/bin')}:\"$PATH\"\n"
                        f"cd {shlex.quote(plan.program.workdir)}\n")
     started = shlex.quote(rundir.in_attempt(plan, rundir.STARTED))
+    gpu_block = _gpu_block(plan)
+    # Each rank's log starts with its place (and the GPUs it was given): collected logs are read by it.
+    header = ("DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$DISTRUN_HOST "
+              "machine=$(hostname -s) pid=$$" + (" cuda_visible_devices=${CUDA_VISIBLE_DEVICES-unset}" if gpu_block else ""))
     return f"""#!/bin/bash
 # Rank wrapper for distrun run {" ".join(plan.run_id.split())}. Generated; do not edit.
 set -euo pipefail
@@ -150,7 +174,7 @@ if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
 fi
-echo "DISTRUN_RANK rank=$RANK local_rank=$LOCAL_RANK world_size=$WORLD_SIZE host=$DISTRUN_HOST machine=$(hostname -s) pid=$$"
+{gpu_block}echo "{header}"
 cd {shlex.quote(plan.run_dir)}
 # One marker per started rank: 'distrun train --detach' and 'distrun status' count them.
 {{ mkdir -p {started} && echo "$(hostname -s) $$" > {started}/"rank-$RANK"; }} 2>/dev/null || :

@@ -1,7 +1,8 @@
 """Which of the inventory's workers one run uses: ``--hosts a,b`` keeps those, ``--exclude c``
-leaves those out (DeepSpeed's --include/--exclude). The result is a cluster whose workers are
-the chosen ones, so the plan, the hostfile, the world size and the preflight all follow; the
-head stays the head (it still stages the run and runs --prepare)."""
+leaves those out (DeepSpeed's --include/--exclude), and ``--hosts a:0,1,b:2,3`` names the GPUs of
+each host too (nvidia-smi's indices; planning/gpus.py places the ranks on them). The result is a
+cluster whose workers are the chosen ones, so the plan, the hostfile, the world size and the
+preflight all follow; the head stays the head (it still stages the run and runs --prepare)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,49 @@ from distrun.errors import PlanError
 from distrun.inventory.cluster import Cluster
 
 
-def host_names(values: Iterable[str]) -> tuple[str, ...]:
-    """'a,b' and repeated options alike: the names, each once, in the order given."""
-    return tuple(dict.fromkeys(n.strip() for v in values for n in v.split(",") if n.strip()))
+def host_gpus(values: Iterable[str], flag: str = "--hosts") -> tuple[tuple[str, tuple[int, ...] | None], ...]:
+    """'a,b', 'a:0,1,b:2,3' and repeated options alike: each host once, in the order given, with the
+    GPU indices named after it (None where none are). After 'a:0' a bare number is a further GPU of
+    a (host names are never numbers there). PlanError: one line naming the item and the fix."""
+    hosts: dict[str, tuple[int, ...] | None] = {}
+    current: str | None = None
+    for word in (w.strip() for v in values for w in v.split(",")):
+        if not word:
+            continue
+        if current is not None and word.isdigit():
+            hosts[current] = (*(hosts[current] or ()), _index(flag, current, word))
+            continue
+        name, colon, first = word.partition(":")
+        name = name.strip()
+        if colon and flag != "--hosts":
+            raise PlanError(f"{flag} {word}: {flag} takes host names only; leave out GPUs by naming the others "
+                            f"(--hosts {name}:0,1)")
+        if colon and not name:
+            raise PlanError(f"{flag} {word}: no host before ':'; write the host, then its GPUs (--hosts node1:0,1)")
+        if colon and hosts.get(name):
+            raise PlanError(f"{flag} {word}: {name}'s GPUs are named twice; name them once ({flag} {name}:0,1)")
+        hosts[name] = (_index(flag, name, first.strip()),) if colon else hosts.get(name)
+        current = name if colon else None
+    for name, ids in hosts.items():
+        twice = sorted({i for i in ids or () if (ids or ()).count(i) > 1})
+        if twice:
+            raise PlanError(f"{flag} {name}:{','.join(map(str, ids or ()))}: GPU {twice[0]} of {name} is named twice; "
+                            "name each GPU once")
+    return tuple(hosts.items())
+
+
+def _index(flag: str, host: str, text: str) -> int:
+    if not text.isdigit():
+        said = f"{text!r} is not a GPU index" if text else f"no GPU index after '{host}:'"
+        raise PlanError(f"{flag} {host}:{text}: {said}; write nvidia-smi's indices after the host ({flag} {host}:0,1) "
+                        "or the host alone")
+    return int(text)
+
+
+def host_names(values: Iterable[str], flag: str = "--hosts") -> tuple[str, ...]:
+    """'a,b' and repeated options alike: the names, each once, in the order given (without the GPUs
+    ``host_gpus`` reads)."""
+    return tuple(name for name, _ in host_gpus(values, flag))
 
 
 def _check(cluster: Cluster, flag: str, names: tuple[str, ...]) -> None:

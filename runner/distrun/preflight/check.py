@@ -39,7 +39,8 @@ def gpu_items(nodes: Sequence[Node], inventory: str) -> dict[str, Item]:
         if n.name in bad:
             out[n.name] = Item(False, bad[n.name].message(),
                                f"set slots={n.gpus} for {n.name} in {inventory} (or remove 'slots' to use the GPU "
-                               "count); 'distrun train --allow-gpu-mismatch' runs anyway")
+                               "count), or a number of slots that divides it (several GPUs per rank); "
+                               "'distrun train --allow-gpu-mismatch' runs anyway")
         else:
             why = f"{n.gpus} GPU(s)" if n.gpus else "no GPU detected"
             out[n.name] = Item(True, f"slots={n.slots}, {why}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 from contextlib import AbstractContextManager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,8 @@ def dry_run_json(dry: DryRun) -> dict[str, Any]:
     options = {name: {"value": r.value, "from": r.origin} for name, r in dry.options.items()}
     return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
             "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.program.user_env_keys), "note": dry.note,
-            "launcher_options": options, "left_out": list(dry.left_out), "exit_code": 0, "error": None}
+            "launcher_options": options, "left_out": list(dry.left_out),
+            "gpus": [{**asdict(r), "gpus": list(r.gpus)} for r in dry.gpus], "exit_code": 0, "error": None}
 
 
 def dry_run_refused(inventory: Path, exc: UserError) -> dict[str, Any]:
@@ -171,6 +173,28 @@ def dry_run_refused(inventory: Path, exc: UserError) -> dict[str, Any]:
     the exit code, for a script that reads stdout only."""
     return {"schema": 1, "dry_run": True, "inventory": str(inventory), "plan": None, "exit_code": exc.exit_code,
             "error": str(exc)}
+
+
+def gpu_lines(dry: DryRun) -> list[str]:
+    """The dry run's GPU mapping: per rank its host, rank, local rank, own GPUs and
+    CUDA_VISIBLE_DEVICES ([] where the run maps no GPU)."""
+    if not dry.gpus:
+        return []
+    hosts = {h.name: h for h in dry.plan.placement.hosts}
+    out = ["gpus (nvidia-smi's indices, CUDA_DEVICE_ORDER=PCI_BUS_ID):",
+           f"  {'host':<16} {'rank':>5} {'local rank':>11}  {'gpus':<12} CUDA_VISIBLE_DEVICES"]
+    for r in dry.gpus:
+        own = ",".join(map(str, r.gpus)) or "-"
+        h = hosts[r.host]
+        if r.visible is None and h.gpu_ids:
+            visible = f"the scheduler's ({len(h.gpu_ids)} per node)"
+        elif r.visible is None:
+            visible = f"the node's (all {h.gpus})" if h.gpus else "- (no GPU)"
+        else:
+            visible = r.visible or '"" (none)'
+        rank = "-" if r.rank is None else str(r.rank)
+        out.append(f"  {r.host:<16} {rank:>5} {r.local_rank:>11}  {own:<12} {visible}")
+    return out
 
 
 def dry_run_text(dry: DryRun) -> str:
@@ -199,6 +223,7 @@ def dry_run_text(dry: DryRun) -> str:
         address = h.address or "(Slurm picks)"
         out.append(f"  {h.name:<16} {address:<16} ranks={h.slots} (slots from {node.slots_source}) gpus={h.gpus} iface={h.iface or '-'}")
     out += [f"  {line}" for line in dry.left_out]
+    out += gpu_lines(dry)
     if dry.project is not None:
         s = dry.project.scan
         out.append(f"workdir:     {dry.project.local} -> {plan.program.workdir} ({s.files} files, {size_text(s.bytes)}; "

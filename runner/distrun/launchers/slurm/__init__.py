@@ -69,6 +69,7 @@ class Slurm(Launcher):
     owned_args = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--nodelist", "-w", "--job-name", "-J",
                   "--output", "-o", "--mpi")
     mpi_world = True
+    picks_gpus = True
     run_dir_files = (DRIVER, HOSTFILE)
     run_dir_patterns = (JOB_FILE, MULTI_JOB_PATTERN)
     attempt_files = ATTEMPT_FILES

@@ -123,6 +123,19 @@ def _site_node_check(plan: JobPlan) -> str:
                        "distrun-node-check", plan.wrapper, plan.run_dir, interpreter])
 
 
+def _gpus_per_node(plan: JobPlan) -> str:
+    """The one job's GPUs per node (Slurm picks which: planning/gpus.py), as sbatch and srun take it;
+    "" where the run uses none. Nodes selected with different counts are one line with the fix."""
+    counts = {h.name: len(h.gpu_ids) for h in plan.placement.hosts}
+    if len(set(counts.values())) > 1:
+        few = min(counts, key=lambda n: counts[n])
+        raise PlanError(f"--launcher slurm asks every node of the job for one GPU count (--gpus-per-node), but "
+                        f"{', '.join(f'{n} has {c}' for n, c in counts.items())}; give --gpus {counts[few]} "
+                        f"(or leave out {few})")
+    count = max(counts.values(), default=0)
+    return f"--gpus-per-node={count}" if count else ""
+
+
 def sbatch_script(plan: JobPlan) -> str:
     """The one multi-node job of single mode."""
     nodes = len(plan.placement.hosts)
@@ -137,9 +150,9 @@ def sbatch_script(plan: JobPlan) -> str:
             lines += [f"#SBATCH --ntasks={plan.placement.world_size}", "#SBATCH --distribution=arbitrary"]
         else:
             lines.append(f"#SBATCH --ntasks-per-node={plan.placement.hosts[0].slots}")
-    gpus = {h.gpus for h in plan.placement.hosts}
-    if max(gpus) > 0:
-        lines.append(f"#SBATCH --gres=gpu:{min(gpus)}")
+    gpus_per_node = _gpus_per_node(plan)
+    if gpus_per_node:
+        lines.append(f"#SBATCH {gpus_per_node}")
     lines.append("set -euo pipefail")
     lines += _exports(plan)
     lines.append('export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
@@ -158,6 +171,8 @@ def sbatch_script(plan: JobPlan) -> str:
     if placed_by_hostfile(plan):
         lines.append(f"export SLURM_HOSTFILE={shlex.quote(plan.run_dir + '/' + HOSTFILE)}")
         srun.append("--distribution=arbitrary")
+    if gpus_per_node:
+        srun.append(gpus_per_node)  # the step's too: each node's ranks share that many of its GPUs
     if plan.launch.container:
         srun += containers.pyxis_args(plan)  # each task in the image, through pyxis
     # --launcher-args go to srun, after distrun's own options.
@@ -179,8 +194,8 @@ def multi_job_script(plan: JobPlan, index: int, host: RankHost) -> str:
     if not _site(plan) or plan.launch.options.get("nodelist"):
         lines.append(sbatch_line("nodelist", slurm_node_name(host.name)))
     lines += ["#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={host.slots}"]
-    if host.gpus > 0:
-        lines.append(f"#SBATCH --gres=gpu:{host.gpus}")
+    if host.gpu_ids:
+        lines.append(f"#SBATCH --gpus-per-node={len(host.gpu_ids)}")
     lines.append("set -euo pipefail")
     lines += _exports(plan)
     if index == 0:
