@@ -68,7 +68,10 @@ def systemd_says(tmp_path: Path, active: str, journal: str = "") -> dict:
     load = "not-found" if active == "gone" else "loaded"
     shown = f"LoadState={load}\\nActiveState={'inactive' if active == 'gone' else active}\\n"
     (bin_dir / "systemctl").write_text(f"#!/bin/sh\n[ \"$1\" = show ] || exit 1\nprintf '{shown}'\n")
-    (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat <<'EOF'\n{journal}EOF\n")
+    # journalctl -o json: systemd's lines as root's (_UID 0), and a job's forgery as the training user's
+    entries = [{"_UID": "0", "MESSAGE": line} for line in journal.splitlines()]
+    entries.insert(0, {"_UID": "1000", "MESSAGE": "Failed to forge: a job wrote this"})  # first: it would win
+    (bin_dir / "journalctl").write_text("#!/bin/sh\ncat <<'EOF'\n" + "".join(json.dumps(e) + "\n" for e in entries) + "EOF\n")
     for tool in ("systemctl", "journalctl"):
         (bin_dir / tool).chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}

@@ -141,18 +141,30 @@ def unit_gone(unit: str) -> bool:
 
 
 def unit_failure(unit: str) -> str:
-    """Why systemd could not run the unit, in one line from its journal (root reads it), or ""."""
+    """Why systemd could not run the unit, in one line from its journal (root reads it), or "".
+    Only root's entries count (journald's _UID, which no sender sets): the job's output is in the
+    unit's journal too, as the training user's, and a job's words never become the reason."""
     try:
-        out = subprocess.run(["journalctl", "--quiet", "--no-pager", "--output=cat", "--lines=30", f"--unit={unit}"],
+        out = subprocess.run(["journalctl", "--quiet", "--no-pager", "--output=json", "--lines=30", f"--unit={unit}"],
                              capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    lines = [ln[ln.index("Failed"):] for ln in out.stdout.splitlines() if "Failed" in ln]  # past "<unit>: "
-    why = next((ln for ln in lines if ln.startswith("Failed to")), lines[0] if lines else "")[:200]
+    lines = []
+    for entry in out.stdout.splitlines():
+        try:
+            said = json.loads(entry)
+        except ValueError:
+            continue
+        text = said.get("MESSAGE") if isinstance(said, dict) and said.get("_UID") == "0" else None
+        if isinstance(text, str) and text.removeprefix(f"{unit}: ").startswith("Failed"):
+            lines.append(text.removeprefix(f"{unit}: "))
+    why = "".join(c for c in next((ln for ln in lines if ln.startswith("Failed to")), lines[0] if lines else "")
+                  if c.isprintable())[:200]
     if "namespac" in why:
         why += (" (the unit's private /tmp and /dev/shm need mount namespaces: a machine's systemd has them,"
                 " a container needs CAP_SYS_ADMIN)")
     return why
+
 
 def check_attempt(verb: str, cfg: dict) -> None:
     """The config that names one attempt on one node (attempt.py's and launch.py's): run, host,
