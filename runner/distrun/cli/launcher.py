@@ -87,7 +87,6 @@ def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
             raise UserError(f"--launcher-args '{option} {param}': distrun sets {launcher}'s {param} itself ({why}); drop it")
 
 
-
 def check_detached_restarts(name: str) -> None:
     """train --detach --max-restarts: only a launcher that restarts a run by itself on the nodes
     (Launcher.restarts_itself) takes both; the others restart while distrun follows the run."""

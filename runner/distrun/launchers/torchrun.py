@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # In the attempt's folder: torchrun's --log-dir, one folder per host.
 LOG_DIR = "torchrun"
 
+
 def nnodes(plan: JobPlan) -> str:
     """torchrun's --nnodes: every host of the plan (one agent each), or MIN:MAX when a detached run
     goes on without a lost node (--exclude-failed: AttemptInfo.min_nodes). Then the agents left
