@@ -50,8 +50,14 @@ def _gpu_records(path: str) -> dict:
     return out
 
 
-def _write_records(path: str, records: dict) -> None:
-    """Replace the host's GPU claims (written aside, then renamed: a reader sees the old or the new)."""
+def _write_records(path: str, records: dict, dropped: "set[str]" = frozenset()) -> None:
+    """Replace the host's GPU claims (written aside, then renamed: a reader sees the old or the new);
+    the locks of the ``dropped`` runs' claims go with their records (nobody holds them)."""
+    for run in dropped:
+        try:
+            os.unlink(path[:-len(".gpus")] + f"@{run}.lock")
+        except OSError:
+            pass
     aside = path + ".new"
     fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
@@ -140,18 +146,18 @@ def claim(cfg: dict) -> dict:
         if wanted is None:
             if whole or live:
                 if set(records) != set(live):
-                    _write_records(recorded, {r: records[r] for r in live})  # the dead ones dropped
+                    _write_records(recorded, {r: records[r] for r in live}, set(records) - set(live) - {run})
                 return {"verb": "claim", "claimed": False, "held": not whole and all(rec["held"] for rec in live.values()),
                         "runs": sorted({*whole, *live}), "owners": owners}
             os.write(fd, f"{run}\n".encode())
             if records:
-                _write_records(recorded, {})
+                _write_records(recorded, {}, set(records) - {run})
         else:
             clash = {r: sorted(set(wanted) & set(rec["gpus"])) for r, rec in live.items()}
             clash = {r: g for r, g in clash.items() if g}
             if whole or clash:
                 if set(records) != set(live):
-                    _write_records(recorded, {r: records[r] for r in live})
+                    _write_records(recorded, {r: records[r] for r in live}, set(records) - set(live) - {run})
                 return {"verb": "claim", "claimed": False, "runs": whole or sorted(clash),
                         "held": not whole and all(live[r]["held"] for r in clash),
                         "gpus": sorted({g for held in clash.values() for g in held}) if not whole else [],
@@ -160,7 +166,8 @@ def claim(cfg: dict) -> dict:
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             fcntl.flock(mine, fcntl.LOCK_EX)  # only this run's claim takes it, under the host's lock
             owner = _owner(cfg)
-            _write_records(recorded, {**{r: records[r] for r in live}, run: {"gpus": wanted, "owner": owner}})
+            _write_records(recorded, {**{r: records[r] for r in live}, run: {"gpus": wanted, "owner": owner}},
+                           set(records) - set(live) - {run})
             fcntl.flock(lock, fcntl.LOCK_UN)  # the next claim may decide now: this run's GPUs are recorded
     except OSError as exc:
         return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
