@@ -428,7 +428,7 @@ def test_runs_on_disjoint_gpus_of_a_host_both_hold_it_and_an_overlap_is_refused_
 
 def test_a_gpu_refusal_names_the_holders_owner_where_it_is_another_person():
     line = json.dumps({"verb": "claim", "claimed": False, "held": False, "runs": ["20260101-000000-train-b0b1"],
-                       "gpus": [2, 3], "free": [0, 1], "owners": {"20260101-000000-train-b0b1": "bob"}})
+                       "gpu_ids": [2, 3], "free": [0, 1], "owners": {"20260101-000000-train-b0b1": "bob"}})
     error = busy.refusal([busy.parse_answer("node1", line)], {"node1": (2, 3)}, "alice")
     assert str(error) == ("node1: GPUs 2,3 are held by run 20260101-000000-train-b0b1 (of bob) (running there now): "
                           "choose free ones (--hosts node1:0,1), wait for it to end, or stop it with 'distrun stop "

@@ -45,7 +45,7 @@ class Claims:
         if sudo_uid is not None:
             env["SUDO_UID"] = str(sudo_uid)  # as sudo sets it for the root entry point's caller
         if gpus is not None:
-            cfg["gpus"] = gpus
+            cfg["gpu_ids"] = gpus
         if total is not None:
             cfg["total"] = total
         proc = subprocess.Popen([sys.executable, "-I", "-c", nodeprog.text("node"), "claim", json.dumps(cfg)],
@@ -95,14 +95,14 @@ def tagged(view: Path, run: str) -> subprocess.Popen[bytes]:
 
 
 def test_runs_on_disjoint_gpus_share_a_host_and_an_overlap_is_refused_naming_the_holder(claims):
-    assert claims.take("run-a", [0, 1], sudo_uid=NOBODY.pw_uid, owner="forged") == {"verb": "claim", "claimed": True, "runs": [], "gpus": [0, 1]}
-    assert claims.take("run-b", [3, 2])["gpus"] == [2, 3]
+    assert claims.take("run-a", [0, 1], sudo_uid=NOBODY.pw_uid, owner="forged") == {"verb": "claim", "claimed": True, "runs": [], "gpu_ids": [0, 1]}
+    assert claims.take("run-b", [3, 2])["gpu_ids"] == [2, 3]
     refused = claims.take("run-c", [1, 2])
-    assert refused == {"verb": "claim", "claimed": False, "held": True, "runs": ["run-a", "run-b"], "gpus": [1, 2],
+    assert refused == {"verb": "claim", "claimed": False, "held": True, "runs": ["run-a", "run-b"], "gpu_ids": [1, 2],
                        "free": [], "owners": {"run-a": NOBODY.pw_name, "run-b": ME}}
     claims.let_go("run-b")  # its controller let go and it has no process here: its GPUs are free again
     refused = claims.take("run-c", [1, 2])
-    assert (refused["runs"], refused["gpus"], refused["free"]) == (["run-a"], [1], [2, 3])
+    assert (refused["runs"], refused["gpu_ids"], refused["free"]) == (["run-a"], [1], [2, 3])
     assert claims.take("run-c", [2, 3])["claimed"] is True
 
 
@@ -123,7 +123,7 @@ def test_a_detached_runs_processes_keep_its_gpus_and_a_run_with_processes_and_no
     try:
         claims.let_go("detached")  # the controller is gone; the ranks run on
         refused = claims.take("late", [1])
-        assert (refused["held"], refused["runs"], refused["gpus"]) == (False, ["detached"], [1])
+        assert (refused["held"], refused["runs"], refused["gpu_ids"]) == (False, ["detached"], [1])
         assert claims.take("late", [2])["claimed"] is True
         refused = claims.take("whole", None)
         assert (refused["held"], refused["runs"]) == (False, ["detached", "late"])
@@ -139,7 +139,7 @@ def test_a_detached_runs_processes_keep_its_gpus_and_a_run_with_processes_and_no
     old = tagged(claims.view, "from-before")  # a run that holds no GPU claim here (started without one)
     try:
         refused = claims.take("gpu-run", [3])
-        assert (refused["runs"], refused["gpus"], refused["held"]) == (["from-before"], [], False)
+        assert (refused["runs"], refused["gpu_ids"], refused["held"]) == (["from-before"], [], False)
     finally:
         old.kill()
         old.wait()
@@ -165,9 +165,9 @@ def test_a_whole_host_holder_that_was_killed_leaves_no_name_that_refuses_a_gpu_c
 
 
 @pytest.mark.parametrize(("cfg", "message"), [
-    ({"gpus": "0,1"}, "claim: gpus '0,1' is not a list of GPU indices"),
-    ({"gpus": [0, -1]}, "claim: gpus [0, -1] is not a list of GPU indices"),
-    ({"gpus": [True]}, "claim: gpus [True] is not a list of GPU indices"),
+    ({"gpu_ids": "0,1"}, "claim: gpu_ids '0,1' is not a list of GPU indices"),
+    ({"gpu_ids": [0, -1]}, "claim: gpu_ids [0, -1] is not a list of GPU indices"),
+    ({"gpu_ids": [True]}, "claim: gpu_ids [True] is not a list of GPU indices"),
     ({"total": "4"}, "claim: total '4' is not a number of GPUs"),
 ])
 def test_a_bad_gpu_claim_is_one_line_and_exit_2(cfg, message):

@@ -37,16 +37,16 @@ def _locked_by_another(path: str) -> bool:
 
 
 def _gpu_records(path: str) -> dict:
-    """The host's GPU claims as the last claim wrote them: run -> {"gpus": [...], "owner": name}."""
+    """The host's GPU claims as the last claim wrote them: run -> {"gpu_ids": [...], "owner": name}."""
     try:
         got = json.loads((_read(path, 1 << 20) or b"{}").decode(errors="replace"))
     except ValueError:
         return {}
     out = {}
     for run, rec in (got.items() if isinstance(got, dict) else ()):
-        gpus = rec.get("gpus") if isinstance(rec, dict) else None
+        gpus = rec.get("gpu_ids") if isinstance(rec, dict) else None
         if NAME.fullmatch(str(run)) and isinstance(gpus, list) and all(isinstance(g, int) for g in gpus):
-            out[run] = {"gpus": sorted(set(gpus)), "owner": str(rec.get("owner") or "")[:80]}
+            out[run] = {"gpu_ids": sorted(set(gpus)), "owner": str(rec.get("owner") or "")[:80]}
     return out
 
 
@@ -90,7 +90,7 @@ def claim(cfg: dict) -> dict:
     """Take the host, or the GPUs ``gpus`` of it, for a run, or say who has them; then hold the
     claim while the controller's lines come.
 
-    A claim without GPUs ("gpus" absent or empty) takes the whole host, as one run at a time: it
+    A claim without GPUs ("gpu_ids" absent or empty) takes the whole host, as one run at a time: it
     holds the host's lock for its life and is refused while any other run holds the lock, holds
     GPUs here, or has processes here. A GPU claim holds the host's lock only while it decides: it
     is refused by a whole-host holder, by processes of a run that holds no GPU claim here (that
@@ -102,7 +102,7 @@ def claim(cfg: dict) -> dict:
     host, run, hold = cfg["host"], cfg["run"], float(cfg.get("hold_s", 20))
     if not NAME.fullmatch(str(host)):
         raise CallError(f"host {host!r} is not a plain name")
-    wanted = _gpu_list(cfg.get("gpus"), "gpus") or None
+    wanted = _gpu_list(cfg.get("gpu_ids"), "gpu_ids") or None
     total = cfg.get("total")
     if total is not None and (isinstance(total, bool) or not isinstance(total, int) or not 0 <= total <= 1024):
         raise CallError(f"claim: total {total!r} is not a number of GPUs")
@@ -138,7 +138,7 @@ def claim(cfg: dict) -> dict:
             if held_now or r in others:
                 live[r] = {**rec, "held": held_now}
         whole = [r for r in others if r not in live]  # processes of a run without a GPU claim: the whole host is its
-        taken = sorted({g for rec in live.values() for g in rec["gpus"]})
+        taken = sorted({g for rec in live.values() for g in rec["gpu_ids"]})
         free = [g for g in range(total) if g not in taken] if total is not None and not whole else None
         owners = {r: rec["owner"] for r, rec in live.items() if rec["owner"]}
         if cfg.get("ask"):
@@ -153,25 +153,25 @@ def claim(cfg: dict) -> dict:
             if records:
                 _write_records(recorded, {}, set(records) - {run})
         else:
-            clash = {r: sorted(set(wanted) & set(rec["gpus"])) for r, rec in live.items()}
+            clash = {r: sorted(set(wanted) & set(rec["gpu_ids"])) for r, rec in live.items()}
             clash = {r: g for r, g in clash.items() if g}
             if whole or clash:
                 if set(records) != set(live):
                     _write_records(recorded, {r: records[r] for r in live}, set(records) - set(live) - {run})
                 return {"verb": "claim", "claimed": False, "runs": whole or sorted(clash),
                         "held": not whole and all(live[r]["held"] for r in clash),
-                        "gpus": sorted({g for held in clash.values() for g in held}) if not whole else [],
+                        "gpu_ids": sorted({g for held in clash.values() for g in held}) if not whole else [],
                         "free": free, "owners": {r: o for r, o in owners.items() if r in clash}}
             mine = os.open(os.path.join(folder, f"busy-{host}@{run}.lock"),
                            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             fcntl.flock(mine, fcntl.LOCK_EX)  # only this run's claim takes it, under the host's lock
             owner = _owner(cfg)
-            _write_records(recorded, {**{r: records[r] for r in live}, run: {"gpus": wanted, "owner": owner}},
+            _write_records(recorded, {**{r: records[r] for r in live}, run: {"gpu_ids": wanted, "owner": owner}},
                            set(records) - set(live) - {run})
             fcntl.flock(lock, fcntl.LOCK_UN)  # the next claim may decide now: this run's GPUs are recorded
     except OSError as exc:
         return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
-    answer({"verb": "claim", "claimed": True, "runs": [], "gpus": wanted or []})
+    answer({"verb": "claim", "claimed": True, "runs": [], "gpu_ids": wanted or []})
     while select.select([sys.stdin], [], [], hold)[0] and sys.stdin.readline():
         pass  # held while heartbeats come; a closed stdin (the controller gone) or silence ends it
     if wanted is None:

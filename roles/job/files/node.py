@@ -9,10 +9,10 @@ one line on stderr and exits 2 (nodecommon.py: the protocol, the names and the u
          {"runs": {run: [{"pid", "ppid", "pgid", "sid", "comm", "why"}, ...]}}
   stop   {"run": R, "run_dir": D, "grace_s": N}  TERM every process of R, KILL what is left
          after N s: {"units": n, "stopped": n, "killed": n, "survived": [{"pid", "comm", "why"}]}
-  claim  {"host": H, "run": R, "hold_s": N, "gpus": [i, ...], "total": G}  take this host (or only
-         GPUs i, ... of its G) for run R: {"claimed": true, "gpus": [...]} and then held while a
+  claim  {"host": H, "run": R, "hold_s": N, "gpu_ids": [i, ...], "total": G}  take this host (or
+         only GPUs i, ... of its G) for run R: {"claimed": true, "gpu_ids": [...]}, held while a
          line arrives on stdin at least every N s; or {"claimed": false, "held": bool, "runs":
-         [...], "gpus": [...], "free": [...], "owners": {run: name}}: the run whose controller
+         [...], "gpu_ids": [...], "free": [...], "owners": {run: name}}: the run whose controller
          holds it, or the runs with processes here, and the GPUs they hold of those asked; with
          "ask": true, only which GPUs are free. By root, in root's /run/distrun/claims: no job
          can hold, trace or stop it (claim's docstring: the rules)

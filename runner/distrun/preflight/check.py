@@ -18,6 +18,7 @@ from typing import Any
 from distrun import paths
 from distrun.errors import ExitCode
 from distrun.inventory import read as inventory_read
+from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
 from distrun.planning.placement import gpu_slot_mismatches
@@ -55,7 +56,7 @@ def gpu_health(result: PlaybookResult, nodes: Sequence[Node]) -> dict[str, gpuhe
     setup counted there and those its inventory declares (gpus: N), compared with nvidia-smi's."""
     readings = {n.name: result.hosts[n.name].facts.get(HEALTH_FACT) for n in nodes if n.name in result.hosts}
     usable = {n: r for n, r in readings.items() if isinstance(r, dict) and "error" not in r}
-    declared = {n.name: n.gpus for n in nodes if n.hostvars.get("gpus") not in (None, "")}
+    declared = {n.name: n.gpus for n in nodes if rules.declares_gpus(n.hostvars)}
     return gpuhealth.judge_all(usable, {n.name: n.gpus for n in nodes}, declared)
 
 

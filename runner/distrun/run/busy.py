@@ -45,7 +45,7 @@ def claim_command(host: str, run_id: str, user: str, gpus: tuple[int, ...] = (),
     ``ask``: only which GPUs are free there."""
     cfg: dict[str, object] = {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC, "user": user}
     if gpus:
-        cfg["gpus"] = list(gpus)
+        cfg["gpu_ids"] = list(gpus)
     if total:
         cfg["total"] = total
     if ask:
@@ -84,7 +84,7 @@ def parse_answer(host: str, line: str) -> Answer:
     owners = owners if isinstance(owners, dict) else {}
     free = _ints(got["free"]) if isinstance(got.get("free"), list) else None
     return Answer(host, busy_with=ids if got.get("asked") else ids or [""], held=got.get("held") is True,
-                  gpus=_ints(got.get("gpus")), free=free,
+                  gpus=_ints(got.get("gpu_ids")), free=free,
                   owners={r: printable(str(o))[:40] for r, o in owners.items() if r in ids and o})
 
 
