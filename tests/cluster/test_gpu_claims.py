@@ -22,8 +22,7 @@ BUSY = 8  # errors.ExitCode.BUSY
 # Each rank says which GPUs it sees, then sleeps until it is stopped.
 SHOW_GPUS = textwrap.dedent("""
     import os, time
-    print(f"GPUS rank={os.environ['RANK']} local={os.environ['LOCAL_RANK']} "
-          f"visible={os.environ.get('CUDA_VISIBLE_DEVICES', '-')}", flush=True)
+    print(f"GPUS local={os.environ.get('LOCAL_RANK')} visible={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
     time.sleep(600)
 """)
 RUN_ID = re.compile(r"\d{8}-\d{6}-train-[0-9a-f]{4}")
@@ -39,12 +38,25 @@ def gpu_inventory(provisioned, where: Path) -> Path:
     return where
 
 
-def shown_gpus(run_id: str, within_s: float = 30) -> list[str]:
-    """The GPUS lines of the run's ranks, as 'distrun logs' shows them, once both ranks wrote theirs."""
+# On node1: each rank of run $RUN (its python process, tagged), its LOCAL_RANK and CUDA_VISIBLE_DEVICES.
+RANK_GPUS = r"""
+for d in /proc/[0-9]*; do
+  c=$(tr '\0' ' ' < $d/cmdline 2>/dev/null) || continue
+  case "${c%% *}" in *python*) ;; *) continue ;; esac
+  case "$c" in *show_gpus.py*) ;; *) continue ;; esac
+  e=$(tr '\0' '\n' < $d/environ 2>/dev/null) || continue
+  printf '%s\n' "$e" | grep -qxF "DISTRUN_RUN_ID=$RUN" || continue
+  echo "local=$(printf '%s\n' "$e" | sed -n 's/^LOCAL_RANK=//p') visible=$(printf '%s\n' "$e" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p')"
+done
+"""
+
+
+def rank_gpus(provisioned, run_id: str, within_s: float = 30) -> list[str]:
+    """What each rank of the run on node1 was started with (its environment), once both ranks run."""
     deadline = time.monotonic() + within_s
     while True:
-        logs = distrun("logs", run_id, timeout=120)
-        lines = sorted(set(re.findall(r"GPUS rank=\d local=\d visible=\S+", logs.stdout)))
+        out = provisioned.exec(1, f"RUN={run_id}; {RANK_GPUS}", check=False).stdout
+        lines = sorted(line for line in out.splitlines() if line.startswith("local="))
         if len(lines) >= 2 or time.monotonic() > deadline:
             return lines
         time.sleep(1)
@@ -65,8 +77,8 @@ def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third
             assert RUN_ID.fullmatch(started[-1]), res.stdout[-2000:]
         first, second = started
         # Each rank sees its own run's GPUs (one per rank: LOCAL_RANK indexes the node's list).
-        assert shown_gpus(first) == ["GPUS rank=0 local=0 visible=0,1", "GPUS rank=1 local=1 visible=0,1"]
-        assert shown_gpus(second) == ["GPUS rank=0 local=0 visible=2,3", "GPUS rank=1 local=1 visible=2,3"]
+        assert rank_gpus(provisioned, first) == ["local=0 visible=0,1", "local=1 visible=0,1"]
+        assert rank_gpus(provisioned, second) == ["local=0 visible=2,3", "local=1 visible=2,3"]
         assert run_processes(provisioned, first, (1,)) and run_processes(provisioned, second, (1,))
 
         records = set((distrun_home / "runs").glob("*-train-*"))
