@@ -116,9 +116,15 @@ def test_the_readings_come_from_each_hosts_published_fact():
     hosts = {"node1": SimpleNamespace(facts={pc.HEALTH_FACT: {"devices": 0, "smi": ""}}),
              "node2": SimpleNamespace(facts={pc.HEALTH_FACT: LOST}),
              "node3": SimpleNamespace(facts={pc.HEALTH_FACT: {"error": "python3: not found"}})}
-    nodes = [SimpleNamespace(name=n, gpus=g) for n, g in (("node1", 0), ("node2", 2), ("node3", 0))]
+    nodes = [SimpleNamespace(name=n, gpus=g, hostvars={}) for n, g in (("node1", 0), ("node2", 2), ("node3", 0))]
     got = pc.gpu_health(SimpleNamespace(hosts=hosts), nodes)  # type: ignore[arg-type]
     assert sorted(got) == ["node1", "node2"] and got["node2"].drain_reason()
+    # node1 declares 4 GPUs (gpus: 4) and has neither nvidia-smi nor a device: said, not drained.
+    nodes[0] = SimpleNamespace(name="node1", gpus=4, hostvars={"gpus": 4})
+    got = pc.gpu_health(SimpleNamespace(hosts=hosts), nodes)  # type: ignore[arg-type]
+    assert [p.what for p in got["node1"].problems] == [
+        "gpus: 4 declared in the inventory, none detected (no nvidia-smi, no /dev/nvidia*)"]
+    assert got["node1"].drain_reason() == "" and "set gpus: 0 for node1 in the inventory" in got["node1"].item().fix
 
 
 # -- the command line

@@ -237,3 +237,40 @@ def test_the_task_runs_the_program_and_publishes_its_fact():
     main = (REPO / "roles" / "preflight" / "tasks" / "main.yml").read_text()
     assert "file: gpu_health.yml" in main and "when: preflight_full | bool" in main.split("file: gpu_health.yml")[1][:200]
     assert os.access(PROGRAM, os.R_OK)
+
+
+# ------------------------------------------------------------------ declared (gpus: N) against detected
+
+def test_more_gpus_than_the_inventory_declares_fail_the_check_naming_both_counts_and_the_fix():
+    """nvidia-smi as it prints 8 GPUs on a node the inventory says has 4: one line, no drain."""
+    h = gh.judge(reading("query-gpu-8-healthy.csv"), setup_gpus=4, declared=4, host="node7")
+    assert [(p.what, p.fix, p.drains) for p in h.problems] == [(
+        "nvidia-smi detects 8 GPU(s), gpus: 4 declared in the inventory",
+        "set gpus: 8 for node7 in the inventory (runs place ranks only on the GPUs it declares)", False)]
+    assert not h.item().ok and h.drain_reason() == ""
+    assert gh.judge(reading("query-gpu-8-healthy.csv"), setup_gpus=8, declared=8, host="node7").problems == []
+
+
+def test_fewer_gpus_than_declared_drain_and_say_the_declared_count_and_both_fixes():
+    h = gh.judge(reading("query-gpu-workstation-na.csv", devices=2), setup_gpus=4, declared=4, host="node7")
+    assert [p.what for p in h.problems] == ["2 of 4 GPU(s) answer nvidia-smi (gpus: 4 declared)"] and h.drain_reason()
+    assert h.problems[0].fix.endswith("(or set gpus: 2 for node7 in the inventory if it has no more)")
+
+
+def test_declared_gpus_on_a_node_with_no_nvidia_smi_and_no_device_say_so_without_draining():
+    """The CPU test nodes with gpus: 4 declared: the check fails with the two fixes, the node stays in."""
+    h = gh.judge({"devices": 0, "smi": "", "now": NOW, "boot": BOOT}, setup_gpus=4, declared=4, host="node1")
+    assert [(p.what, p.drains) for p in h.problems] == [
+        ("gpus: 4 declared in the inventory, none detected (no nvidia-smi, no /dev/nvidia*)", False)]
+    assert h.problems[0].fix == ("install the NVIDIA driver ('distrun setup' with nvidia_driver_enabled: true), or set "
+                                 "gpus: 0 for node1 in the inventory if it has no GPU")
+    assert h.drain_reason() == "" and not h.item().ok
+    # Devices without nvidia-smi: the driver's tools are missing on a GPU node, which drains as before.
+    assert gh.judge({"devices": 4, "smi": "", "now": NOW, "boot": BOOT}, setup_gpus=4, declared=4).drain_reason()
+
+
+def test_judge_all_compares_each_node_with_its_own_declared_count():
+    got = gh.judge_all({"a": reading(), "b": reading()}, {"a": 8, "b": 4}, {"b": 4})
+    assert got["a"].problems == [] and [p.what for p in got["b"].problems] == [
+        "nvidia-smi detects 8 GPU(s), gpus: 4 declared in the inventory"]
+    assert "set gpus: 8 for b " in got["b"].problems[0].fix

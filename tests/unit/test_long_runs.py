@@ -391,6 +391,71 @@ def test_a_claimed_host_is_refused_to_a_second_run_and_freed_when_the_first_lets
         f.unlink()
 
 
+def gpu_cluster(host: str):
+    """One local host that declares 4 GPUs and 2 slots."""
+    inv = {"_meta": {"hostvars": {host: {"ansible_connection": "local", "ansible_host": "10.0.0.1", "slots": 2, "gpus": 4,
+                                          "distrun_user": ME}}},
+           "all": {"children": ["head", "workers"]}, "head": {"hosts": [host]}, "workers": {"hosts": [host]}}
+    return cluster_from_json(Path("/inv/hosts.yml"), inv, None)
+
+
+def test_runs_on_disjoint_gpus_of_a_host_both_hold_it_and_an_overlap_is_refused_naming_host_gpus_run_and_fix(proc_view):
+    host = f"unit-{os.getpid()}-g"
+    cluster = gpu_cluster(host)
+    first, second, third = "20260101-000000-train-ab01", "20260101-000000-train-ab02", "20260101-000000-train-ab03"
+    held = [busy.claim(cluster, [host], first, {host: (0, 1)})]
+    try:
+        with pytest.raises(UserError) as refused:
+            busy.claim(cluster, [host], third, {host: (1, 2)})
+        assert str(refused.value) == (
+            f"{host}: GPU 1 is held by run {first} (starting there now): choose free ones (--hosts {host}:2,3), wait "
+            f"for it to end, or stop it with 'distrun stop {first}' (or pass --allow-concurrent)")
+        assert refused.value.exit_code == ExitCode.BUSY
+        held.append(busy.claim(cluster, [host], second, {host: (2, 3)}))
+        with pytest.raises(UserError, match=rf"^{host}: GPUs 1,2 are held by run {first}, {second} \(starting there "
+                                            rf"now\): wait for it to end, or stop it with 'distrun stop {first}'"):
+            busy.claim(cluster, [host], third, {host: (1, 2)})
+        with pytest.raises(UserError, match=rf"^{host} is busy with run {first}, {second} \(starting there now\)"):
+            busy.claim(cluster, [host], third)  # no GPUs: the whole host
+    finally:
+        for claim in held:
+            claim.release()
+    busy.claim(cluster, [host], third, {host: (1, 2)}).release()
+    home = claims_folder()
+    for f in [*home.glob(f"busy-{host}.*"), *home.glob(f"busy-{host}@*")]:
+        f.unlink()
+
+
+def test_a_gpu_refusal_names_the_holders_owner_where_it_is_another_person():
+    line = json.dumps({"verb": "claim", "claimed": False, "held": False, "runs": ["20260101-000000-train-b0b1"],
+                       "gpu_ids": [2, 3], "free": [0, 1], "owners": {"20260101-000000-train-b0b1": "bob"}})
+    error = busy.refusal([busy.parse_answer("node1", line)], {"node1": (2, 3)}, "alice")
+    assert str(error) == ("node1: GPUs 2,3 are held by run 20260101-000000-train-b0b1 (of bob) (running there now): "
+                          "choose free ones (--hosts node1:0,1), wait for it to end, or stop it with 'distrun stop "
+                          "20260101-000000-train-b0b1' (or pass --allow-concurrent)")
+    assert "(of bob)" not in str(busy.refusal([busy.parse_answer("node1", line)], {"node1": (2, 3)}, "bob"))
+
+
+def test_gpus_by_count_are_picked_among_those_no_run_holds_before_the_one_plan(proc_view):
+    from distrun.planning.request import JobRequest, PlacementRequest, RunPolicy
+
+    host = f"unit-{os.getpid()}-p"
+    cluster = gpu_cluster(host)
+    request = JobRequest(inventory=Path("/inv/hosts.yml"), placement=PlacementRequest(gpus=2))
+    assert pending.with_free_gpus(request, cluster, "20260101-000000-train-ac00") == request  # all free: its first 2
+    held = busy.claim(cluster, [host], "20260101-000000-train-ac01", {host: (0, 1)})
+    try:
+        picked = pending.with_free_gpus(request, cluster, "20260101-000000-train-ac02")
+        assert picked.placement.gpu_ids == ((host, (2, 3)),)
+        allowed = dataclasses.replace(request, policy=RunPolicy(allow_concurrent=True))
+        assert pending.with_free_gpus(allowed, cluster, "20260101-000000-train-ac02") == allowed
+    finally:
+        held.release()
+    home = claims_folder()
+    for f in [*home.glob(f"busy-{host}.*"), *home.glob(f"busy-{host}@*")]:
+        f.unlink()
+
+
 def claims_folder() -> Path:
     """Where the node program keeps a host's claim: root's folder where the claim runs as root (the
     connection is root's, or sudo needs no password), else the training user's."""

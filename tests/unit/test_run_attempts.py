@@ -57,8 +57,9 @@ def local_run(tmp_path, monkeypatch):
     monkeypatch.setattr(planning_attempt, "build_plan", counted)
     real_pending = train.Pending
 
-    def pending(cluster, hosts, run_id, *, allow=False):
+    def pending(cluster, hosts, run_id, *, allow=False, gpus=None):
         seen["claimed"].append(list(hosts))
+        seen["claimed_gpus"] = gpus
         return real_pending(cluster, hosts, run_id, allow=True)  # the local nodes are not claimed for real
 
     monkeypatch.setattr(train, "Pending", pending)
@@ -82,6 +83,7 @@ def test_each_attempt_is_planned_once_and_the_claim_takes_the_first_plans_hosts(
     assert seen["plans"] == 1 == len(_states(record.dir))
     plan = json.loads((record.dir / "plan.json").read_text())
     assert [h["name"] for h in plan["hosts"]] == ["node1", "node2"] and seen["claimed"] == [["node1", "node2"]]
+    assert seen["claimed_gpus"] == {}  # no GPU declared: each host is claimed whole
     assert _states(record.dir)[0]["end"] == "launched"
 
 

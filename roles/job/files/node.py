@@ -9,10 +9,13 @@ one line on stderr and exits 2 (nodecommon.py: the protocol, the names and the u
          {"runs": {run: [{"pid", "ppid", "pgid", "sid", "comm", "why"}, ...]}}
   stop   {"run": R, "run_dir": D, "grace_s": N}  TERM every process of R, KILL what is left
          after N s: {"units": n, "stopped": n, "killed": n, "survived": [{"pid", "comm", "why"}]}
-  claim  {"host": H, "run": R, "hold_s": N}  take this host for run R: {"claimed": true} and then
-         held while a line arrives on stdin at least every N s; or {"claimed": false, "held":
-         bool, "runs": [...]}: the run whose controller holds it, or the runs with processes here;
-         by root, in root's /run/distrun/claims: no job can hold, trace or stop it
+  claim  {"host": H, "run": R, "hold_s": N, "gpu_ids": [i, ...], "total": G}  take this host (or
+         only GPUs i, ... of its G) for run R: {"claimed": true, "gpu_ids": [...]}, held while a
+         line arrives on stdin at least every N s; or {"claimed": false, "held": bool, "runs":
+         [...], "gpu_ids": [...], "free": [...], "owners": {run: name}}: the run whose controller
+         holds it, or the runs with processes here, and the GPUs they hold of those asked; with
+         "ask": true, only which GPUs are free. By root, in root's /run/distrun/claims: no job
+         can hold, trace or stop it (claim's docstring: the rules)
 "proc" in any config names another /proc (a test's view of chosen processes).
 
 Called by root (``"user"`` in the config names the training user), stop first stops the run's
@@ -48,7 +51,6 @@ import errno
 import os
 import pwd
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -58,6 +60,9 @@ if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nod
     _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
     with open(_HEAD, encoding="utf-8") as _head:
         exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
+    _PART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "claim.py")
+    with open(_PART, encoding="utf-8") as _part:
+        exec(compile(_part.read(), _PART, "exec"))  # claim.py, the part before this program
 
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
 
@@ -330,48 +335,6 @@ def stop(cfg: dict) -> dict:
         time.sleep(0.1)
     survived = [{"pid": p.pid, "comm": p.comm, "why": p.why or "stopped"} for p in ours.values()] if ours else []
     return {"verb": "stop", "run": run, "units": units, "stopped": len(found | set(seen)), "killed": len(killed), "survived": survived}
-
-
-CLAIMS = os.path.join(RECORDS, "claims")  # root's claims: a root process holds its lock there
-
-
-def claim(cfg: dict) -> dict:
-    """Take the host for a run, or say who has it; then hold it while the controller's lines come."""
-    import fcntl
-
-    host, run, hold = cfg["host"], cfg["run"], float(cfg.get("hold_s", 20))
-    if not NAME.fullmatch(str(host)):
-        raise CallError(f"host {host!r} is not a plain name")
-    folder = CLAIMS if os.geteuid() == 0 else os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".cache", "distrun")
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        if os.geteuid() == 0 and (os.lstat(folder).st_uid != 0 or os.lstat(folder).st_mode & 0o022):
-            raise OSError(errno.EPERM, "not a folder only root writes")
-        lock = os.open(os.path.join(folder, f"busy-{host}.lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:
-        return {"verb": "claim", "claimed": False, "error": f"cannot write the claims' folder: {exc.strerror}"}
-    named = os.path.join(folder, f"busy-{host}.run")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # its holder names its run once its scan found no other: wait for the name
-        deadline = time.monotonic() + 3
-        while not NAME.fullmatch(holder := (_read(named, 80) or b"").decode(errors="replace").strip()) \
-                and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return {"verb": "claim", "claimed": False, "held": True, "runs": [holder if NAME.fullmatch(holder) else ""]}
-    try:  # emptied first: a holder that was killed left its run's name
-        fd = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        others = sorted(r for r in scan({"proc": cfg.get("proc"), "user": cfg.get("user")})["runs"] if r != run)
-        os.write(fd, b"" if others else f"{run}\n".encode())
-    except OSError as exc:
-        return {"verb": "claim", "claimed": False, "error": f"cannot write {named}: {exc.strerror}"}
-    if others:
-        return {"verb": "claim", "claimed": False, "held": False, "runs": others}
-    answer({"verb": "claim", "claimed": True, "runs": []})
-    while select.select([sys.stdin], [], [], hold)[0] and sys.stdin.readline():
-        pass  # held while heartbeats come; a closed stdin (the controller gone) or silence ends it
-    os.ftruncate(fd, 0)  # let go: no run's name is left for the next holder's wait
-    sys.exit(0)
 
 
 VERBS = {"scan": scan, "stop": stop, "claim": claim}

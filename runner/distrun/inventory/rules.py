@@ -96,6 +96,11 @@ def local_fact(facts: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def declares_gpus(hostvars: Mapping[str, Any] | None) -> bool:
+    """Whether the inventory declares the node's GPUs (gpus: N), rather than leaving them to the count."""
+    return (hostvars or {}).get("gpus") not in (None, "")
+
+
 def gpus(facts: Mapping[str, Any] | None, hostvars: Mapping[str, Any] | None = None) -> int:
     """A node's GPUs: its ``gpus`` hostvar where the inventory declares one (known before any
     fact is gathered, and the count a run selects from), else what role mpi_env counted there (0

@@ -18,6 +18,7 @@ from typing import Any
 from distrun import paths
 from distrun.errors import ExitCode
 from distrun.inventory import read as inventory_read
+from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
 from distrun.planning.placement import gpu_slot_mismatches
@@ -51,11 +52,12 @@ HEALTH_FACT = "preflight_gpu_health"  # role preflight's tasks/gpu_health.yml
 
 
 def gpu_health(result: PlaybookResult, nodes: Sequence[Node]) -> dict[str, gpuhealth.Health]:
-    """Each reached node's GPU health from its reading (the fact preflight_gpu_health) and the
-    GPUs setup counted there."""
+    """Each reached node's GPU health from its reading (the fact preflight_gpu_health), the GPUs
+    setup counted there and those its inventory declares (gpus: N), compared with nvidia-smi's."""
     readings = {n.name: result.hosts[n.name].facts.get(HEALTH_FACT) for n in nodes if n.name in result.hosts}
     usable = {n: r for n, r in readings.items() if isinstance(r, dict) and "error" not in r}
-    return gpuhealth.judge_all(usable, {n.name: n.gpus for n in nodes})
+    declared = {n.name: n.gpus for n in nodes if rules.declares_gpus(n.hostvars)}
+    return gpuhealth.judge_all(usable, {n.name: n.gpus for n in nodes}, declared)
 
 
 def health_items(health: Mapping[str, gpuhealth.Health]) -> dict[str, Item]:

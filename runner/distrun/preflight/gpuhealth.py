@@ -193,13 +193,19 @@ def _smi_failure(query: Mapping[str, Any]) -> Problem:
 
 
 def judge(reading: Mapping[str, Any], setup_gpus: int, driver_reference: str | None = None,
-          window_s: float = XID_WINDOW_S) -> Health:
-    """One node's health from its reading and the GPUs setup counted there."""
+          window_s: float = XID_WINDOW_S, *, declared: int | None = None, host: str = "the node") -> Health:
+    """One node's health from its reading and the GPUs setup counted there; ``declared``: the
+    inventory's ``gpus`` for ``host`` (None: it declares none), compared with what nvidia-smi detects."""
     devices = reading.get("devices")
     h = Health(expected=max(int(setup_gpus or 0), devices if isinstance(devices, int) else 0))
     query = reading.get("query")
     if not reading.get("smi"):
-        if h.expected:
+        if declared and not devices:  # maybe only the inventory's mistake: the check fails, nothing drains
+            h.problems.append(Problem(f"gpus: {declared} declared in the inventory, none detected (no nvidia-smi, no "
+                                      f"/dev/nvidia*)", "install the NVIDIA driver ('distrun setup' with "
+                                      f"nvidia_driver_enabled: true), or set gpus: 0 for {host} in the inventory if it "
+                                      "has no GPU", False))
+        elif h.expected:
             h.problems.append(Problem(f"{h.expected} GPU(s) but no nvidia-smi", "install the NVIDIA driver ('distrun setup' "
                                       "with nvidia_driver_enabled: true)", True))
         return h
@@ -219,8 +225,14 @@ def judge(reading: Mapping[str, Any], setup_gpus: int, driver_reference: str | N
         h.problems.append(Problem(f"GPU {bus} does not answer ({said[:120]})", "reboot the node; if it comes back, "
                                   "reseat the GPU or check its power", True))
     if h.expected and len(h.gpus) < h.expected and not lost:
-        h.problems.append(Problem(f"{len(h.gpus)} of {h.expected} GPU(s) answer nvidia-smi", "reboot the node; if a GPU "
-                                  "is still missing, look for Xid 79 in its kernel log and reseat it", True))
+        said = f" (gpus: {declared} declared)" if declared == h.expected else ""
+        fix = "reboot the node; if a GPU is still missing, look for Xid 79 in its kernel log and reseat it"
+        fix += f" (or set gpus: {len(h.gpus)} for {host} in the inventory if it has no more)" if said else ""
+        h.problems.append(Problem(f"{len(h.gpus)} of {h.expected} GPU(s) answer nvidia-smi{said}", fix, True))
+    if declared is not None and len(h.gpus) > declared and not lost:
+        h.problems.append(Problem(f"nvidia-smi detects {len(h.gpus)} GPU(s), gpus: {declared} declared in the inventory",
+                                  f"set gpus: {len(h.gpus)} for {host} in the inventory (runs place ranks only on the "
+                                  "GPUs it declares)", False))
     for g in h.gpus:
         if g.ecc_volatile:
             h.problems.append(Problem(f"GPU {g.index} ({g.bus}): {g.ecc_volatile} uncorrected ECC error(s) since the "
@@ -256,9 +268,12 @@ def judge(reading: Mapping[str, Any], setup_gpus: int, driver_reference: str | N
     return h
 
 
-def judge_all(readings: Mapping[str, Mapping[str, Any]], setup_gpus: Mapping[str, int]) -> dict[str, Health]:
-    """Every node's health; the driver most nodes with GPUs have is the reference for the others."""
+def judge_all(readings: Mapping[str, Mapping[str, Any]], setup_gpus: Mapping[str, int],
+              declared: Mapping[str, int] | None = None) -> dict[str, Health]:
+    """Every node's health; the driver most nodes with GPUs have is the reference for the others.
+    ``declared``: the inventory's ``gpus`` of the nodes that declare it."""
     first = {n: judge(r, setup_gpus.get(n, 0)) for n, r in readings.items()}
     drivers = collections.Counter(g.driver for h in first.values() for g in h.gpus[:1])
     reference = drivers.most_common(1)[0][0] if len(drivers) > 1 else None
-    return {n: judge(r, setup_gpus.get(n, 0), reference) for n, r in readings.items()}
+    return {n: judge(r, setup_gpus.get(n, 0), reference, declared=(declared or {}).get(n), host=n)
+            for n, r in readings.items()}

@@ -18,10 +18,12 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
+from distrun.printable import printable
 from distrun.store.runs import RUN_ID_RE
 from distrun.transport import nodeprog
 from distrun.transport.remote import as_root_or_user, shell_argv
@@ -34,13 +36,21 @@ ANSWER_TIMEOUT_S = 30
 PROC = "/proc"
 
 
-def claim_command(host: str, run_id: str, user: str) -> str:
+def claim_command(host: str, run_id: str, user: str, gpus: tuple[int, ...] = (), total: int = 0,
+                  *, ask: bool = False) -> str:
     """On host, as root where the connection can be root (else as the training user): the node
-    program's claim, which takes the host's lock and holds it while the controller's heartbeats
-    come, or says who holds it, or which other runs have processes there (its scan: role job's
-    files/node.py says by what evidence)."""
-    return as_root_or_user(user, nodeprog.command("claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC,
-                                                            "user": user}))
+    program's claim, which takes the host (or only ``gpus`` of its ``total``) and holds it while
+    the controller's heartbeats come, or says who holds it, or which other runs have processes
+    there (its scan: role job's files/node.py says by what evidence; files/claim.py the rules).
+    ``ask``: only which GPUs are free there."""
+    cfg: dict[str, object] = {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC, "user": user}
+    if gpus:
+        cfg["gpu_ids"] = list(gpus)
+    if total:
+        cfg["total"] = total
+    if ask:
+        cfg["ask"] = True
+    return as_root_or_user(user, nodeprog.command("claim", cfg))
 
 
 @dataclass
@@ -50,6 +60,13 @@ class Answer:
     busy_with: list[str] = field(default_factory=list)  # run ids; "" for a run that could not be named
     held: bool = False  # busy because another controller holds the claim (it is starting or following)
     error: str = ""
+    gpus: tuple[int, ...] = ()  # of the GPUs asked, those the runs named hold (none: they hold the whole host)
+    free: tuple[int, ...] | None = None  # the host's GPUs no live run holds, where its count was given
+    owners: dict[str, str] = field(default_factory=dict)  # run -> the account that holds it, where recorded
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    return tuple(v for v in value if isinstance(v, int) and not isinstance(v, bool)) if isinstance(value, list) else ()
 
 
 def parse_answer(host: str, line: str) -> Answer:
@@ -62,8 +79,13 @@ def parse_answer(host: str, line: str) -> Answer:
     runs = got.get("runs")
     if got.get("error") or not isinstance(runs, list):
         return Answer(host, error=str(got.get("error") or "no runs in the claim's answer")[:200])
-    ids = [r if isinstance(r, str) and RUN_ID_RE.fullmatch(r) else "" for r in runs] or [""]
-    return Answer(host, busy_with=ids, held=got.get("held") is True)
+    ids = [r if isinstance(r, str) and RUN_ID_RE.fullmatch(r) else "" for r in runs]
+    owners = got.get("owners")
+    owners = owners if isinstance(owners, dict) else {}
+    free = _ints(got["free"]) if isinstance(got.get("free"), list) else None
+    return Answer(host, busy_with=ids if got.get("asked") else ids or [""], held=got.get("held") is True,
+                  gpus=_ints(got.get("gpu_ids")), free=free,
+                  owners={r: printable(str(o))[:40] for r, o in owners.items() if r in ids and o})
 
 
 class Claim:
@@ -105,9 +127,28 @@ class Claim:
                 _end(proc)
 
 
-def refusal(answers: list[Answer]) -> UserError:
-    """The one line that refuses a run on busy hosts, naming the runs that hold them."""
+def _gpu_refusal(a: Answer, wanted: tuple[int, ...], user: str) -> str:
+    """One host whose GPUs another run holds: the host, the GPUs, the run (its owner where it is
+    not the caller) and the fix, GPUs that are free there or the wait."""
+    runs = [r for r in a.busy_with if r]
+    named = ", ".join(f"{r} (of {a.owners[r]})" if a.owners.get(r) and a.owners[r] != user else r for r in runs)
+    ids = ",".join(map(str, a.gpus))
+    how = "starting there now" if a.held else "running there now"
+    fix = f"choose free ones (--hosts {a.host}:{','.join(map(str, a.free[:len(wanted)]))}), " \
+        if a.free is not None and len(a.free) >= len(wanted) else ""
+    stop = f"'distrun stop {runs[0]}'" if runs else "'distrun stop RUN'"
+    return (f"{a.host}: GPU{'s' if len(a.gpus) > 1 else ''} {ids} {'are' if len(a.gpus) > 1 else 'is'} held by run "
+            f"{named or '(unnamed)'} ({how}): {fix}wait for it to end, or stop it with {stop}")
+
+
+def refusal(answers: list[Answer], gpus: Mapping[str, tuple[int, ...]] | None = None, user: str = "") -> UserError:
+    """The one line that refuses a run on busy hosts, naming the runs that hold them (and, where
+    the run asked for GPUs another run holds, those GPUs and the free ones)."""
     busy = [a for a in answers if a.busy_with]
+    if any(a.gpus for a in busy):
+        return UserError("; ".join(_gpu_refusal(a, (gpus or {}).get(a.host, ()), user) if a.gpus
+                                   else str(refusal([a])).removesuffix(", or pass --allow-concurrent") for a in busy)
+                         + " (or pass --allow-concurrent)", exit_code=ExitCode.BUSY)
     runs = list(dict.fromkeys(r for a in busy for r in a.busy_with if r))
     hosts = ", ".join(a.host for a in busy)
     named = f"run {', '.join(runs)}" if runs else "another run"
@@ -117,9 +158,10 @@ def refusal(answers: list[Answer]) -> UserError:
                      f"{stop}, or pass --allow-concurrent", exit_code=ExitCode.BUSY)
 
 
-def _ask(cluster: Cluster, hosts: list[str], run_id: str) -> tuple[dict[str, subprocess.Popen[str]], list[Answer]]:
-    """Ask every host of ``hosts`` for the claim at once: each one's shell, and the answers that
-    came within the timeout."""
+def _ask(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]] | None = None,
+         *, ask: bool = False) -> tuple[dict[str, subprocess.Popen[str]], list[Answer]]:
+    """Ask every host of ``hosts`` for the claim (of its GPUs in ``gpus``) at once: each one's
+    shell, and the answers that came within the timeout."""
     nodes = {n.name: n for n in cluster.nodes}
     procs: dict[str, subprocess.Popen[str]] = {}
     answers: queue.Queue[Answer] = queue.Queue()
@@ -131,7 +173,8 @@ def _ask(cluster: Cluster, hosts: list[str], run_id: str) -> tuple[dict[str, sub
 
     for h in hosts:
         try:
-            argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user))
+            argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user, (gpus or {}).get(h, ()), nodes[h].gpus,
+                                                      ask=ask))
         except UserError:
             continue  # a host distrun cannot open a shell on: the preflight refuses it
         procs[h] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -147,26 +190,38 @@ def _ask(cluster: Cluster, hosts: list[str], run_id: str) -> tuple[dict[str, sub
     return procs, got
 
 
-def claim(cluster: Cluster, hosts: list[str], run_id: str) -> Claim:
-    """Claim every host for run_id; UserError naming the busy hosts and their runs. The first host
-    (the head, which every run holds) is claimed first and alone: two runs started together then
-    meet there, and one of them holds every host while the other is refused, never each a part.
-    The others are claimed at once. A host that does not answer is not claimed: the preflight names it."""
+def claim(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]] | None = None) -> Claim:
+    """Claim every host for run_id, or on the hosts ``gpus`` names, only those GPUs (a host
+    without GPUs there is claimed whole); UserError naming the busy hosts and their runs. The
+    first host (the head, which every run holds) is claimed first and alone: two runs started
+    together then meet there, and one of them holds every host while the other is refused, never
+    each a part (two GPU runs may both hold it, on disjoint GPUs). The others are claimed at once.
+    A host that does not answer is not claimed: the preflight names it."""
     hosts = list(dict.fromkeys(hosts))
-    procs, got = _ask(cluster, hosts[:1], run_id)
+    procs, got = _ask(cluster, hosts[:1], run_id, gpus)
     if not any(a.busy_with for a in got) and hosts[1:]:
-        more_procs, more = _ask(cluster, hosts[1:], run_id)
+        more_procs, more = _ask(cluster, hosts[1:], run_id, gpus)
         procs, got = {**procs, **more_procs}, [*got, *more]
     held = Claim({a.host: procs[a.host] for a in got if a.claimed})
     if any(a.busy_with for a in got):
         held.release()
         for proc in procs.values():
             _end(proc)
-        raise refusal(sorted(got, key=lambda a: hosts.index(a.host)))
+        raise refusal(sorted(got, key=lambda a: hosts.index(a.host)), gpus, cluster.user)
     for h, proc in procs.items():
         if h not in held.procs:
             _end(proc)
     return held
+
+
+def free_gpus(cluster: Cluster, hosts: list[str], run_id: str) -> dict[str, tuple[int, ...]]:
+    """Which GPUs of each host no live run holds, by the hosts' claims (taking nothing): what
+    placement picks from when a run gives a count of GPUs and no indices. A host that did not
+    answer is left out (the plan then takes its first GPUs and the claim says who holds them)."""
+    procs, got = _ask(cluster, list(dict.fromkeys(hosts)), run_id, ask=True)
+    for proc in procs.values():
+        _end(proc)
+    return {a.host: a.free for a in got if a.free is not None and not a.error}
 
 
 def _end(proc: subprocess.Popen[str]) -> None:

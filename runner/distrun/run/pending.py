@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster
-from distrun.run.busy import Claim, claim
+from distrun.planning.attempt import AttemptPlan
+from distrun.planning.request import JobRequest
+from distrun.run.busy import Claim, claim, free_gpus
 from distrun.run.staging import write_gate
 from distrun.transport.remote import open_masters
 
@@ -23,13 +26,15 @@ class Pending:
     which run.yml waits for before it stages anything; ``wait()`` gives the answer here, raising
     the refusal."""
 
-    def __init__(self, cluster: Cluster, hosts: list[str], run_id: str, *, allow: bool = False) -> None:
+    def __init__(self, cluster: Cluster, hosts: list[str], run_id: str, *, allow: bool = False,
+                 gpus: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._gate: Path | None = None
         self._held: Claim | None = None
         self._error: UserError | None = None
         self._allow = allow
+        self._gpus = dict(gpus or {})  # host -> the GPUs the run claims there (others: the whole host)
         self.masters = threading.Event()  # set once the ssh masters are open (or given up on)
         self.answered_at: float | None = None  # time.monotonic() of the answer
         self._told: list[Callable[[float], object]] = []  # called with answered_at once the hosts are held
@@ -43,7 +48,7 @@ class Pending:
             finally:
                 self.masters.set()
             if not self._allow:
-                self._held = claim(cluster, hosts, run_id)
+                self._held = claim(cluster, hosts, run_id, self._gpus)
         except UserError as exc:
             self._error = exc
         except Exception as exc:  # noqa: BLE001 - any failure closes the gate, with its reason
@@ -91,3 +96,28 @@ class Pending:
         self._done.wait()
         if self._held is not None:
             self._held.release()
+
+
+def claimed_gpus(planned: AttemptPlan) -> dict[str, tuple[int, ...]]:
+    """The GPUs the run claims on each host: those its plan gives its ranks there. A host where
+    it uses none, or where a scheduler picks them (Slurm shares its nodes itself), is claimed whole."""
+    return {h.name: h.gpu_ids for h in planned.plan.placement.hosts if h.gpu_ids and h.visible}
+
+
+def with_free_gpus(request: JobRequest, cluster: Cluster, run_id: str) -> JobRequest:
+    """``--gpus N`` without indices: each node's first N GPUs no live run holds (the nodes' claims
+    asked, nothing taken), as if ``--hosts node:i,j`` had named them, so that the one plan of each
+    attempt (restarts included) places the ranks on them and the claim takes exactly those. Two
+    runs that ask at once may pick the same ones: the claim then refuses one, naming the other.
+    Unchanged when there is nothing to pick (no count, every GPU asked, --allow-concurrent)."""
+    placement, count = request.placement, request.placement.gpus
+    named = {h for h, _ in placement.gpu_ids}
+    asked = [n.name for n in cluster.nodes if count and n.gpus > count and n.name not in named]
+    if not asked or request.policy.allow_concurrent:
+        return request
+    free = free_gpus(cluster, asked, run_id)
+    picked = tuple((h, ids[:count]) for h, ids in free.items() if count is not None and len(ids) >= count
+                   and ids[:count] != tuple(range(count)))
+    if not picked:
+        return request
+    return replace(request, placement=replace(placement, gpu_ids=(*placement.gpu_ids, *picked)))

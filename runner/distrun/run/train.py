@@ -1,9 +1,8 @@
-"""One training run, end to end (``Run``): its first attempt planned once (the claim takes its hosts
-from that plan), each attempt started (launching.py: planned, preflighted, staged and launched in
-one playbook), its ranks followed (or let go once they all started, --detach), a restart after a
-failure while restarts are left, stop and collect, summary. Prints nothing: it reports through a
-``Listener`` (listener.py), which the UI implements; a bare Listener runs silently.
-"""
+"""One training run, end to end (``Run``): its first attempt planned once (the claim takes its hosts,
+and GPUs, from that plan), each attempt started (launching.py: planned, preflighted, staged and
+launched in one playbook), its ranks followed (or let go once they all started, --detach), a restart
+after a failure while restarts are left, stop and collect, summary. Prints nothing: it reports
+through a ``Listener`` (listener.py), which the UI implements; a bare Listener runs silently."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from distrun.run.follow import Outcome
 from distrun.run.launching import Launching
 from distrun.run.listener import EventHandler, Listener
 from distrun.run.liveness import out_of_contact, probe, wait_started
-from distrun.run.pending import Pending
+from distrun.run.pending import Pending, claimed_gpus, with_free_gpus
 from distrun.run.playbooks import RunPlaybooks
 from distrun.run.restarts import decide
 from distrun.run.staging import Upload, discard
@@ -228,6 +227,7 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
             listener.warn(line)
         launcher_named(request.launch.launcher).require_ready(cluster)
         collect_limits()  # a bad limit is refused before anything starts
+        request = with_free_gpus(request, cluster, run_id)  # --gpus N: each node's first N free GPUs
         first = plan_attempt(request, cluster, run_id)  # a plan error leaves no record either
     except BaseException:
         if early is not None:
@@ -235,7 +235,7 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
         raise
     # The hosts of the first attempt's plan, claimed while ansible-playbook starts; run.yml stages
     # nothing before the answer (its gate).
-    claim = Pending(cluster, first.hosts, run_id, allow=request.policy.allow_concurrent)
+    claim = Pending(cluster, first.hosts, run_id, allow=request.policy.allow_concurrent, gpus=claimed_gpus(first))
     steps: Run | None = None
     try:
         phases = Phases(new_run("train", request.inventory, run_id, made=early is not None), t0)

@@ -76,7 +76,7 @@ class Recipe:
 # shared_fs's file server of the sshfs mounts (installed on the head, root with the training user's
 # filesystem identity).
 RECIPES: Mapping[str, Recipe] = {
-    "node": Recipe("job", ("node",)),
+    "node": Recipe("job", ("claim", "node")),
     "launch": Recipe("job", ("launch",)),
     "attempt": Recipe("job", (FSUSER, "attempt")),
     "sign": Recipe("job", ("sign",)),

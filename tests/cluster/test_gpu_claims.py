@@ -1,0 +1,96 @@
+"""Two runs share a node on disjoint GPUs, on the CPU test nodes with `gpus: 4` declared (an
+inventory derived from the test one). No GPU is needed: a rank only sees its CUDA_VISIBLE_DEVICES,
+and train's preflight reads no GPU (only 'distrun check' reads nvidia-smi: there a node that
+declares GPUs and has no nvidia-smi fails its 'gpu health' row, tests/unit/test_gpuhealth.py).
+Two detached runs on node1:0,1 and node1:2,3 both run, each rank with its own GPUs; a third on
+node1:1,2 is refused in one line naming the host, the GPUs and the runs that hold them; both stop.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import yaml
+
+from .conftest import REPO, distrun, run_processes
+
+BUSY = 8  # errors.ExitCode.BUSY
+# Each rank says which GPUs it sees, then sleeps until it is stopped.
+SHOW_GPUS = textwrap.dedent("""
+    import os, time
+    print(f"GPUS local={os.environ.get('LOCAL_RANK')} visible={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+    time.sleep(600)
+""")
+RUN_ID = re.compile(r"\d{8}-\d{6}-train-[0-9a-f]{4}")
+
+
+def gpu_inventory(provisioned, where: Path) -> Path:
+    """The test inventory with 4 GPUs and 2 slots declared on every node."""
+    shutil.copytree(REPO / "inventory" / "test" / "group_vars", where / "group_vars")
+    hosts = yaml.safe_load(provisioned.inventory.read_text())
+    for node in hosts["all"]["hosts"].values():
+        node.update({"gpus": 4, "slots": 2})
+    (where / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return where
+
+
+# On node1: each rank of run $RUN (its python process, tagged), its LOCAL_RANK and CUDA_VISIBLE_DEVICES.
+RANK_GPUS = r"""
+for d in /proc/[0-9]*; do
+  c=$(tr '\0' ' ' < $d/cmdline 2>/dev/null) || continue
+  case "${c%% *}" in *python*) ;; *) continue ;; esac
+  case "$c" in *show_gpus.py*) ;; *) continue ;; esac
+  e=$(tr '\0' '\n' < $d/environ 2>/dev/null) || continue
+  printf '%s\n' "$e" | grep -qxF "DISTRUN_RUN_ID=$RUN" || continue
+  echo "local=$(printf '%s\n' "$e" | sed -n 's/^LOCAL_RANK=//p') visible=$(printf '%s\n' "$e" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p')"
+done
+"""
+
+
+def rank_gpus(provisioned, run_id: str, within_s: float = 30) -> list[str]:
+    """What each rank of the run on node1 was started with (its environment), once both ranks run."""
+    deadline = time.monotonic() + within_s
+    while True:
+        out = provisioned.exec(1, f"RUN={run_id}; {RANK_GPUS}", check=False).stdout
+        lines = sorted(line for line in out.splitlines() if line.startswith("local="))
+        if len(lines) >= 2 or time.monotonic() > deadline:
+            return lines
+        time.sleep(1)
+
+
+def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third_is_refused_naming_them(
+        provisioned, distrun_home, tmp_path):
+    inv = gpu_inventory(provisioned, tmp_path / "gpus4")
+    script = tmp_path / "show_gpus.py"
+    script.write_text(SHOW_GPUS)
+    started: list[str] = []
+    try:
+        for hosts in ("node1:0,1", "node1:2,3"):
+            res = distrun("train", "--inventory", str(inv), "--hosts", hosts, "--script", str(script), "--detach",
+                          timeout=600)
+            assert res.rc == 0, f"--hosts {hosts}:\n" + res.stdout[-3000:] + res.stderr[-2000:]
+            started.append(res.stdout.strip().splitlines()[-1])
+            assert RUN_ID.fullmatch(started[-1]), res.stdout[-2000:]
+        first, second = started
+        # Each rank sees its own run's GPUs (one per rank: LOCAL_RANK indexes the node's list).
+        assert rank_gpus(provisioned, first) == ["local=0 visible=0,1", "local=1 visible=0,1"]
+        assert rank_gpus(provisioned, second) == ["local=0 visible=2,3", "local=1 visible=2,3"]
+        assert run_processes(provisioned, first, (1,)) and run_processes(provisioned, second, (1,))
+
+        records = set((distrun_home / "runs").glob("*-train-*"))
+        refused = distrun("train", "--inventory", str(inv), "--hosts", "node1:1,2", "--script", str(script),
+                          "--detach", timeout=600)
+        said = " ".join(refused.stderr.split())
+        assert refused.rc == BUSY, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert (f"node1: GPUs 1,2 are held by run {first}, {second} (running there now): wait for it to end, or "
+                f"stop it with 'distrun stop {first}' (or pass --allow-concurrent)") in said, said
+        assert set((distrun_home / "runs").glob("*-train-*")) == records  # the refused run left no record
+    finally:
+        for run_id in started:
+            stop = distrun("stop", run_id, timeout=300)
+            assert stop.rc == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
+    assert not run_processes(provisioned, started[0], (1,)) and not run_processes(provisioned, started[1], (1,))
