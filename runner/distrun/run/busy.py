@@ -24,7 +24,7 @@ from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
 from distrun.store.runs import RUN_ID_RE
 from distrun.transport import nodeprog
-from distrun.transport.remote import as_root_or_user, shell_argv
+from distrun.transport.remote import node_command, shell_argv
 
 HEARTBEAT_S = 5
 # Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
@@ -34,13 +34,13 @@ ANSWER_TIMEOUT_S = 30
 PROC = "/proc"
 
 
-def claim_command(host: str, run_id: str, user: str) -> str:
+def claim_command(host: str, run_id: str, user: str, people: bool = False) -> str:
     """On host, as root where the connection can be root (else as the training user): the node
     program's claim, which takes the host's lock and holds it while the controller's heartbeats
     come, or says who holds it, or which other runs have processes there (its scan: role job's
     files/node.py says by what evidence)."""
-    return as_root_or_user(user, nodeprog.command("claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC,
-                                                            "user": user}))
+    return node_command(user, "claim", {"host": host, "run": run_id, "hold_s": HOLD_S, "proc": PROC, "user": user},
+                        people=people)
 
 
 @dataclass
@@ -131,7 +131,7 @@ def _ask(cluster: Cluster, hosts: list[str], run_id: str) -> tuple[dict[str, sub
 
     for h in hosts:
         try:
-            argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user))
+            argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user, cluster.has_people))
         except UserError:
             continue  # a host distrun cannot open a shell on: the preflight refuses it
         procs[h] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
