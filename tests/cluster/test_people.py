@@ -5,11 +5,14 @@ way in and every process at the next setup, while their files stay."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from distrun.transport import nodeprog
 
 from .conftest import REPO, distrun
 
@@ -27,15 +30,16 @@ def _keys(folder: Path) -> dict[str, Path]:
     return keys
 
 
-def _inventory(folder: Path, keys: dict[str, Path], names: tuple[str, ...]) -> Path:
-    """The test inventory (the same nodes and settings) with distrun_users listing ``names``."""
+def _inventory(folder: Path, keys: dict[str, Path], names: tuple[str, ...], admins: tuple[str, ...] = ("alice",)) -> Path:
+    """The test inventory (the same nodes and settings) with distrun_users listing ``names``, the
+    admins among them."""
     inv = folder / f"people-{'-'.join(names) or 'none'}"
     shutil.rmtree(inv, ignore_errors=True)
     shutil.copytree(REPO / "inventory" / "test", inv)
     users = [{"name": n, "uid": uid, "ssh_keys": [keys[n].with_suffix(".pub").read_text().strip()]}
              for n, uid in PEOPLE if n in names]
     with (inv / "group_vars" / "all.yml").open("a") as f:  # JSON is YAML's flow style
-        f.write(f"\ndistrun_users: {json.dumps(users)}\ndistrun_admins: {json.dumps([n for n in names if n == 'alice'])}\n")
+        f.write(f"\ndistrun_users: {json.dumps(users)}\ndistrun_admins: {json.dumps([n for n in names if n in admins])}\n")
     return inv
 
 
@@ -65,7 +69,7 @@ def test_setup_makes_each_person_and_locks_out_who_left(provisioned, tmp_path):
             assert ids[2] == "700"
     # A key only logs in as its own person, and a key a person adds to their home logs in nowhere.
     assert _login(cluster, keys["alice"], "bob", 2).returncode != 0
-    cluster.exec(2, f"install -d -o bob -m 0700 /home/bob/.ssh && cat > /home/bob/.ssh/authorized_keys "
+    cluster.exec(2, "install -d -o bob -m 0700 /home/bob/.ssh && cat > /home/bob/.ssh/authorized_keys "
                     "&& chown bob /home/bob/.ssh/authorized_keys", input=keys["alice"].with_suffix(".pub").read_text())
     assert _login(cluster, keys["alice"], "bob", 2).returncode != 0
 
@@ -96,3 +100,62 @@ def test_setup_makes_each_person_and_locks_out_who_left(provisioned, tmp_path):
     assert _login(cluster, keys["alice"], "alice", 1).returncode != 0
     settled = distrun("setup", "--inventory", "test", "--tags", "people,ssh_mesh")
     assert settled.rc == 0 and settled.recap()["changed"] == 0, settled.stdout[-4000:]
+
+
+@pytest.mark.phase(1)
+def test_the_root_entry_point_acts_for_its_caller_alone(provisioned, tmp_path):
+    """alice (no admin) reaches root only through the installed entry point, which takes her name
+    from sudo: her scan is answered, her launch or stop as bob is refused in one line, a SUDO_UID
+    she sets changes nothing, and no other command runs as root; bob (admin) acts on her runs,
+    recorded in the journal. Without people the rule goes."""
+    cluster = provisioned
+    keys = _keys(tmp_path)
+    both = _inventory(tmp_path, keys, ("alice", "bob"), admins=("bob",))
+    first = distrun("setup", "--inventory", str(both), "--tags", "people,job_install")
+    assert first.rc == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    again = distrun("setup", "--inventory", str(both), "--tags", "people,job_install")
+    assert again.rc == 0 and again.recap()["changed"] == 0, again.stdout[-4000:]
+    entry = nodeprog.installed("entry")
+    rule = cluster.exec(1, "stat -c '%U %G %a' /etc/sudoers.d/distrun-entry; cat /etc/sudoers.d/distrun-entry").stdout
+    owner, *text = rule.splitlines()
+    assert owner == "root root 440"
+    named = {w.removeprefix("Defaults!") for ln in text if not ln.startswith("#") for w in ln.replace(",", " ").split() if "/" in w}
+    assert named == {entry} and "*" not in "".join(text), text
+
+    def as_alice(command: str, env: str = "") -> subprocess.CompletedProcess[str]:
+        return cluster.exec(1, f"runuser -u alice -- {env} {command}", check=False)
+
+    def entry_call(program: str, verb: str, cfg: dict, env: str = "") -> subprocess.CompletedProcess[str]:
+        return as_alice(f"sudo -n {entry} {program} {verb} {shlex.quote(json.dumps(cfg))}", env)
+
+    scan = entry_call("node", "scan", {"user": "alice"})
+    assert scan.returncode == 0 and json.loads(scan.stdout.splitlines()[-1]) == {"verb": "scan", "runs": {}}, scan
+    bob_uid = dict(PEOPLE)["bob"]
+    launch = {"user": "bob", "run": "r-bob", "host": "node1", "attempt": "0", "dir": "/home/bob", "script": "x.sh"}
+    for asked, cfg, env in (("launch launch as 'bob'", launch, ""),
+                            ("node stop as 'bob'", {"user": "bob", "run": "r-bob", "grace_s": 1}, ""),
+                            ("node stop as 'bob'", {"user": "bob", "run": "r-bob", "grace_s": 1}, f"env SUDO_UID={bob_uid}")):
+        program, verb = asked.split()[:2]
+        said = entry_call(program, verb, cfg, env)
+        lines = said.stderr.strip().splitlines()
+        assert said.returncode == 2 and len(lines) == 1, said
+        assert asked in lines[0] and "alice called, who is not an admin" in lines[0], lines
+    # sudo takes no variable from alice's command line for it, and no other command at all.
+    forged = as_alice(f"sudo -n SUDO_UID={bob_uid} {entry} node scan {shlex.quote(json.dumps({'user': 'bob'}))}")
+    assert forged.returncode != 0 and "verb" not in forged.stdout, forged
+    mine = shlex.quote(json.dumps({"user": "alice"}))
+    for other in ("id -u", "/bin/sh -c id", f"/usr/bin/python3 -I {entry} node scan {mine}", "-u bob id",
+                  f"-E {entry} node scan {mine}", f"-u bob {entry} node scan {mine}"):
+        denied = as_alice(f"sudo -n {other}")
+        assert denied.returncode != 0 and denied.stdout == "", (other, denied)
+    # bob, an admin, acts on alice's runs, and the node's journal says so.
+    admin = cluster.exec(1, f"runuser -u bob -- sudo -n {entry} node scan {shlex.quote(json.dumps({'user': 'alice'}))}",
+                         check=False)
+    assert admin.returncode == 0 and json.loads(admin.stdout.splitlines()[-1])["verb"] == "scan", admin
+    journal = cluster.exec(1, "journalctl -t distrun --no-pager -o cat -n 20", check=False).stdout
+    assert "admin bob ran node scan as alice" in journal, journal[-2000:]
+
+    without = distrun("setup", "--inventory", "test", "--tags", "people")
+    assert without.rc == 0, without.stdout[-4000:]
+    for k in (1, 2, 3):
+        assert cluster.exec(k, "ls /etc/sudoers.d/distrun-entry /etc/distrun/admins", check=False).returncode != 0

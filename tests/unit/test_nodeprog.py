@@ -139,6 +139,7 @@ def _render(task: dict, **values) -> list[str]:
 
     jinja = _jinja()
     jinja.filters["distrun_node_source"] = nodeprog.text
+    jinja.filters["distrun_node_program"] = nodeprog.installed
     raw = jinja.from_string(task["ansible.builtin.raw"]).render(ansible_facts=FACTS, **values)
     return shlex.split(raw)
 
@@ -151,8 +152,14 @@ def test_every_node_program_is_composed_by_one_recipe_that_the_roles_use():
     joined = [str(p.relative_to(repo)) for p in yamls if ".py'" in p.read_text() and "lookup('ansible.builtin.file'" in p.read_text()]
     assert not joined, f"node program files joined outside the recipe: {joined}"
     asked = "".join(p.read_text() for p in yamls)
-    for program in ("node", "stage", "relay", "probe", "gpuhealth", "fileserver"):
+    for program in ("node", "stage", "probe", "gpuhealth", "fileserver"):
         assert f"'{program}' | distrun_node_source" in asked, program
+    # Setup installs every program of nodeprog.INSTALLED, each the recipe's text at the recipe's path.
+    install = yaml.safe_load((repo / "roles" / "job" / "tasks" / "install.yml").read_text())[-1]
+    assert install["ansible.builtin.copy"]["content"] == "{{ item | distrun_node_source }}"
+    assert install["ansible.builtin.copy"]["dest"] == "{{ job_programs_dir }}/{{ item | distrun_node_program | basename }}"
+    installed = yaml.safe_load((repo / "roles" / "job" / "vars" / "main.yml").read_text())["_job_installed"]
+    assert tuple(installed) == nodeprog.INSTALLED
     for program in nodeprog.SOURCES:
         assert all(f.is_file() for f in nodeprog.files(program)), program
 
@@ -192,9 +199,20 @@ def test_the_stage_step_and_the_probes_stage_program_send_the_runners_source():
 def test_the_stop_task_sends_the_same_source_as_the_runner():
     """Role job's stop step sends the program the runner would: the recipe's text, as one word."""
     task = yaml.safe_load((FILES.parent / "tasks" / "stop.yml").read_text())[1]
-    argv = _render(task, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train")
+    argv = _render(task, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="train", job_people=False)
     assert argv[:3] == ["/usr/bin/python3", "-I", "-c"] and argv[4] == "stop"
     assert argv[3] == nodeprog.text("node")
+    assert task["become"] == "{{ not job_people }}"
+
+
+def test_the_stop_task_of_a_cluster_with_people_asks_the_installed_entry_point():
+    """Where the inventory has people the stop step sends no program text: sudo's one rule, the
+    installed entry point, the runner's config; the task's own become is off."""
+    task = yaml.safe_load((FILES.parent / "tasks" / "stop.yml").read_text())[1]
+    argv = _render(task, job_run_id="r1", job_run_dir="/srv/runs/r1", job_stop_grace=3, job_user="alice", job_people=True)
+    assert argv[:5] == ["sudo", "-n", nodeprog.installed("entry"), "node", "stop"]
+    assert json.loads(argv[5]) == {"run": "r1", "run_dir": "/srv/runs/r1", "grace_s": 3, "user": "alice"}
+    assert len(argv) == 6
 
 
 def test_the_probes_command_leaves_room_for_a_large_clusters_config():
@@ -213,6 +231,7 @@ def test_the_probes_command_leaves_room_for_a_large_clusters_config():
     task = yaml.safe_load((FILES.parents[1] / "preflight" / "tasks" / "probe.yml").read_text())[0]
     jinja = _jinja()
     jinja.filters["distrun_node_source"] = nodeprog.text
+    jinja.filters["distrun_node_program"] = nodeprog.installed
     raw = jinja.from_string(task["ansible.builtin.raw"]).render(ansible_facts=FACTS, _preflight_config=config,
                                                                 preflight_stage_program="stage")
     become = "sudo -H -S -n -u root /bin/sh -c " + shlex.quote(f"echo BECOME-SUCCESS-{'x' * 32} ; {raw}")

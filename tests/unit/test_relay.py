@@ -230,8 +230,9 @@ def test_setup_installs_the_relay_the_runner_names(tmp_path):
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", "ansible_become=false",
                            str(playbook)], capture_output=True, text=True, env=env, cwd=REPO, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    name = Path(nodeprog.installed("relay")).name
-    written = tmp_path / "programs" / name
-    assert [p.name for p in (tmp_path / "programs").iterdir()] == [name]
-    assert written.read_text() == nodeprog.text("relay")
-    assert written.stat().st_mode & 0o7777 == 0o755 and written.stat().st_uid == 0
+    names = {Path(nodeprog.installed(p)).name: p for p in nodeprog.INSTALLED}
+    assert sorted(p.name for p in (tmp_path / "programs").iterdir()) == sorted(names)
+    for name, program in names.items():  # the relay, the root entry point and the programs it runs
+        written = tmp_path / "programs" / name
+        assert written.read_text() == nodeprog.text(program)
+        assert written.stat().st_mode & 0o7777 == 0o755 and written.stat().st_uid == 0

@@ -326,9 +326,11 @@ def test_stop_step_is_one_call_of_the_node_program_as_root_naming_the_training_u
     import yaml
 
     task = yaml.safe_load(STOP_TASK.read_text())[1]
-    assert task["become"] is True and "become_user" not in task  # root: the only one that stops a unit
+    # root: the only one that stops a unit (where the cluster has people, through sudo's one rule)
+    assert task["become"] == "{{ not job_people }}" and "become_user" not in task
     raw = task["ansible.builtin.raw"]
     assert "-I -c" in raw and "'node' | distrun_node_source" in raw and " stop" in raw  # the one recipe's node.py
+    assert "sudo -n {{ 'entry' | distrun_node_program | quote }} node stop" in raw
     assert "'user': job_user" in raw  # whose processes it may signal
     assert "kill" not in STOP_TASK.read_text() and "/proc" not in STOP_TASK.read_text()
 
@@ -350,7 +352,7 @@ def test_stop_step_stops_only_its_run(tmp_path):
     jinja.filters.update(quote=shlex.quote, to_json=json.dumps, distrun_node_source=nodeprog.text)
     command = jinja.from_string(task["ansible.builtin.raw"]).render(
         ansible_facts={"python": {"executable": sys.executable}}, job_run_id=run_id, job_run_dir=str(run_dir),
-        job_stop_grace=3, job_user=getpass.getuser())
+        job_stop_grace=3, job_user=getpass.getuser(), job_people=False)
     mine = subprocess.Popen(["bash", "-c", "env -u DISTRUN_RUN_ID sleep 300 & wait"], env={**env, "DISTRUN_RUN_ID": run_id})
     other = subprocess.Popen(["sleep", "300"], env={**env, "DISTRUN_RUN_ID": run_id + "-other"}, start_new_session=True)
     (run_dir / "attempts" / "0").mkdir(parents=True)

@@ -66,6 +66,12 @@ class Cluster:
         return (self.head, *rest)
 
     @property
+    def has_people(self) -> bool:
+        """Whether every run is its person's (distrun_users): root's node programs are reached
+        through the installed entry point (transport.remote.node_command)."""
+        return self.people is not None
+
+    @property
     def shared_fs_mode(self) -> str:
         """How the shared folder is shared (distrun_shared_fs_mode; sync when unset)."""
         return str(self.group_vars.get("distrun_shared_fs_mode", "sync"))

@@ -110,6 +110,9 @@ class Launch:
     # (inventory/rules.openmpi_own_params): mpirun and its daemons get them; every rank, under
     # every launcher, as OMPI_MCA_ variables of the plan's env.
     openmpi_params: tuple[tuple[str, str], ...] = ()
+    # The cluster has people (distrun_users): root's node programs are reached through the installed
+    # entry point, never sent (transport.remote.node_command).
+    people: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,9 @@ class JobPlan:
 KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi_prefix", "env_prefix",
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
         "partition_dir", "launcher_options", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
-        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params", "min_nodes")
+        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params", "min_nodes", "people")
 # Written only when set: a plan without them is the same file as before they existed.
-OPTIONAL = ("unit_limits", "openmpi_params", "min_nodes")
+OPTIONAL = ("unit_limits", "openmpi_params", "min_nodes", "people")
 _KEY_OF = {"argv": "program", "options": "launcher_options"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))

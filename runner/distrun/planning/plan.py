@@ -175,7 +175,7 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
             launcher=launcher, user=cluster.user, run_as_root=cluster.user == "root", mpi_prefix=cluster.mpi_prefix,
             env_prefix=cluster.env_prefix, launcher_args=tuple(asked.args), options=options,
             container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars),
-            openmpi_params=cluster.openmpi_params),
+            openmpi_params=cluster.openmpi_params, people=cluster.has_people),
         attempt=AttemptInfo(restart=restart, max_restarts=request.policy.max_restarts, min_nodes=min_nodes(request, len(hosts))),
     )
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from distrun.planning.containers import stop_shell
 from distrun.planning.jobplan import JobPlan
-from distrun.transport import nodeprog, rundir
-from distrun.transport.remote import as_root_or_user, as_user
+from distrun.transport import rundir
+from distrun.transport.remote import as_user, node_command
 
 # Seconds a follower waits for a launcher that left neither a record nor a pid file.
 START_WAIT_S = 60
@@ -33,7 +33,7 @@ def launch_command(plan: JobPlan, host: str) -> str:
     """Start host's launch script detached, in a unit (with the run's resource limits) where the
     connection can be root."""
     cfg = {**_attempt(plan, host), "limits": [list(pair) for pair in plan.launch.unit_limits]}
-    return as_root_or_user(plan.launch.user, nodeprog.command("launch", cfg, program="launch"))
+    return node_command(plan.launch.user, "launch", cfg, "launch", people=plan.launch.people)
 
 
 def tail_command(plan: JobPlan, host: str) -> str:
@@ -41,13 +41,13 @@ def tail_command(plan: JobPlan, host: str) -> str:
     the training user's filesystem identity where the connection can be root: no process of that
     user's, which a job could trace and make say anything, speaks for the run."""
     cfg = _attempt(plan, host)
-    return as_root_or_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
+    return node_command(plan.launch.user, "follow", cfg, "attempt", people=plan.launch.people)
 
 
 def wait_command(plan: JobPlan, host: str) -> str:
     """Another launch host's session (torchrun): how its launcher ended, once it has."""
     cfg = {**_attempt(plan, host), "log": ""}
-    return as_root_or_user(plan.launch.user, nodeprog.command("follow", cfg, program="attempt"))
+    return node_command(plan.launch.user, "follow", cfg, "attempt", people=plan.launch.people)
 
 
 STOP_GRACE_S = 8  # TERM, then KILL to what outlives it: within run_each's 15 s for the stop
@@ -58,7 +58,7 @@ def stop_command(plan: JobPlan) -> str:
     the node program finds to be the run's by evidence the job cannot point at another run's
     (never a pid file the job could have rewritten); then, for a run with an image, its
     containers, as the training user whose (rootless) containers they are."""
-    stop = as_root_or_user(plan.launch.user, nodeprog.command(
-        "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S, "user": plan.launch.user}))
+    stop = node_command(plan.launch.user, "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S,
+                                                   "user": plan.launch.user}, people=plan.launch.people)
     containers = stop_shell(plan)
     return f"( {stop} ); {as_user(plan.launch.user, containers)}" if containers else stop

@@ -26,7 +26,7 @@ from distrun.inventory.cluster import Cluster
 from distrun.printable import printable
 from distrun.store.runs import RUN_ID_RE
 from distrun.transport import nodeprog
-from distrun.transport.remote import as_root_or_user, shell_argv
+from distrun.transport.remote import node_command, shell_argv
 
 HEARTBEAT_S = 5
 # Seconds a claim outlives its controller's last heartbeat (a laptop that sleeps sends none).
@@ -37,7 +37,7 @@ PROC = "/proc"
 
 
 def claim_command(host: str, run_id: str, user: str, gpus: tuple[int, ...] = (), total: int = 0,
-                  *, ask: bool = False) -> str:
+                  *, ask: bool = False, people: bool = False) -> str:
     """On host, as root where the connection can be root (else as the training user): the node
     program's claim, which takes the host (or only ``gpus`` of its ``total``) and holds it while
     the controller's heartbeats come, or says who holds it, or which other runs have processes
@@ -50,7 +50,7 @@ def claim_command(host: str, run_id: str, user: str, gpus: tuple[int, ...] = (),
         cfg["total"] = total
     if ask:
         cfg["ask"] = True
-    return as_root_or_user(user, nodeprog.command("claim", cfg))
+    return node_command(user, "claim", cfg, people=people)
 
 
 @dataclass
@@ -174,7 +174,7 @@ def _ask(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tup
     for h in hosts:
         try:
             argv = shell_argv(nodes[h], claim_command(h, run_id, cluster.user, (gpus or {}).get(h, ()), nodes[h].gpus,
-                                                      ask=ask))
+                                                      ask=ask, people=cluster.has_people))
         except UserError:
             continue  # a host distrun cannot open a shell on: the preflight refuses it
         procs[h] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

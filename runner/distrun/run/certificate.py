@@ -18,7 +18,7 @@ from distrun.inventory.cluster import Cluster, load_facts
 from distrun.launchers import launcher_named
 from distrun.planning.jobplan import JobPlan
 from distrun.transport import nodeprog, rundir
-from distrun.transport.remote import as_root_or_user, run_each
+from distrun.transport.remote import node_command, run_each
 
 # How long an attempt's certificate opens its hosts, from its signing (DISTRUN_RUN_CERT_MINUTES):
 # enough for the stage step's copies and mpirun's start, a --prepare included.
@@ -87,8 +87,8 @@ def issue(cluster: Cluster, plan: JobPlan) -> dict[str, str]:
     nodes = {n.name: n for n in cluster.nodes}
     if node not in nodes:
         raise UserError(f"ssh_mesh_key_host {node!r} is not a node of the inventory: set it to the head")
-    done = run_each({node: nodes[node]}, {node: as_root_or_user(plan.launch.user, nodeprog.command(
-        "sign", config(cluster, plan, hosts), program="sign"))}, SIGN_TIMEOUT_S)[node]
+    done = run_each({node: nodes[node]}, {node: node_command(plan.launch.user, "sign", config(cluster, plan, hosts), "sign",
+                                                             people=plan.launch.people)}, SIGN_TIMEOUT_S)[node]
     said = nodeprog.answer(done.out, "sign")
     if said is None:
         raise UserError(f"{node}: the run's ssh certificate was not issued: {done.last_line()}")

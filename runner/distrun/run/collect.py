@@ -34,8 +34,7 @@ from distrun.run.collect_rules import (
     plain_name,
     size_text,
 )
-from distrun.transport import nodeprog
-from distrun.transport.remote import as_root_or_user, shell_argv
+from distrun.transport.remote import node_command, shell_argv
 
 
 class Failure(StrEnum):
@@ -111,7 +110,7 @@ def _safe(member: tarfile.TarInfo) -> bool:
 
 
 def pack_command(run_dir: str, user: str, selection: Selection, max_files: int = COLLECT_MAX_FILES,
-                 max_entries: int = COLLECT_MAX_ENTRIES, max_depth: int = COLLECT_MAX_DEPTH) -> str:
+                 max_entries: int = COLLECT_MAX_ENTRIES, max_depth: int = COLLECT_MAX_DEPTH, people: bool = False) -> str:
     """The node-side command: role job's files/pack.py, root with the training user's filesystem
     identity where the connection can be root (else that user): it refuses a run dir that is a
     link, whose runs folder is a link, or that is not where it should be once every link above it
@@ -123,7 +122,7 @@ def pack_command(run_dir: str, user: str, selection: Selection, max_files: int =
            "small": SMALL_BYTES if selection.small else -1,
            "listed": selection.listed, "gzip": selection.gzip, "max_files": max_files, "max_entries": max_entries,
            "max_depth": max_depth, "list_max": LIST_MAX}
-    return as_root_or_user(user, nodeprog.command("pack", cfg, program="pack"))
+    return node_command(user, "pack", cfg, "pack", people=people)
 
 
 class _Rest:
@@ -167,18 +166,19 @@ def read_listing(stream: IO[bytes]) -> tuple[Left, bytes]:
     return left, buf[end + 1:]
 
 
-def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, caps: Caps) -> _NodePull:
+def _pull(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, caps: Caps,
+          people: bool = False) -> _NodePull:
     """Unpack node's selected files of run_dir into dest: why it failed (or None), what stays there, what came."""
     out = _NodePull()
-    out.error = _stream(node, run_dir, dest, user=user, selection=selection, caps=caps, out=out)
+    out.error = _stream(node, run_dir, dest, user=user, selection=selection, caps=caps, out=out, people=people)
     return out
 
 
 def _stream(node: Node, run_dir: str, dest: Path, *, user: str, selection: Selection, caps: Caps,
-            out: _NodePull) -> PullError | None:
+            out: _NodePull, people: bool = False) -> PullError | None:
     """_pull's stream, counting into ``out``; why it failed, or None."""
     dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-    command = pack_command(run_dir, user, selection, caps.max_files, caps.max_entries, caps.max_depth)
+    command = pack_command(run_dir, user, selection, caps.max_files, caps.max_entries, caps.max_depth, people)
     timeout_s = caps.timeout_s
     try:
         proc = subprocess.Popen(shell_argv(node, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -269,7 +269,7 @@ def pull_run(cluster: Cluster, run_dir: str, hosts: list[str], dest: Path, selec
     caps = Caps(max_bytes, max_files, max_entries, max_depth, timeout_s)
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
         futures = {h: pool.submit(_pull, nodes[h], run_dir, dest / h, user=cluster.user, selection=selection,
-                                  caps=caps) for h in hosts}
+                                  caps=caps, people=cluster.has_people) for h in hosts}
     out = Pulled()
     for h, f in futures.items():
         node = f.result()

@@ -24,7 +24,7 @@ from distrun.store import drained
 from distrun.store.runs import Run
 from distrun.transport import nodeprog
 from distrun.transport.ansible_bridge import run_playbook
-from distrun.transport.remote import as_root_or_user, run_each
+from distrun.transport.remote import node_command, run_each
 
 # Why a node the follower's ssh session lost is drained (follow.Outcome.lost: ssh's own failure).
 LOST_MID_RUN = "lost mid-run: ssh to it failed"
@@ -146,8 +146,9 @@ class RunEnd:
             return
         nodes = {n.name: n for n in cluster.nodes if n.name in hosts}
         # Root with the training user's rights where the connection can be root (role job's files.py).
-        done = run_each(nodes, dict.fromkeys(nodes, as_root_or_user(plan.launch.user, nodeprog.command(
-            "remove", {"user": plan.launch.user, "run": plan.run_id, "paths": [plan.env_file]}, program="files"))), 30)
+        done = run_each(nodes, dict.fromkeys(nodes, node_command(
+            plan.launch.user, "remove", {"user": plan.launch.user, "run": plan.run_id, "paths": [plan.env_file]}, "files",
+            people=plan.launch.people)), 30)
         kept = sorted(h for h, d in done.items()
                       if d.rc != 0 or ((nodeprog.answer(d.out, "remove") or {"kept": [h]}).get("kept")))
         if kept:

@@ -23,7 +23,7 @@ from distrun.planning.jobplan import JobPlan, from_json
 from distrun.store.runs import RecordError, Run, RunStatus
 from distrun.transport import nodeprog, rundir
 from distrun.transport.nodeprog import LauncherState
-from distrun.transport.remote import as_root_or_user, shell_argv
+from distrun.transport.remote import node_command, shell_argv
 
 PROBE_TIMEOUT_S = 30
 
@@ -96,7 +96,7 @@ def probe_command(plan: JobPlan, host: str) -> str:
     cfg = {"run": plan.run_id, "run_dir": plan.run_dir, "host": host, "attempt": str(plan.attempt.restart),
            "dir": rundir.attempt_path(plan), "script": rundir.launch_script(host), "exit_file": rundir.exit_code(host),
            "pid_file": rundir.launcher_pid(host), "user": plan.launch.user, "started": rundir.STARTED}
-    return as_root_or_user(plan.launch.user, nodeprog.command("state", cfg, program="attempt"))
+    return node_command(plan.launch.user, "state", cfg, "attempt", people=plan.launch.people)
 
 
 def parse_probe(host: str, output: str) -> HostState:

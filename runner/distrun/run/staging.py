@@ -22,7 +22,7 @@ from pathlib import Path
 
 from distrun.inventory.cluster import Cluster
 from distrun.transport import nodeprog
-from distrun.transport.remote import Done, as_root_or_user, run_each
+from distrun.transport.remote import Done, node_command, run_each
 
 UPLOAD_TIMEOUT_S = 120
 # What the gate file says when every host got the run's files.
@@ -36,11 +36,11 @@ def write_gate(path: Path, answer: str) -> None:
     os.replace(tmp, path)
 
 
-def upload_command(user: str, run_id: str) -> str:
+def upload_command(user: str, run_id: str, people: bool = False) -> str:
     """Keep stdin as the run's upload, 0600 in a 0700 folder of the training user's home: root with
     that user's filesystem identity where the connection can be root (role job's files.py), so no
     process of that user's, which any job of the account could trace, ever reads the run's secrets."""
-    return as_root_or_user(user, nodeprog.command("put", {"user": user, "run": run_id}, program="files"))
+    return node_command(user, "put", {"user": user, "run": run_id}, "files", people=people)
 
 
 class Upload:
@@ -65,7 +65,7 @@ class Upload:
         if after is not None:
             after.wait(10)
         nodes = {n.name: n for n in cluster.nodes}
-        command = upload_command(cluster.user, run_id)
+        command = upload_command(cluster.user, run_id, cluster.has_people)
         try:
             done = run_each(nodes, {h: command for h in hosts}, UPLOAD_TIMEOUT_S, inputs={h: payload for h in hosts})
             failed = {h: _why(d) for h, d in done.items() if not _put(d)}
@@ -98,7 +98,8 @@ def discard(cluster: Cluster, hosts: Sequence[str], run_id: str,
     there before the run was refused), with the training user's rights (files.py). Best effort:
     a host that does not answer keeps them, its user's (the upload 0600)."""
     nodes = {n.name: n for n in cluster.nodes}
-    commands = {h: as_root_or_user(cluster.user, nodeprog.command(
-        "remove", {"user": cluster.user, "run": run_id, "paths": list((created or {}).get(h, ()))}, program="files"))
+    commands = {h: node_command(cluster.user, "remove", {"user": cluster.user, "run": run_id,
+                                                         "paths": list((created or {}).get(h, ()))}, "files",
+                                people=cluster.has_people)
         for h in hosts if h in nodes}
     run_each(nodes, commands, 10)

@@ -87,13 +87,20 @@ RECIPES: Mapping[str, Recipe] = {
     "probe": Recipe("preflight", (FSUSER, *PROBE_PARTS, "probe")),
     "gpuhealth": Recipe("preflight", ("gpuhealth",), head=False),
     "fileserver": Recipe("shared_fs", (FSUSER, "fileserver"), head=False),
+    # The root entry point of people mode: no head (its first line is the #! line sudo's rule runs),
+    # the installed programs' paths written into it (ENTRY_TABLE), so its digest names them all.
+    "entry": Recipe("job", ("entry",), head=False),
 }
 SOURCES = tuple(RECIPES)
-# Installed by setup (role job's install step), root's files the training user runs but cannot
-# change: relay.py, through which what a launcher starts over ssh joins its node's unit. Each
-# under a name that carries its text's digest, so a node set up by another version of distrun
-# has no file of that name (the preflight says to run setup) rather than an older protocol.
-INSTALLED = ("relay",)
+# Installed by setup (role job's install step), root's files under a name that carries their text's
+# digest, so a node set up by another version of distrun has no file of that name (the preflight
+# says to run setup) rather than an older protocol: relay.py, which the training user runs but
+# cannot change (what a launcher starts over ssh joins its node's unit through it), and, for people
+# mode, the root entry point (entry.py, the one program a person runs as root, through sudo) and
+# the root programs it runs (PROGRAMS).
+INSTALLED = ("relay", "entry", *PROGRAMS)
+# entry.py's line that the recipe fills with the installed programs' paths.
+ENTRY_TABLE = "PROGRAMS: dict = {}  # the recipe writes the installed programs' paths here (nodeprog.text)\n"
 PROGRAMS_DIR = "/usr/local/lib/distrun"
 
 
@@ -121,7 +128,13 @@ def text(program: str = "node") -> str:
     its files joined (each ending its last line), one namespace. The one recipe: the roles take the
     same text through role distrun's filter ``distrun_node_source``."""
     texts = [path.read_text() for path in files(program)]
-    return "".join(t if t.endswith("\n") else t + "\n" for t in texts)
+    joined = "".join(t if t.endswith("\n") else t + "\n" for t in texts)
+    if program == "entry":
+        if joined.count(ENTRY_TABLE) != 1:
+            raise ValueError(f"entry.py has not exactly one line {ENTRY_TABLE.strip()!r}")
+        table = json.dumps({name: installed(name) for name in PROGRAMS}, sort_keys=True)
+        joined = joined.replace(ENTRY_TABLE, f"PROGRAMS: dict = {table}  # written by the recipe (nodeprog.text)\n")
+    return joined
 
 
 def installed(program: str) -> str:
@@ -143,6 +156,15 @@ def mesh_command() -> str:
     mesh verb (role ssh_mesh writes it into each node's principals file; sign.py into each run's
     certificate)."""
     return f"/usr/bin/python3 -I {installed('relay')} mesh"
+
+
+def entry_command(verb: str, config: dict[str, Any], program: str = "node") -> str:
+    """Shell text that asks the installed root entry point (people mode) for program's verb with
+    config: sudo's one rule for the people's group names that file alone; nothing else runs as root."""
+    if program not in PROGRAMS:
+        raise ValueError(f"no node program {program!r} behind the entry point")
+    return (f"exec sudo -n {shlex.quote(installed('entry'))} {shlex.quote(program)} {shlex.quote(verb)} "
+            f"{shlex.quote(json.dumps(config))}")
 
 
 def command(verb: str, config: dict[str, Any], program: str = "node") -> str:

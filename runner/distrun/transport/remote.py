@@ -18,10 +18,12 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from distrun import paths
 from distrun.errors import UserError
 from distrun.inventory.cluster import Node
+from distrun.transport import nodeprog
 
 # Seconds between ssh keepalives and how many may go unanswered before a node counts as lost
 # (ansible.cfg gives Ansible's master connections the same).
@@ -191,3 +193,13 @@ def as_root_or_user(user: str, command: str) -> str:
         f'elif [ "$(id -un)" = {u} ]; then exec {USER_BASH} "$c"; '
         f'else exec sudo -n -u {u} -- {USER_BASH} "$c"; fi'
     )
+
+
+def node_command(user: str, verb: str, config: Mapping[str, Any], program: str = "node", *, people: bool = False) -> str:
+    """The one way a run verb asks root's node program for verb on a node. A cluster with people
+    (distrun_users): the installed root entry point through sudo (nodeprog.entry_command), which
+    takes the caller from sudo; no program text a node runs as root travels. Otherwise the
+    program's text, run as root where the connection can be root, else as user (as_root_or_user)."""
+    if people:
+        return nodeprog.entry_command(verb, dict(config), program)
+    return as_root_or_user(user, nodeprog.command(verb, dict(config), program))
