@@ -64,7 +64,7 @@ class Probe:
             self.step = "facts"
             report["facts"] = probe_facts()
             # The node's own record of its Open MPI, where the controller's cache had none yet.
-            cfg.mpi_prefix = cfg.mpi_prefix or str(report["facts"]["ansible_local"]["distrun"].get("mpi_prefix") or "")
+            cfg.mpi_prefix = cfg.mpi_prefix or str(report["facts"]["local"].get("mpi_prefix") or "")
         try:
             pwd.getpwnam(cfg.user)
         except KeyError:

@@ -2,9 +2,9 @@
 """The facts 'distrun check' keeps for later plans, read by the probe in its own round trip instead
 of a play's fact gathering (Ansible's setup module: a second round trip, a module's upload and
 start, and its whole answer parsed on the controller, per node): each interface's IPv4 addresses,
-the default route's, the node's local fact distrun.fact (role mpi_env's) and this Python, under
-the names Ansible's setup module gives them in the controller's fact cache (``ansible_*``), which
-the runner merges into that cache (distrun.preflight.nodefacts)."""
+the default route's, the node's local fact distrun.fact (role mpi_env's) and this Python, which
+the runner turns into the names Ansible's setup module gives them in the controller's fact cache
+(distrun.preflight.nodefacts)."""
 
 import ipaddress
 import json
@@ -40,33 +40,17 @@ def local_fact() -> dict:
 
 
 def probe_facts() -> dict:
-    """This node's facts under the setup module's names: ansible_interfaces, ansible_<iface>
-    (ipv4, ipv4_secondaries), ansible_default_ipv4, ansible_all_ipv4_addresses, ansible_local
-    (distrun), ansible_python (executable)."""
-    facts: dict = {"ansible_local": {"distrun": local_fact()},
-                   "ansible_python": {"executable": sys.executable, "version": {"major": sys.version_info[0],
-                                                                                "minor": sys.version_info[1]}}}
-    names, every = [], []
+    """This node's facts: each interface with its IPv4 addresses (the first its primary), the
+    default route's interface and gateway, distrun.fact and this Python. The runner turns them
+    into the cache's names (distrun.preflight.nodefacts)."""
+    interfaces = []
     for link in _ip_json("-4", "addr", "show"):
         name = str(link.get("ifname") or "")
-        if not name:
-            continue
-        names.append(name)
-        addrs = [_ipv4(a) for a in link.get("addr_info") or [] if isinstance(a, dict) and a.get("local")]
-        entry: dict = {"device": name, "active": "UP" in (link.get("flags") or [])}
-        if addrs:
-            entry["ipv4"] = addrs[0]
-            entry["ipv4_secondaries"] = addrs[1:]
-        facts["ansible_" + name.replace("-", "_")] = entry
-        every += [a["address"] for a in addrs if not a["address"].startswith("127.")]
-    facts["ansible_interfaces"] = names
-    facts["ansible_all_ipv4_addresses"] = every
-    default: dict = {}
-    for route in _ip_json("-4", "route", "show", "default"):
-        dev = str(route.get("dev") or "")
-        entry = facts.get("ansible_" + dev.replace("-", "_")) or {}
-        if entry.get("ipv4"):
-            default = {**entry["ipv4"], "interface": dev, "gateway": str(route.get("gateway") or "")}
-            break
-    facts["ansible_default_ipv4"] = default
-    return facts
+        if name:
+            interfaces.append({"name": name, "active": "UP" in (link.get("flags") or []),
+                               "ipv4": [_ipv4(a) for a in link.get("addr_info") or [] if isinstance(a, dict) and a.get("local")]})
+    route = next(iter(_ip_json("-4", "route", "show", "default")), {})
+    return {"interfaces": interfaces,
+            "default_route": {"interface": str(route.get("dev") or ""), "gateway": str(route.get("gateway") or "")},
+            "local": local_fact(),
+            "python": {"executable": sys.executable, "version": {"major": sys.version_info[0], "minor": sys.version_info[1]}}}

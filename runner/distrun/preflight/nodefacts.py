@@ -3,8 +3,8 @@ gathering: each node's probe (role preflight's probe_facts.py) reports its inter
 addresses, its default route's, its local fact distrun.fact and its Python, under the names
 Ansible's setup module gives them; this module takes them from the probes' answers and merges
 them into the inventory's fact cache (the one plans, dry runs and a run's play read), keeping
-whatever else setup cached there. Only the names below are written: a probe's answer never adds
-any other fact to the cache."""
+whatever else setup cached there. Only the names cache_facts builds are written: a probe's answer
+never adds any other fact to the cache."""
 
 from __future__ import annotations
 
@@ -14,15 +14,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from distrun.inventory import rules
 from distrun.transport.playbook_events import PlaybookEvent
 
-# The facts a probe may set, and the prefix of one per interface (named in ansible_interfaces).
-KEPT = ("ansible_interfaces", "ansible_default_ipv4", "ansible_all_ipv4_addresses", "ansible_local", "ansible_python")
-IFACE_KEYS = ("device", "active", "ipv4", "ipv4_secondaries")
-
-
 def from_answer(event: PlaybookEvent) -> dict[str, Any] | None:
-    """The facts a node's probe reported (its stdout's last line, a JSON object with ``facts``), or None."""
+    """The cache's facts from what a node's probe reported (its stdout's last line, a JSON object
+    with ``facts``), or None."""
     out = event.data.get("stdout") if event.kind in ("ok", "changed", "failed") else None
     if not isinstance(out, str) or '"facts"' not in out:
         return None
@@ -31,21 +28,46 @@ def from_answer(event: PlaybookEvent) -> dict[str, Any] | None:
     except (ValueError, IndexError):
         return None
     facts = said.get("facts") if isinstance(said, dict) else None
-    return allowed(facts) if isinstance(facts, Mapping) else None
+    return cache_facts(facts) if isinstance(facts, Mapping) else None
 
 
-def allowed(facts: Mapping[str, Any]) -> dict[str, Any]:
-    """The facts of KEPT, and one entry per interface ansible_interfaces names (its keys of IFACE_KEYS)."""
-    kept = {k: facts[k] for k in KEPT if k in facts}
-    names = kept.get("ansible_interfaces")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        kept.pop("ansible_interfaces", None)
-        return kept
-    for name in names:
-        entry = facts.get("ansible_" + name.replace("-", "_"))
-        if isinstance(entry, Mapping):
-            kept["ansible_" + name.replace("-", "_")] = {k: entry[k] for k in IFACE_KEYS if k in entry}
-    return kept
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def cache_facts(said: Mapping[str, Any]) -> dict[str, Any]:
+    """The probe's facts under the setup module's names, and only those: ansible_interfaces, one
+    ansible_<iface> each (ipv4 the first address, ipv4_secondaries the others), the default
+    route's (rules.DEFAULT_IPV4: its interface's first address, the interface, the gateway),
+    ansible_all_ipv4_addresses (loopback left out), ansible_local's distrun and ansible_python."""
+    facts: dict[str, Any] = {}
+    names: list[str] = []
+    every: list[str] = []
+    for iface in said.get("interfaces") or []:
+        name = _text(iface.get("name")) if isinstance(iface, Mapping) else ""
+        if not name:
+            continue
+        addrs = [{k: _text(a.get(k)) for k in ("address", "netmask", "network", "prefix")}
+                 for a in iface.get("ipv4") or [] if isinstance(a, Mapping) and _text(a.get("address"))]
+        entry: dict[str, Any] = {"device": name, "active": bool(iface.get("active"))}
+        if addrs:
+            entry["ipv4"], entry["ipv4_secondaries"] = addrs[0], addrs[1:]
+        names.append(name)
+        facts["ansible_" + name.replace("-", "_")] = entry
+        every += [a["address"] for a in addrs if not a["address"].startswith("127.")]
+    facts["ansible_interfaces"] = names
+    facts["ansible_all_ipv4_addresses"] = every
+    route = said.get("default_route") if isinstance(said.get("default_route"), Mapping) else {}
+    dev = _text(route.get("interface"))
+    primary = (facts.get("ansible_" + dev.replace("-", "_")) or {}).get("ipv4") if dev else None
+    facts[f"ansible_{rules.DEFAULT_IPV4}"] = {**primary, "interface": dev, "gateway": _text(route.get("gateway"))} \
+        if primary else {}
+    if isinstance(said.get("local"), Mapping):
+        facts["ansible_local"] = {"distrun": dict(said["local"])}
+    python = said.get("python")
+    if isinstance(python, Mapping) and _text(python.get("executable")):
+        facts["ansible_python"] = {"executable": python["executable"], "version": python.get("version") or {}}
+    return facts
 
 
 class Collector:
