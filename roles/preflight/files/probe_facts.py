@@ -49,7 +49,7 @@ def probe_facts() -> dict:
         if name:
             interfaces.append({"name": name, "active": "UP" in (link.get("flags") or []),
                                "ipv4": [_ipv4(a) for a in link.get("addr_info") or [] if isinstance(a, dict) and a.get("local")]})
-    route = next(iter(_ip_json("-4", "route", "show", "default")), {})
+    route: dict = next(iter(_ip_json("-4", "route", "show", "default")), {})
     return {"interfaces": interfaces,
             "default_route": {"interface": str(route.get("dev") or ""), "gateway": str(route.get("gateway") or "")},
             "local": local_fact(),

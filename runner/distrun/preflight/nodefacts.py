@@ -17,6 +17,7 @@ from typing import Any
 from distrun.inventory import rules
 from distrun.transport.playbook_events import PlaybookEvent
 
+
 def from_answer(event: PlaybookEvent) -> dict[str, Any] | None:
     """The cache's facts from what a node's probe reported (its stdout's last line, a JSON object
     with ``facts``), or None."""
@@ -57,7 +58,8 @@ def cache_facts(said: Mapping[str, Any]) -> dict[str, Any]:
         every += [a["address"] for a in addrs if not a["address"].startswith("127.")]
     facts["ansible_interfaces"] = names
     facts["ansible_all_ipv4_addresses"] = every
-    route = said.get("default_route") if isinstance(said.get("default_route"), Mapping) else {}
+    found = said.get("default_route")
+    route: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     dev = _text(route.get("interface"))
     primary = (facts.get("ansible_" + dev.replace("-", "_")) or {}).get("ipv4") if dev else None
     facts[f"ansible_{rules.DEFAULT_IPV4}"] = {**primary, "interface": dev, "gateway": _text(route.get("gateway"))} \
