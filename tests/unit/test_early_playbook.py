@@ -105,6 +105,38 @@ def test_a_program_that_ends_before_asking_leaves_the_playbook_to_the_usual_star
     assert not (play / "early" / "ansible" / "artifacts" / str(early.runner.config.ident)).exists()
 
 
+@pytest.mark.parametrize("start", ["usual", "early"])
+def test_a_sigterm_as_the_playbook_ends_is_not_lost(play, start):
+    """SIGTERM (distrun stop asking a run's controller to stop) that arrives as the last task of
+    run.yml ends: the result says 'canceled', so the run takes the Ctrl-C way instead of following
+    ranks nobody will stop."""
+    import signal
+
+    from distrun import terminating
+
+    def on_event(event) -> None:
+        if event.kind == "stats":  # the playbook's end: every task has run
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        if start == "usual":
+            result = run_playbook(str(play / "play.yml"), play / "hosts.yml", play / "usual", on_event=on_event,
+                                  **_run_args(play))
+        else:
+            early = EarlyPlaybook.start(str(play / "play.yml"), play / "hosts.yml", play / "early")
+            assert early is not None
+            result = early.run(**_run_args(play), on_event=on_event)
+        assert result is not None
+        assert (play / "marks" / "a").read_text() == "hello"  # it ran to its end
+        assert result.status == "canceled" and not result.ok
+        assert terminating.exit_code() == 143
+        assert signal.getsignal(signal.SIGTERM) is before  # the handler before is back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        terminating.received = None
+
+
 @pytest.mark.parametrize("answer", [b"", b"{}", b'{"args": "--limit a"}', b'{"args": [1]}', b"not json"])
 def test_without_a_well_formed_answer_the_program_runs_nothing(play, answer):
     where = play / "args.sock"

@@ -147,15 +147,18 @@ def runner_kwargs(playbook: str, inventory: Path, run_dir: Path, ident: str, eve
             "binary": playbook_program(), "quiet": True, "suppress_env_files": True}
 
 
-def playbook_result(playbook: str, runner: Any, events: EventReader, inventory: Path, late: list[str] | None = None) -> PlaybookResult:
-    """A finished call's result; its recorded command scrubbed and its facts kept for the inventory."""
+def playbook_result(playbook: str, runner: Any, events: EventReader, inventory: Path, late: list[str] | None = None,
+                    interrupted: bool = False) -> PlaybookResult:
+    """A finished call's result; its recorded command scrubbed and its facts kept for the inventory.
+    ``interrupted``: SIGINT, SIGTERM or SIGHUP came while it ran, even as its last task ended: the
+    result says 'canceled', so that the signal is never lost to a playbook that finished anyway."""
     artifact_dir = Path(runner.config.artifact_dir)
     _scrub_command(artifact_dir / "command", late)
     _keep_facts(artifact_dir / "fact_cache", inventory, playbook)
     return PlaybookResult(
         playbook=playbook,
         rc=int(runner.rc if runner.rc is not None else 1),
-        status=str(runner.status),
+        status="canceled" if interrupted else str(runner.status),
         hosts=events.hosts,
         artifact_dir=artifact_dir,
     )
@@ -216,12 +219,12 @@ def run_playbook(
         cmdline.append("--check")
     if kwargs["binary"] is not None:  # ansible-runner names the playbook to ansible-playbook only
         cmdline.append(shlex.quote(kwargs["playbook"]))
-    # ansible-runner installs its own SIGINT/SIGTERM handlers (they only set a flag) and leaves
-    # them in place: without restoring ours, Ctrl-C while a job is followed would do nothing.
-    with FlagSignals():
+    # Without a cancel callback ansible-runner would install SIGINT/SIGTERM handlers of its own
+    # and leave them in place; ours only set a flag while the playbook runs, and are restored after.
+    with FlagSignals() as signals:
         runner = ansible_runner.run(**kwargs, extravars=dict(extravars or {}), limit=limit, tags=tags,
                                     skip_tags=skip_tags, cmdline=" ".join(cmdline) or None,
-                                    **({"forks": forks} if forks else {}))
-    return playbook_result(playbook, runner, events, inventory)
+                                    cancel_callback=lambda: signals.raised, **({"forks": forks} if forks else {}))
+    return playbook_result(playbook, runner, events, inventory, interrupted=signals.raised)
 
 

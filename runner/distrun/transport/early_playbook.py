@@ -163,7 +163,8 @@ class EarlyPlaybook:
         if conn is None and not signals.raised:
             self._discard(ident)
             return None
-        return playbook_result(self.playbook, self.runner, self.events, self.inventory, late if conn is not None else None)
+        return playbook_result(self.playbook, self.runner, self.events, self.inventory, late if conn is not None else None,
+                               interrupted=signals.raised)
 
     def cancel(self) -> None:
         """Stop the program before it runs anything (a no-op once run): it is told nothing, and
