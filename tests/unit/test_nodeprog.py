@@ -69,6 +69,8 @@ def test_no_two_files_of_a_composed_program_define_one_name(program):
 @pytest.mark.parametrize("program", nodeprog.SOURCES)
 def test_each_composed_program_parses_as_python_3_9(program):
     text = nodeprog.text(program)
+    if program == "entry":  # installed, run by sudo's rule: its #! line first
+        text = text.removeprefix(nodeprog.ENTRY_SHEBANG)
     assert text.startswith((FILES / "nodecommon.py").read_text()) == nodeprog.RECIPES[program].head
     ast.parse(text, feature_version=(3, 9))  # the oldest Python a node may have
 

@@ -1,4 +1,3 @@
-#!/usr/bin/python3 -I
 """distrun's one root entry point on a node where people have accounts of their own (the
 inventory's distrun_users): the only program a person runs as root, through one sudo rule (role
 people's /etc/sudoers.d/distrun-entry names this file's installed path, and nothing else).
@@ -21,16 +20,21 @@ runs as root; root without sudo (the single-account mode's root connection) is r
     (``logger -t distrun``).
   - ``proc`` (node.py's view of another /proc, for tests) is root's alone.
 Root itself (no SUDO_UID) acts for the config's user, as the node programs do when sent.
-Standard library only; Python 3.9 or newer.
+Sent behind the node programs' head (nodecommon.py: NAME, UNIT), as each of them is; installed
+with its #! line first (nodeprog.ENTRY_SHEBANG). Standard library only; Python 3.9 or newer.
 """
 
 import json
 import os
 import pwd
-import re
 import stat
 import subprocess
 import sys
+
+if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nodecommon.py from beside it
+    _HEAD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nodecommon.py")
+    with open(_HEAD, encoding="utf-8") as _head:
+        exec(compile(_head.read(), _HEAD, "exec"))  # the same one namespace as the composed source on a node
 
 PROGRAMS: dict = {}  # the recipe writes the installed programs' paths here (nodeprog.text)
 # Each program's verbs a caller may ask for.
@@ -39,9 +43,6 @@ VERBS = {"node": ("scan", "stop", "claim"), "launch": ("launch",), "attempt": ("
 ADMINS = "/etc/distrun/admins"  # one name a line, root's (role people writes it)
 PYTHON = "/usr/bin/python3"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-USER = re.compile(r"[A-Za-z0-9._-]{1,80}")  # an account name as the node programs take it (nodecommon.NAME)
-RUN = re.compile(r"[A-Za-z0-9._-]{1,80}")
-UNIT = re.compile(r"distrun:([A-Za-z0-9._-]{1,80}):[0-9]{1,9}:[A-Za-z0-9._-]{1,80}\.service")
 
 
 class Refused(Exception):
@@ -71,7 +72,7 @@ def admins(path: str = ADMINS) -> set:
         st = os.fstat(f.fileno())
         if st.st_uid != 0 or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
             return set()
-        return {w for w in (line.strip() for line in f.read(1 << 16).splitlines()) if USER.fullmatch(w)}
+        return {w for w in (line.strip() for line in f.read(1 << 16).splitlines()) if NAME.fullmatch(w)}
 
 
 def _account(name: str) -> str:
@@ -110,7 +111,7 @@ def allowed(program: str, verb: str, cfg: dict, who: str) -> str:
     """The config's user, when who may ask program's verb with cfg; Refused otherwise."""
     asked = f"{program} {verb} as {cfg.get('user')!r}" + (f" (run {cfg['run']})" if "run" in cfg else "")
     user = cfg.get("user")
-    if not isinstance(user, str) or not USER.fullmatch(user):
+    if not isinstance(user, str) or not NAME.fullmatch(user):
         raise Refused(f"{asked}: the config names no user")
     if who == "root":
         return user
@@ -126,7 +127,7 @@ def allowed(program: str, verb: str, cfg: dict, who: str) -> str:
         raise Refused(f"{asked} refused: {who} called; another /proc is root's to name")
     run = cfg.get("run")
     if run is not None:
-        if not isinstance(run, str) or not RUN.fullmatch(run):
+        if not isinstance(run, str) or not NAME.fullmatch(run):
             raise Refused(f"{asked}: run {run!r} is not a run id")
         others = sorted(run_owners(run) - {user})
         if others:

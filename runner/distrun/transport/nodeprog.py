@@ -87,9 +87,10 @@ RECIPES: Mapping[str, Recipe] = {
     "probe": Recipe("preflight", (FSUSER, *PROBE_PARTS, "probe")),
     "gpuhealth": Recipe("preflight", ("gpuhealth",), head=False),
     "fileserver": Recipe("shared_fs", (FSUSER, "fileserver"), head=False),
-    # The root entry point of people mode: no head (its first line is the #! line sudo's rule runs),
-    # the installed programs' paths written into it (ENTRY_TABLE), so its digest names them all.
-    "entry": Recipe("job", ("entry",), head=False),
+    # The root entry point of people mode: behind the head, its #! line first (ENTRY_SHEBANG: sudo's
+    # rule runs the file), the installed programs' paths written into it (ENTRY_TABLE), so its
+    # digest names them all.
+    "entry": Recipe("job", ("entry",)),
 }
 SOURCES = tuple(RECIPES)
 # Installed by setup (role job's install step), root's files under a name that carries their text's
@@ -102,6 +103,8 @@ INSTALLED = ("relay", "entry", *PROGRAMS)
 # entry.py's line that the recipe fills with the installed programs' paths.
 ENTRY_TABLE = "PROGRAMS: dict = {}  # the recipe writes the installed programs' paths here (nodeprog.text)\n"
 PROGRAMS_DIR = "/usr/local/lib/distrun"
+# The installed entry point's first line: sudo's rule runs the file itself, with Python's isolated mode.
+ENTRY_SHEBANG = "#!/usr/bin/python3 -I\n"
 
 
 def files(program: str) -> list[Path]:
@@ -133,7 +136,8 @@ def text(program: str = "node") -> str:
         if joined.count(ENTRY_TABLE) != 1:
             raise ValueError(f"entry.py has not exactly one line {ENTRY_TABLE.strip()!r}")
         table = json.dumps({name: installed(name) for name in PROGRAMS}, sort_keys=True)
-        joined = joined.replace(ENTRY_TABLE, f"PROGRAMS: dict = {table}  # written by the recipe (nodeprog.text)\n")
+        joined = ENTRY_SHEBANG + joined.replace(ENTRY_TABLE,
+                                                f"PROGRAMS: dict = {table}  # written by the recipe (nodeprog.text)\n")
     return joined
 
 
