@@ -1,22 +1,28 @@
-"""Two runs share a node on disjoint GPUs, on the CPU test nodes with `gpus: 4` declared (an
-inventory derived from the test one). No GPU is needed: a rank only sees its CUDA_VISIBLE_DEVICES,
+"""GPUs placed per rank by every launcher that runs on the CPU test nodes, as the dry run shows
+them, and two runs sharing a node on disjoint GPUs, with `gpus: 4` declared (an inventory derived
+from the test one). No GPU is needed: a rank only sees its CUDA_VISIBLE_DEVICES,
 and train's preflight reads no GPU (only 'distrun check' reads nvidia-smi: there a node that
 declares GPUs and has no nvidia-smi fails its 'gpu health' row, tests/unit/test_gpuhealth.py).
+Each rank of mpirun, torchrun and the ssh launcher says its host, rank, LOCAL_RANK and
+CUDA_VISIBLE_DEVICES: the same table as 'train --dry-run --json' (containers and Slurm need a GPU
+node's CDI spec and gres: their mapping is tested on the plan, tests/unit/test_gpus.py).
 Two detached runs on node1:0,1 and node1:2,3 both run, each rank with its own GPUs; a third on
 node1:1,2 is refused in one line naming the host, the GPUs and the runs that hold them; both stop.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
-from .conftest import REPO, distrun, run_processes
+from .conftest import REPO, distrun, new_train_run, run_processes
 
 BUSY = 8  # errors.ExitCode.BUSY
 # Each rank says which GPUs it sees, then sleeps until it is stopped.
@@ -26,6 +32,13 @@ SHOW_GPUS = textwrap.dedent("""
     time.sleep(600)
 """)
 RUN_ID = re.compile(r"\d{8}-\d{6}-train-[0-9a-f]{4}")
+# Each rank says where it runs and what it sees, then ends.
+SAY_GPUS = textwrap.dedent("""
+    import os, socket
+    print(f"PLACED host={socket.gethostname().split('.')[0]} rank={os.environ['RANK']} "
+          f"local={os.environ['LOCAL_RANK']} visible={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
+""")
+PLACED = re.compile(r"^PLACED host=(\S+) rank=(\d+) local=(\d+) visible=([0-9,]+|unset)$", re.M)
 
 
 def gpu_inventory(provisioned, where: Path) -> Path:
@@ -60,6 +73,34 @@ def rank_gpus(provisioned, run_id: str, within_s: float = 30) -> list[str]:
         if len(lines) >= 2 or time.monotonic() > deadline:
             return lines
         time.sleep(1)
+
+
+def placed(text: str) -> set[tuple[str, int, int, str]]:
+    return {(m[1], int(m[2]), int(m[3]), m[4]) for m in PLACED.finditer(text)}
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "ssh"])
+def test_every_launchers_ranks_see_the_gpus_the_dry_run_shows(provisioned, distrun_home, tmp_path, launcher):
+    inv = gpu_inventory(provisioned, tmp_path / "gpus4")
+    script = tmp_path / "say_gpus.py"
+    script.write_text(SAY_GPUS)
+    args = ("--inventory", str(inv), "--launcher", launcher, "--script", str(script))
+    dry = distrun("train", *args, "--dry-run", "--json", timeout=300)
+    assert dry.rc == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    shown = {(r["host"], r["rank"], r["local_rank"], r["visible"]) for r in json.loads(dry.stdout)["gpus"]}
+    # 3 nodes, 2 slots and 4 GPUs each: each rank two GPUs of its own.
+    assert len(shown) == 6 and {v for *_, v in shown} == {"0,1", "2,3"}, shown
+    before = set((distrun_home / "runs").glob("*-train-*"))
+    res = distrun("train", *args, timeout=600)
+    run = new_train_run(distrun_home, before)
+    assert res.rc == 0 and run is not None, res.stdout[-3000:] + res.stderr[-2000:]
+    # What every rank said, in the rank logs the run collected from each node (the terminal's
+    # lines of several ranks may interleave).
+    said: set[tuple[str, int, int, str]] = set()
+    for log in (run / "nodes").rglob("*"):
+        if log.is_file() and log.name in ("stdout", "stdout.log"):
+            said |= placed(log.read_text(errors="replace"))
+    assert said == shown, (sorted(said), sorted(shown))
 
 
 def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third_is_refused_naming_them(
