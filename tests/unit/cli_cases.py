@@ -167,7 +167,11 @@ add("--use-gdc with --workdir", lambda t: [*D, "--workdir", str(t), "--use-gdc",
 add("--detach with --dry-run", fixed([*D, "--detach"]), ("--detach and --dry-run", "drop one of them"))
 add("--detach with --dry-run and --json", fixed([*D, "--json", "--detach"]), ("--detach and --dry-run", "drop one of them"))
 add("--exclude-failed without --max-restarts", fixed([*T, "--exclude-failed"]), ("--exclude-failed only goes with --max-restarts",))
-add("--detach with --max-restarts", fixed([*T, "--detach", "--max-restarts", "2"]), ("--detach and --max-restarts", "drop --detach"))
+add("--detach with --max-restarts", fixed([*T, "--detach", "--max-restarts", "2"]),
+    ("--detach and --max-restarts: --launcher mpirun restarts a run only while distrun follows it",
+     "use --launcher torchrun (it restarts a detached run on the nodes by itself)", "drop --detach"))
+add("--detach with --max-restarts under Slurm", fixed([*T, "--launcher", "slurm", "--detach", "--max-restarts", "1"]),
+    ("--launcher slurm restarts a run only while distrun follows it", "use --launcher torchrun"))
 add("--prepare without --workdir", fixed([*D, "--prepare", "make"]), ("--prepare runs in your project folder", "--workdir DIR"))
 add("--script and --workdir", lambda t: [*D, "--workdir", str(t), "--script", write(t, "train.py", ""), "--", "python"],
     ("--script and --workdir", "give one"))

@@ -13,14 +13,16 @@ import pytest
 from distrun.errors import ExitCode
 from distrun.inventory.cluster import cluster_from_json
 from distrun.planning import attempt as planning_attempt
+from distrun.planning.jobplan import from_json
+from distrun.planning.run_files import launch_scripts
 from distrun.run import ending, launching, playbooks, starter, train
 from distrun.run.ending import RunEnd
 from distrun.run.follow import Outcome
 from distrun.run.listener import Listener
-from distrun.run.liveness import HostState
+from distrun.run.liveness import ClusterState, HostState
 from distrun.run.stop import StopReport
 from distrun.store import drained as dr
-from distrun.store.runs import list_runs
+from distrun.store.runs import RunStatus, list_runs
 
 from .plans import plan_for, request_for
 from .test_check import NODES
@@ -96,6 +98,20 @@ def test_a_restart_is_one_more_attempt_and_one_more_plan(local_run):
     assert [a["attempt"] for a in attempts] == [0, 1] and all(a["end"] == "launched" for a in attempts)
     assert len(seen["claimed"]) == 1  # the run holds its hosts once, for every attempt
     assert record.meta.restarts == 1 and record.meta.status == "succeeded"
+
+
+def test_a_detached_torchrun_run_with_restarts_is_let_go_once_started_and_never_followed(local_run, monkeypatch):
+    inv, seen, outcomes = local_run  # no outcome: following the run would fail the test
+    monkeypatch.setattr(train, "wait_started", lambda cluster, plan, timeout_s: ClusterState(RunStatus.RUNNING))
+    code = train.run_job(request_for(inv, launcher="torchrun", workload="ddp", detach=True, max_restarts=1,
+                                     exclude_failed=True))
+    assert code == ExitCode.OK and seen["plans"] == 1
+    record = list_runs()[-1]
+    plan = json.loads((record.dir / "plan.json").read_text())
+    assert plan["max_restarts"] == 1 and plan["min_nodes"] == 1
+    script = launch_scripts(from_json(plan))[plan["hosts"][0]["name"]]
+    assert f"--nnodes=1:{len(plan['hosts'])}" in script and "--max-restarts=1" in script
+    assert record.meta.status == RunStatus.RUNNING and record.meta.restarts == 0
 
 
 # -- a lost node is drained; a job that fails is not

@@ -86,3 +86,13 @@ def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
         if why:
             raise UserError(f"--launcher-args '{option} {param}': distrun sets {launcher}'s {param} itself ({why}); drop it")
 
+
+def check_detached_restarts(name: str) -> None:
+    """train --detach --max-restarts: only a launcher that restarts a run by itself on the nodes
+    (Launcher.restarts_itself) takes both; the others restart while distrun follows the run."""
+    if LAUNCHERS[name].restarts_itself:
+        return
+    can = " or ".join(f"--launcher {n}" for n, launcher in LAUNCHERS.items() if launcher.restarts_itself)
+    instead = f"use {can} (it restarts a detached run on the nodes by itself), " if can else ""
+    raise click.UsageError(f"--detach and --max-restarts: --launcher {name} restarts a run only while distrun follows it; "
+                           f"{instead}drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")

@@ -56,7 +56,8 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
                    "(follow it with 'distrun attach', 'status', 'logs -f').")
 @click.option("--max-restarts", type=P.Bounded(0, 100), default=0, show_default=True, metavar="N",
               help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
-                   "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from).")
+                   "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from); with --detach, "
+                   "torchrun's agents restart the run on the nodes by themselves.")
 @click.option("--exclude-failed", is_flag=True,
               help="With --max-restarts: restart without the node that failed, when the job still fits.")
 @click.option("--allow-concurrent", is_flag=True,
@@ -110,8 +111,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
                                "--exclude-failed")
     if detach and max_restarts:
-        raise click.UsageError("--detach and --max-restarts: restarts need a distrun process that follows the run; "
-                               "drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")
+        L.check_detached_restarts(launcher)
     # run.yml's ansible-playbook starts before the rest of the runner is even imported (it takes
     # a third of a second to import Ansible); train.run_job gives it its arguments or stops it.
     from distrun.transport.early_playbook import EarlyPlaybook

@@ -92,6 +92,14 @@ class Launcher(ABC):
     # launcher and ranks (False): which of a node's GPUs each container is given.
     container_per_rank: bool = False
 
+    # It restarts the run on the nodes by itself, with no distrun process following it, so 'train
+    # --detach --max-restarts N' may use it (torchrun's elastic agents); the others restart only
+    # while the controller follows the run (run/restarts.py).
+    restarts_itself: bool = False
+    # Its own count of the restarts it made in place, a variable every rank gets from it: the rank
+    # wrapper adds it to DISTRUN_RESTART, so a job resumes whichever of the two restarted it.
+    restart_count_variable: str | None = None
+
     # The scheduler of a site distrun does not administer (Cluster.site) that this launcher submits
     # to: it runs there, reaching only the site's login node (``login``).
     site: str | None = None

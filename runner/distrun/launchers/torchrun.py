@@ -17,6 +17,17 @@ if TYPE_CHECKING:
 # In the attempt's folder: torchrun's --log-dir, one folder per host.
 LOG_DIR = "torchrun"
 
+
+def nnodes(plan: JobPlan) -> str:
+    """torchrun's --nnodes: every host of the plan (one agent each), or MIN:MAX when a detached run
+    goes on without a lost node (--exclude-failed: AttemptInfo.min_nodes). Then the agents left
+    form the group again on the rendezvous of the first rank host (the head whenever it runs
+    ranks; its agent holds the store, so that host is never left out), each with its node's
+    slots: the world size is the slots of the nodes left, as after the follower's restart."""
+    hosts, least = len(plan.placement.hosts), plan.attempt.min_nodes
+    return f"{least}:{hosts}" if 0 < least < hosts else str(hosts)
+
+
 def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = None, store_host: bool | None = None,
                   program: tuple[str, ...] | None = None, launcher_args: tuple[str, ...] | None = None) -> list[str]:
     """The command run on ``host``; every node gets the same rendezvous, its own slot count.
@@ -33,7 +44,7 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
     torchrun = "torchrun" if plan.launch.container else f"{plan.launch.env_prefix.rstrip('/')}/bin/torchrun"
     return [
         torchrun,
-        f"--nnodes={len(plan.placement.hosts)}",
+        f"--nnodes={nnodes(plan)}",
         f"--nproc-per-node={host.slots}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint_host or plan.placement.master_addr}:{plan.placement.master_port}",
@@ -47,7 +58,8 @@ def torchrun_argv(plan: JobPlan, host: RankHost, *, endpoint_host: str | None = 
         # MASTER_ADDR): the node's cluster address, not a hostname the others may not resolve.
         f"--local-addr={host.net_address or host.address}",
         # In-node restarts: torchrun's agents restart every worker at once up to this many
-        # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost.
+        # times (0 unless the run asked for restarts); distrun restarts the job when a node is lost
+        # while it follows the run, and a detached run's agents are its only restarts.
         f"--max-restarts={int(plan.attempt.max_restarts)}",
         f"--log-dir={rundir.attempt_path(plan)}/{LOG_DIR}/{host.name}",
         "--redirects=3",
@@ -79,6 +91,10 @@ class Torchrun(Launcher):
                   "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id", "--master-addr",
                   "--master_addr", "--master-port", "--master_port", "--standalone", "--no-python", "--no_python")
     failed_rank_patterns = (TORCHRUN_ROOT_CAUSE,)
+    # Its elastic agents restart the workers (--max-restarts) and, with --nnodes MIN:MAX, go on
+    # without a lost node, with no distrun process following the run.
+    restarts_itself = True
+    restart_count_variable = "TORCHELASTIC_RESTART_COUNT"
 
     def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
         # The c10d rendezvous numbers its agents in the sorted order of their --local-addr

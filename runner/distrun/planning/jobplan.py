@@ -124,6 +124,10 @@ class AttemptInfo:
     # Each attempt's launcher, rank and marker files in a folder of its own (rundir.py); a recorded
     # plan.json without this key kept them at the top of the run dir (store/retiring.py).
     attempt_dirs: bool = True
+    # A launcher that restarts a detached run itself (Launcher.restarts_itself) goes on with as few
+    # as this many of the plan's hosts, the rendezvous host among them, when a node is lost
+    # (--exclude-failed: torchrun's --nnodes MIN:MAX); 0: on every host of the plan or not at all.
+    min_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -169,9 +173,9 @@ class JobPlan:
 KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi_prefix", "env_prefix",
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
         "partition_dir", "launcher_options", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
-        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params", "people")
+        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params", "min_nodes", "people")
 # Written only when set: a plan without them is the same file as before they existed.
-OPTIONAL = ("unit_limits", "openmpi_params", "people")
+OPTIONAL = ("unit_limits", "openmpi_params", "min_nodes", "people")
 _KEY_OF = {"argv": "program", "options": "launcher_options"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))

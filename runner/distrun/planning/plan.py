@@ -176,8 +176,23 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
             env_prefix=cluster.env_prefix, launcher_args=tuple(asked.args), options=options,
             container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars),
             openmpi_params=cluster.openmpi_params, people=cluster.has_people),
-        attempt=AttemptInfo(restart=restart, max_restarts=request.policy.max_restarts),
+        attempt=AttemptInfo(restart=restart, max_restarts=request.policy.max_restarts, min_nodes=min_nodes(request, len(hosts))),
     )
+
+
+def min_nodes(request: JobRequest, hosts: int) -> int:
+    """How few of the plan's ``hosts`` a detached run restarted by its launcher goes on with
+    (AttemptInfo.min_nodes). With --exclude-failed: one, the rendezvous host, as the follower goes
+    on while a node is left (run/restarts.py); 0, every host, otherwise. The launcher's agents
+    each keep their node's rank count, so a world size of --np cannot follow the nodes left."""
+    policy, launcher = request.policy, request.launch.launcher
+    if not (policy.detach and policy.max_restarts and policy.exclude_failed and launcher_named(launcher).restarts_itself):
+        return 0
+    if request.placement.np is not None:
+        raise PlanError(f"--np {request.placement.np} with --detach --exclude-failed: {launcher} goes on without a "
+                        "node by running fewer ranks, never --np of them; drop --np (the ranks follow the nodes left) "
+                        "or drop --exclude-failed")
+    return 1 if hosts > 1 else 0
 
 
 def render_hostfile(plan: JobPlan) -> str:

@@ -126,6 +126,15 @@ def _rank_variable(plan: JobPlan, name: str, default: str) -> str:
     return f'export {name}="${{{name}:-{value}}}"'
 
 
+def _restart_count(plan: JobPlan) -> str:
+    """DISTRUN_RESTART counts the launcher's own restarts in place too (torchrun's agents)."""
+    count = launcher_named(plan.launch.launcher).restart_count_variable
+    if not count:
+        return ""
+    return (f'case "${{{count}:-}}" in\n  ""|*[!0-9]*) ;;\n'
+            f'  *) export DISTRUN_RESTART="$(( {int(plan.attempt.restart)} + 10#${count} ))" ;;\nesac\n')
+
+
 def render_rank_wrapper(plan: JobPlan) -> str:
     """Every rank starts through this script, whichever launcher placed it.
 
@@ -174,7 +183,7 @@ if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
 fi
-{gpu_block}echo "{header}"
+{gpu_block}{_restart_count(plan)}echo "{header}"
 cd {shlex.quote(plan.run_dir)}
 # One marker per started rank: 'distrun train --detach' and 'distrun status' count them.
 {{ mkdir -p {started} && echo "$(hostname -s) $$" > {started}/"rank-$RANK"; }} 2>/dev/null || :

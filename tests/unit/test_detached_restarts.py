@@ -1,0 +1,86 @@
+"""A detached run that restarts by itself (train --detach --max-restarts N): only a launcher that
+declares it (Launcher.restarts_itself: torchrun's elastic agents) takes it; torchrun's agents get
+the run's budget and, with --exclude-failed, --nnodes 1:<hosts> on the first rank host's
+rendezvous; every rank's DISTRUN_RESTART counts the agents' restarts in place; no distrun process
+follows such a run."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from distrun.errors import PlanError
+from distrun.inventory.cluster import cluster_from_json
+from distrun.launchers import LAUNCHERS, torchrun_argv
+from distrun.planning.jobplan import from_json, to_json
+from distrun.planning.run_files import render_rank_wrapper
+
+from .plans import plan_for
+
+NAMES = ("n1", "n2", "n3")
+
+
+def _cluster(names=NAMES):
+    hosts = {h: {"ansible_connection": "local", "ansible_host": f"10.0.0.{i}", "slots": 2} for i, h in enumerate(names, 1)}
+    inv = {"_meta": {"hostvars": hosts}, "all": {"children": ["head", "workers"]},
+           "head": {"hosts": [names[0]]}, "workers": {"hosts": list(names)}}
+    return cluster_from_json(Path("/inv/hosts.yml"), inv, None)
+
+
+def _argv(**policy):
+    plan = plan_for(_cluster(), run_id="R", launcher="torchrun", workload="ddp", **policy)
+    return plan, torchrun_argv(plan, plan.placement.hosts[0])
+
+
+def test_only_torchrun_declares_that_it_restarts_a_detached_run_itself():
+    assert [name for name, launcher in LAUNCHERS.items() if launcher.restarts_itself] == ["torchrun"]
+
+
+def test_a_detached_torchrun_run_without_failed_nodes_keeps_every_node_and_gets_the_budget():
+    plan, argv = _argv(detach=True, max_restarts=2, exclude_failed=True)
+    assert "--nnodes=1:3" in argv and "--max-restarts=2" in argv
+    assert "--rdzv-conf=is_host=1" in argv  # the first rank host's agent holds the rendezvous store
+    assert plan.attempt.min_nodes == 1 and to_json(plan)["min_nodes"] == 1
+    assert from_json(to_json(plan)) == plan
+    _, fixed = _argv(detach=True, max_restarts=2)
+    assert "--nnodes=3" in fixed  # without --exclude-failed a lost node is waited for, never left out
+    # Followed by distrun, the follower leaves the failed node out (run/restarts.py): torchrun's group stays fixed.
+    attached, followed = _argv(max_restarts=2, exclude_failed=True)
+    assert "--nnodes=3" in followed and "min_nodes" not in to_json(attached)
+
+
+def test_a_detached_torchrun_run_of_np_ranks_cannot_leave_a_node_out():
+    with pytest.raises(PlanError) as err:
+        _argv(np=4, detach=True, max_restarts=1, exclude_failed=True)
+    said = str(err.value)
+    assert "\n" not in said and "--np 4 with --detach --exclude-failed" in said and "drop --np" in said
+
+
+def test_a_one_node_run_has_no_node_to_leave_out():
+    plan = plan_for(_cluster(("n1",)), run_id="R", launcher="torchrun", workload="ddp", detach=True, max_restarts=1,
+                    exclude_failed=True)
+    assert "--nnodes=1" in torchrun_argv(plan, plan.placement.hosts[0]) and plan.attempt.min_nodes == 0
+
+
+def _restart_seen(tmp_path, plan, count: str | None) -> str:
+    wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
+    env = {"PATH": "/usr/bin:/bin", "DISTRUN_RESTART": str(plan.attempt.restart), "DISTRUN_HOST": "n1"}
+    if count is not None:
+        env["TORCHELASTIC_RESTART_COUNT"] = count
+    out = subprocess.run(["bash", "-c", wrapper, "bash", "printenv", "DISTRUN_RESTART"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()[-1]
+
+
+def test_every_rank_counts_torchruns_restarts_in_place_in_distrun_restart(tmp_path):
+    plan = plan_for(_cluster(), run_id="R", launcher="torchrun", workload="ddp", max_restarts=3, restart=1)
+    assert _restart_seen(tmp_path, plan, "2") == "3"  # distrun's one restart and torchrun's two
+    assert _restart_seen(tmp_path, plan, None) == "1"
+    # Not a number: bash's arithmetic would run a command named in it; the count is left alone.
+    assert _restart_seen(tmp_path, plan, "a[$(touch planted)]") == "1"
+    assert not (tmp_path / "planted").exists()
+    mpirun = plan_for(_cluster(), run_id="R", launcher="mpirun", workload="gcn", max_restarts=3)
+    assert "TORCHELASTIC_RESTART_COUNT" not in render_rank_wrapper(mpirun)
