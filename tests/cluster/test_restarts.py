@@ -190,3 +190,44 @@ def test_a_lost_node_on_a_shared_folder_restarts_a_workdir_program_from_its_snap
     finally:
         worker.join(timeout=900)
         bring_back(provisioned, 3, sshfs_inventory)
+
+
+# A job that fails once on purpose: rank 0 of the first try exits 3 after a few seconds (every rank
+# started: --detach lets the run go) while the others still run, so torchrun's agents restart
+# every worker; the next try runs 10 s (the run outlives --detach's wait) and ends 0.
+FAILS_ONCE = textwrap.dedent("""
+    import os, sys, time
+    restart, rank = int(os.environ["DISTRUN_RESTART"]), os.environ["RANK"]
+    print(f"ONCE rank={rank} restart={restart}", flush=True)
+    if restart == 0:
+        time.sleep(4 if rank == "0" else 60)
+        sys.exit(3)
+    time.sleep(10)
+""")
+
+
+def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned, distrun_home, tmp_path):
+    started = time.monotonic()
+    script = tmp_path / "fails_once.py"
+    script.write_text(FAILS_ONCE)
+    detach = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script),
+                     "--detach", "--max-restarts", "1", timeout=600)
+    assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
+    run_id = detach.stdout.strip().splitlines()[-1]
+    run = distrun_home / "runs" / run_id
+    assert json.loads((run / "meta.json").read_text())["controller"] is None  # nothing follows it here
+    deadline, state = time.monotonic() + 120, {}
+    while time.monotonic() < deadline:
+        status = distrun("status", run_id, "--json", timeout=120)
+        assert status.rc == 0, status.stderr
+        state = json.loads(status.stdout)
+        if state["state"] != "running":
+            break
+        time.sleep(1)
+    assert (state["state"], state.get("rc")) == ("succeeded", 0), state
+    logs = distrun("logs", run_id, timeout=120)
+    assert "ONCE rank=0 restart=0" in logs.stdout and "ONCE rank=0 restart=1" in logs.stdout, logs.stdout[-3000:]
+    shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
+    print(f"\nthe detached torchrun run restarted by itself and ended in {time.monotonic() - started:.1f} s; "
+          f"show --json: {json.dumps(shown)[:600]}", flush=True)
+    assert not run_processes(provisioned, run_id)
