@@ -194,7 +194,9 @@ def test_a_lost_node_on_a_shared_folder_restarts_a_workdir_program_from_its_snap
 
 # A job that fails once on purpose: rank 0 of the first try exits 3 after a few seconds (every rank
 # started: --detach lets the run go) while the others still run, so torchrun's agents restart
-# every worker; the next try runs 10 s (the run outlives --detach's wait) and ends 0.
+# every worker: node1's for its failed rank, the others for the new rendezvous (torch does not
+# count those in TORCHELASTIC_RESTART_COUNT). Every rank of the next try must see restart 1, runs
+# 10 s (the run outlives --detach's wait) and ends 0; a rank that saw 0 would wait 60 s and fail.
 FAILS_ONCE = textwrap.dedent("""
     import os, sys, time
     restart, rank = int(os.environ["DISTRUN_RESTART"]), os.environ["RANK"]
@@ -204,6 +206,7 @@ FAILS_ONCE = textwrap.dedent("""
         sys.exit(3)
     time.sleep(10)
 """)
+ONCE = re.compile(r"ONCE rank=(\d+) restart=(\d+)")
 
 
 def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned, distrun_home, tmp_path):
@@ -215,19 +218,32 @@ def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned
     assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
     run_id = detach.stdout.strip().splitlines()[-1]
     run = distrun_home / "runs" / run_id
-    assert json.loads((run / "meta.json").read_text())["controller"] is None  # nothing follows it here
-    deadline, state = time.monotonic() + 120, {}
-    while time.monotonic() < deadline:
-        status = distrun("status", run_id, "--json", timeout=120)
-        assert status.rc == 0, status.stderr
-        state = json.loads(status.stdout)
-        if state["state"] != "running":
-            break
-        time.sleep(1)
-    assert (state["state"], state.get("rc")) == ("succeeded", 0), state
-    logs = distrun("logs", run_id, timeout=120)
-    assert "ONCE rank=0 restart=0" in logs.stdout and "ONCE rank=0 restart=1" in logs.stdout, logs.stdout[-3000:]
-    shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
-    print(f"\nthe detached torchrun run restarted by itself and ended in {time.monotonic() - started:.1f} s; "
-          f"show --json: {json.dumps(shown)[:600]}", flush=True)
-    assert not run_processes(provisioned, run_id)
+    try:
+        assert json.loads((run / "meta.json").read_text())["controller"] is None  # nothing follows it here
+        deadline, state = time.monotonic() + 120, {}
+        while time.monotonic() < deadline:
+            status = distrun("status", run_id, "--json", timeout=120)
+            assert status.rc == 0, status.stderr
+            state = json.loads(status.stdout)
+            if state["state"] != "running":
+                break
+            time.sleep(1)
+        ended = time.monotonic() - started
+        assert (state["state"], state.get("rc")) == ("succeeded", 0), state
+        # The controller comes back: attach brings every node's logs home and ends as the run did.
+        attach = distrun("attach", run_id, timeout=300)
+        assert attach.rc == 0, attach.stdout[-3000:] + attach.stderr[-2000:]
+        logs = distrun("logs", run_id, timeout=120)
+        assert "ONCE rank=0 restart=0" in logs.stdout and "ONCE rank=0 restart=1" in logs.stdout, logs.stdout[-3000:]
+        seen: dict[int, set[int]] = {}
+        for f in (run / "nodes").rglob("stdout.log"):
+            for rank, restart in ONCE.findall(f.read_text(errors="replace")):
+                seen.setdefault(int(restart), set()).add(int(rank))
+        assert seen == {0: {0, 1, 2}, 1: {0, 1, 2}}, seen  # every rank ran twice, the second time as restart 1
+        shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
+        print(f"\nthe detached torchrun run restarted by itself and ended {ended:.1f} s after train started "
+              f"({time.monotonic() - started:.1f} s with attach); show --json: {json.dumps(shown)[:600]}", flush=True)
+        assert not run_processes(provisioned, run_id)
+    finally:
+        if run_processes(provisioned, run_id):  # the hosts idle again for the tests after this one
+            distrun("stop", run_id, timeout=300)

@@ -1,8 +1,8 @@
 """A detached run that restarts by itself (train --detach --max-restarts N): only a launcher that
 declares it (Launcher.restarts_itself: torchrun's elastic agents) takes it; torchrun's agents get
 the run's budget and, with --exclude-failed, --nnodes 1:<hosts> on the first rank host's
-rendezvous; every rank's DISTRUN_RESTART counts the agents' restarts in place; no distrun process
-follows such a run."""
+rendezvous; every rank's DISTRUN_RESTART counts the agents' restarts in place, the same on every
+node; no distrun process follows such a run."""
 
 from __future__ import annotations
 
@@ -64,23 +64,39 @@ def test_a_one_node_run_has_no_node_to_leave_out():
     assert "--nnodes=1" in torchrun_argv(plan, plan.placement.hosts[0]) and plan.attempt.min_nodes == 0
 
 
-def _restart_seen(tmp_path, plan, count: str | None) -> str:
-    wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {tmp_path}")
-    env = {"PATH": "/usr/bin:/bin", "DISTRUN_RESTART": str(plan.attempt.restart), "DISTRUN_HOST": "n1"}
-    if count is not None:
-        env["TORCHELASTIC_RESTART_COUNT"] = count
+def _start(tmp_path, plan, host: str, local_rank: int | str, torch_count: str | None) -> str:
+    """One start of the rank wrapper on ``host`` (its own run directory, as in sync mode), as
+    torchrun's agent starts a local rank: the DISTRUN_RESTART the job sees."""
+    run_dir = tmp_path / host
+    run_dir.mkdir(exist_ok=True)
+    wrapper = render_rank_wrapper(plan).replace(f"cd {plan.run_dir}", f"cd {run_dir}")
+    env = {"PATH": "/usr/bin:/bin", "DISTRUN_RESTART": str(plan.attempt.restart), "LOCAL_RANK": str(local_rank),
+           "RANK": str(local_rank)}
+    if torch_count is not None:
+        env["TORCHELASTIC_RESTART_COUNT"] = torch_count
     out = subprocess.run(["bash", "-c", wrapper, "bash", "printenv", "DISTRUN_RESTART"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()[-1]
 
 
-def test_every_rank_counts_torchruns_restarts_in_place_in_distrun_restart(tmp_path):
+def test_every_rank_of_a_group_restarted_in_place_sees_the_same_distrun_restart(tmp_path):
+    # Rank 0 on n1 fails: n1's agent restarts its workers (its TORCHELASTIC_RESTART_COUNT: 1); n2's
+    # agent restarts its healthy workers for the new rendezvous, which torch does not count (0).
+    plan = plan_for(_cluster(), run_id="R", launcher="torchrun", workload="ddp", max_restarts=3)
+    assert [_start(tmp_path, plan, h, lr, "0") for h in ("n1", "n2") for lr in (0, 1)] == ["0"] * 4
+    assert [_start(tmp_path, plan, "n1", lr, "1") for lr in (0, 1)] == ["1", "1"]
+    assert [_start(tmp_path, plan, "n2", lr, "0") for lr in (0, 1)] == ["1", "1"]
+    # A second time: n2's workers failed now.
+    assert [_start(tmp_path, plan, h, 0, c) for h, c in (("n1", "1"), ("n2", "1"))] == ["2", "2"]
+
+
+def test_distrun_restart_counts_distruns_restart_and_torchruns_in_place(tmp_path):
     plan = plan_for(_cluster(), run_id="R", launcher="torchrun", workload="ddp", max_restarts=3, restart=1)
-    assert _restart_seen(tmp_path, plan, "2") == "3"  # distrun's one restart and torchrun's two
-    assert _restart_seen(tmp_path, plan, None) == "1"
-    # Not a number: bash's arithmetic would run a command named in it; the count is left alone.
-    assert _restart_seen(tmp_path, plan, "a[$(touch planted)]") == "1"
-    assert not (tmp_path / "planted").exists()
-    mpirun = plan_for(_cluster(), run_id="R", launcher="mpirun", workload="gcn", max_restarts=3)
-    assert "TORCHELASTIC_RESTART_COUNT" not in render_rank_wrapper(mpirun)
+    assert [_start(tmp_path, plan, "n1", 0, c) for c in ("0", "1", None)] == ["1", "2", "3"]
+    # A local rank that is not a number names no other file, nor runs anything.
+    assert _start(tmp_path, plan, "n3", "0/../../x$(touch planted)", None) == "1"
+    assert not list(tmp_path.rglob("planted")) and not list(tmp_path.rglob("x"))
+    mpirun = plan_for(_cluster(), run_id="R", launcher="mpirun", workload="gcn", max_restarts=3, restart=1)
+    assert "starts-" not in render_rank_wrapper(mpirun)
+    assert _start(tmp_path, mpirun, "n1", 0, "2") == "1"  # restarted by distrun only

@@ -96,9 +96,11 @@ class Launcher(ABC):
     # --detach --max-restarts N' may use it (torchrun's elastic agents); the others restart only
     # while the controller follows the run (run/restarts.py).
     restarts_itself: bool = False
-    # Its own count of the restarts it made in place, a variable every rank gets from it: the rank
-    # wrapper adds it to DISTRUN_RESTART, so a job resumes whichever of the two restarted it.
-    restart_count_variable: str | None = None
+    # It restarts every rank in place within an attempt (torchrun's agents, --max-restarts): the
+    # rank wrapper counts a node's starts of each local rank into DISTRUN_RESTART, the same number
+    # on every rank of a group (the launcher's own count need not be: torchrun's counts only the
+    # restarts an agent made for its own failed workers, not those it made for another node's).
+    restarts_in_place: bool = False
 
     # The scheduler of a site distrun does not administer (Cluster.site) that this launcher submits
     # to: it runs there, reaching only the site's login node (``login``).

@@ -94,7 +94,7 @@ class Torchrun(Launcher):
     # Its elastic agents restart the workers (--max-restarts) and, with --nnodes MIN:MAX, go on
     # without a lost node, with no distrun process following the run.
     restarts_itself = True
-    restart_count_variable = "TORCHELASTIC_RESTART_COUNT"
+    restarts_in_place = True
 
     def rank_order(self, hosts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]] | None:
         # The c10d rendezvous numbers its agents in the sorted order of their --local-addr

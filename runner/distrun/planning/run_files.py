@@ -126,13 +126,19 @@ def _rank_variable(plan: JobPlan, name: str, default: str) -> str:
     return f'export {name}="${{{name}:-{value}}}"'
 
 
-def _restart_count(plan: JobPlan) -> str:
-    """DISTRUN_RESTART counts the launcher's own restarts in place too (torchrun's agents)."""
-    count = launcher_named(plan.launch.launcher).restart_count_variable
-    if not count:
+def _restart_count(plan: JobPlan, started: str) -> str:
+    """DISTRUN_RESTART counts the launcher's restarts in place too (Launcher.restarts_in_place):
+    one line per start of this local rank on this node, in the attempt's ``started`` folder.
+    Every agent restarts all of its ranks at each new rendezvous, whichever node failed, so the
+    count is the same on every rank of the group. torchrun's TORCHELASTIC_RESTART_COUNT is not:
+    an agent counts only the restarts it made for its own failed workers, so the ranks of the
+    other nodes would start again with 0 and a job would resume on some nodes only."""
+    if not launcher_named(plan.launch.launcher).restarts_in_place:
         return ""
-    return (f'case "${{{count}:-}}" in\n  ""|*[!0-9]*) ;;\n'
-            f'  *) export DISTRUN_RESTART="$(( {int(plan.attempt.restart)} + 10#${count} ))" ;;\nesac\n')
+    return (f'starts={started}/"starts-${{DISTRUN_HOST//[^A-Za-z0-9._-]/_}}-${{LOCAL_RANK//[^0-9]/}}"\n'
+            f'n="$({{ mkdir -p {started} && echo $$ >> "$starts" && wc -l < "$starts"; }} 2>/dev/null)" || n=\n'
+            'n="${n//[^0-9]/}"\n'
+            f'if [ -n "$n" ] && [ "$n" -gt 0 ]; then export DISTRUN_RESTART="$(( {int(plan.attempt.restart)} + 10#$n - 1 ))"; fi\n')
 
 
 def render_rank_wrapper(plan: JobPlan) -> str:
@@ -183,11 +189,11 @@ if [ -n "$IFACE" ]; then
   export GLOO_SOCKET_IFNAME="${{GLOO_SOCKET_IFNAME:-$IFACE}}"
   export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-$IFACE}}"
 fi
-{gpu_block}{_restart_count(plan)}echo "{header}"
+{gpu_block}echo "{header}"
 cd {shlex.quote(plan.run_dir)}
 # One marker per started rank: 'distrun train --detach' and 'distrun status' count them.
 {{ mkdir -p {started} && echo "$(hostname -s) $$" > {started}/"rank-$RANK"; }} 2>/dev/null || :
-{source_env}exec "$@"
+{_restart_count(plan, started)}{source_env}exec "$@"
 """
 
 
