@@ -200,13 +200,13 @@ def test_a_lost_node_on_a_shared_folder_restarts_a_workdir_program_from_its_snap
 FAILS_ONCE = textwrap.dedent("""
     import os, sys, time
     restart, rank = int(os.environ["DISTRUN_RESTART"]), os.environ["RANK"]
-    print(f"ONCE rank={rank} restart={restart}", flush=True)
+    print(f"ONCE rank={rank} restart={restart} torch={os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
     if restart == 0:
         time.sleep(4 if rank == "0" else 60)
         sys.exit(3)
     time.sleep(10)
 """)
-ONCE = re.compile(r"ONCE rank=(\d+) restart=(\d+)")
+ONCE = re.compile(r"ONCE rank=(\d+) restart=(\d+) torch=(\d+)")
 
 
 def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned, distrun_home, tmp_path):
@@ -235,14 +235,18 @@ def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned
         assert attach.rc == 0, attach.stdout[-3000:] + attach.stderr[-2000:]
         logs = distrun("logs", run_id, timeout=120)
         assert "ONCE rank=0 restart=0" in logs.stdout and "ONCE rank=0 restart=1" in logs.stdout, logs.stdout[-3000:]
+        # Every node's launcher log (torchrun tees its ranks' lines there; the rank log of a start
+        # torch did not count is replaced by the next one's): (rank, DISTRUN_RESTART, torch's count).
+        starts = {(int(rank), int(restart), int(count)) for f in (run / "nodes").rglob("*") if f.is_file()
+                  for rank, restart, count in ONCE.findall(f.read_text(errors="replace"))}
         seen: dict[int, set[int]] = {}
-        for f in (run / "nodes").rglob("stdout.log"):
-            for rank, restart in ONCE.findall(f.read_text(errors="replace")):
-                seen.setdefault(int(restart), set()).add(int(rank))
-        assert seen == {0: {0, 1, 2}, 1: {0, 1, 2}}, seen  # every rank ran twice, the second time as restart 1
+        for rank, restart, _ in starts:
+            seen.setdefault(restart, set()).add(rank)
+        assert seen == {0: {0, 1, 2}, 1: {0, 1, 2}}, sorted(starts)  # every rank ran twice, the second time as restart 1
         shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
         print(f"\nthe detached torchrun run restarted by itself and ended {ended:.1f} s after train started "
-              f"({time.monotonic() - started:.1f} s with attach); show --json: {json.dumps(shown)[:600]}", flush=True)
+              f"({time.monotonic() - started:.1f} s with attach); (rank, DISTRUN_RESTART, TORCHELASTIC_RESTART_COUNT) "
+              f"of every start: {sorted(starts)}; show --json: {json.dumps(shown)[:600]}", flush=True)
         assert not run_processes(provisioned, run_id)
     finally:
         if run_processes(provisioned, run_id):  # the hosts idle again for the tests after this one
