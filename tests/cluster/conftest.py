@@ -124,13 +124,15 @@ def cell_script(tmp_path_factory):
     return path
 
 
-def run_processes(cluster, run_id: str, nodes: tuple[int, ...] = (1, 2, 3)) -> list[str]:
+def run_processes(cluster, run_id: str, nodes: tuple[int, ...] = (1, 2, 3), over_ssh: bool = False) -> list[str]:
     """Processes whose environment carries DISTRUN_RUN_ID=<run_id> (the tag 'distrun stop'
-    kills by), still alive on the given nodes: 'node<k>:/proc/<pid>/environ' each."""
+    kills by), still alive on the given nodes: 'node<k>:/proc/<pid>/environ' each. ``over_ssh``:
+    not through podman exec, whose lock another session's podman commit can hold for minutes."""
     alive = []
     for k in nodes:
-        out = cluster.exec(k, f"for f in /proc/[0-9]*/environ; do grep -qzxF 'DISTRUN_RUN_ID={run_id}' $f 2>/dev/null "
-                              f"&& echo $f; done; true", check=False)
+        find = (f"for f in /proc/[0-9]*/environ; do grep -qzxF 'DISTRUN_RUN_ID={run_id}' $f 2>/dev/null "
+                f"&& echo $f; done; true")
+        out = cluster.ssh(k, find, check=False) if over_ssh else cluster.exec(k, find, check=False)
         alive += [f"node{k}:{line}" for line in out.stdout.split()]
     return alive
 

@@ -218,6 +218,7 @@ def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned
     assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
     run_id = detach.stdout.strip().splitlines()[-1]
     run = distrun_home / "runs" / run_id
+    left = ["not looked for"]
     try:
         assert json.loads((run / "meta.json").read_text())["controller"] is None  # nothing follows it here
         deadline, state = time.monotonic() + 120, {}
@@ -247,7 +248,8 @@ def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned
         print(f"\nthe detached torchrun run restarted by itself and ended {ended:.1f} s after train started "
               f"({time.monotonic() - started:.1f} s with attach); (rank, DISTRUN_RESTART, TORCHELASTIC_RESTART_COUNT) "
               f"of every start: {sorted(starts)}; show --json: {json.dumps(shown)[:600]}", flush=True)
-        assert not run_processes(provisioned, run_id)
+        left = run_processes(provisioned, run_id, over_ssh=True)
+        assert not left
     finally:
-        if run_processes(provisioned, run_id):  # the hosts idle again for the tests after this one
+        if left:  # the hosts idle again for the tests after this one
             distrun("stop", run_id, timeout=300)
