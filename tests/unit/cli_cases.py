@@ -170,6 +170,10 @@ add("--exclude-failed without --max-restarts", fixed([*T, "--exclude-failed"]), 
 add("--detach with --max-restarts", fixed([*T, "--detach", "--max-restarts", "2"]),
     ("--detach and --max-restarts: --launcher mpirun restarts a run only while distrun follows it",
      "use --launcher torchrun (it restarts a detached run on the nodes by itself)", "drop --detach"))
+add("--detach with --max-restarts and --exclude-failed",
+    fixed([*T, "--launcher", "torchrun", "--detach", "--max-restarts", "1", "--exclude-failed"]),
+    ("--detach --max-restarts --exclude-failed: a detached run that goes on without a lost node", "drop --exclude-failed",
+     "or drop --detach"))
 add("--detach with --max-restarts under Slurm", fixed([*T, "--launcher", "slurm", "--detach", "--max-restarts", "1"]),
     ("--launcher slurm restarts a run only while distrun follows it", "use --launcher torchrun"))
 add("--prepare without --workdir", fixed([*D, "--prepare", "make"]), ("--prepare runs in your project folder", "--workdir DIR"))
