@@ -22,7 +22,7 @@ from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
 from distrun.planning.placement import gpu_slot_mismatches
-from distrun.preflight import gpuhealth, sshmesh
+from distrun.preflight import gpuhealth, nodefacts, sshmesh
 from distrun.preflight.report import Item, Report, blamed, build_report, from_dicts, refusal, report_json
 from distrun.store import drained
 from distrun.store.runs import new_run
@@ -142,8 +142,10 @@ def run_check(inventory: Path, label: str,
             # One fork per node: the full network probe's listeners wait for calls from every
             # other node, so every node's probe must run at once (with fewer forks, the nodes
             # past the first forks start when the first have given up on them).
-            return run_playbook("playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
+            return run_playbook("playbooks/preflight.yml", inventory, run.dir, on_event=probed,
                                 extravars={**extravars, "preflight_ssh_baseline": baseline}, forks=len(names))
+
+        probed = nodefacts.Collector(on_event)  # the facts each probe reported, for the cache
 
         result: PlaybookResult = full(proved)
         mesh = result.fact(sshmesh.FACT)
@@ -156,8 +158,9 @@ def run_check(inventory: Path, label: str,
                       "proved: every node logs in to every other again")
             result = full({})
     sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # the logins' proof, when there were logins
+    nodefacts.merge(paths.fact_cache_dir(inventory), probed.facts)
     hosts = host_states(result, names)
-    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
+    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts the probes just reported: gpus
     reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]
     health = gpu_health(result, reached)
     report = report_of(result, names, gpu_items(reached, label), health_items(health))
