@@ -69,3 +69,52 @@ def test_the_cache_keeps_only_the_facts_a_plan_reads_from_a_probes_answer_and_wh
     assert oct((tmp_path / "s1_n1").stat().st_mode & 0o777) == "0o600"
     nodefacts.merge(tmp_path, {"n3": nodefacts.cache_facts(said)})  # a node no fact was cached for yet
     assert rules.default_ipv4(load_facts(tmp_path, "n3")) == "10.9.0.7"
+
+
+class FactsCheck:
+    """preflight.yml as 'distrun check' sees it: every node's probe answers with ``said`` (its facts
+    on distrun_network 10.9.0.0/16), and the play passes; each run's extra-vars are kept."""
+
+    def __init__(self, said: dict[str, str]) -> None:
+        self.said, self.asked = said, []
+
+    def __call__(self, playbook: str, inventory: Path, run_dir: Path, extravars: dict, on_event=None, **kw: object):
+        from distrun.transport.playbook_events import HostProgress, PlaybookResult
+
+        self.asked.append({**extravars, "cached_facts": kw.get("cached_facts")})
+        for host, address in self.said.items():
+            on_event(_answer(host, {"interfaces": [{"name": "ib0", "active": True, "ipv4": [
+                {"address": address, "netmask": "255.255.0.0", "network": "10.9.0.0", "prefix": "16"}]}],
+                "default_route": {"interface": "ib0", "gateway": "10.9.0.1"}, "local": {}, "python": {}}))
+        return PlaybookResult(playbook, 0, "successful", {h: HostProgress(h) for h in self.said}, run_dir)
+
+
+def _fast_check(tmp_path: Path, monkeypatch, role: FactsCheck) -> list[dict]:
+    from distrun import paths
+    from distrun.preflight import check
+
+    inv = tmp_path / "hosts.ini"
+    inv.write_text("[head]\nn1 ansible_host=10.0.0.1\n[workers]\nn2 ansible_host=10.0.0.2\n"
+                   "[all:vars]\ndistrun_network=10.9.0.0/16\n")
+    monkeypatch.setattr(check, "run_playbook", role)
+    monkeypatch.setattr(check, "settle_drains", lambda *a, **k: {})
+    role.asked.clear()
+    check.run_check(inv, "test")
+    cluster = check.cluster_from_json(inv, check.inventory_read.read_inventory_json(inv), paths.fact_cache_dir(inv))
+    assert nodefacts.probe_addresses(cluster, paths.fact_cache_dir(inv)) == role.said
+    return role.asked
+
+
+def test_check_probes_the_network_at_the_addresses_the_nodes_report_not_at_none_or_stale_cached_ones(
+        tmp_path, monkeypatch):
+    role = FactsCheck({"n1": "10.9.0.1", "n2": "10.9.0.2"})
+    # No facts cached yet (a new inventory): the plays see none, so a first pass collects them
+    # without the network probe, and the second probes the network at them.
+    first = _fast_check(tmp_path, monkeypatch, role)
+    assert [a.get("preflight_net_probe", True) for a in first] == [False, True]
+    assert all(a["cached_facts"] for a in first)
+    # Nothing changed: one pass, the plays reading the cache.
+    assert [a.get("preflight_net_probe", True) for a in _fast_check(tmp_path, monkeypatch, role)] == [True]
+    # n2 moved on that network since: probed again at its new address.
+    role.said = {"n1": "10.9.0.1", "n2": "10.9.3.2"}
+    assert [a.get("preflight_net_probe", True) for a in _fast_check(tmp_path, monkeypatch, role)] == [True, True]

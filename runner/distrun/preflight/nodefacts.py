@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from distrun.inventory import rules
+from distrun.inventory.cluster import Cluster, load_facts
 from distrun.transport.playbook_events import PlaybookEvent
 
 
@@ -107,3 +108,15 @@ def merge(cache: Path, facts: Mapping[str, Mapping[str, Any]]) -> None:
         tmp.write_text(json.dumps({"__payload__": json.dumps(old, sort_keys=True)}))
         tmp.chmod(0o600)
         os.replace(tmp, path)
+
+
+def probe_addresses(cluster: Cluster, cache: Path) -> dict[str, str]:
+    """Each node's address the network probe calls it at, from the cached facts (role preflight's
+    distrun_network_address, the node's name when it has none): on distrun_network its address
+    there ('' where its facts hold none), else its inventory address or its default route's."""
+    try:
+        network = rules.cluster_network(cluster.group_vars.get("distrun_network"))
+    except ValueError:
+        network = ""
+    return {n.name: rules.network_address(n.hostvars.get("ansible_host"), load_facts(cache, n.name), network, n.name)
+            for n in cluster.nodes}
