@@ -76,7 +76,8 @@ class FactsCheck:
     on distrun_network 10.9.0.0/16), and the play passes; each run's extra-vars are kept."""
 
     def __init__(self, said: dict[str, str]) -> None:
-        self.said, self.asked = said, []
+        self.said: dict[str, str] = said
+        self.asked: list[dict] = []
 
     def __call__(self, playbook: str, inventory: Path, run_dir: Path, extravars: dict, on_event=None, **kw: object):
         from distrun.transport.playbook_events import HostProgress, PlaybookResult
