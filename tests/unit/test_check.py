@@ -165,6 +165,19 @@ def test_an_unreachable_node_fails_reach_only_and_the_rest_is_checked():
     assert "node2" not in rep["versions"]
 
 
+def test_a_node_out_of_play_fails_reach_only_though_the_others_probes_tried_to_log_in_to_it():
+    # No fact gathering drops it before the probes start: the others' probes try it and time out.
+    probes = healthy()
+    del probes["node2"]
+    for h, p in probes.items():
+        p["ssh"]["node2"] = {"ok": False, "detail": f"distrun@node2: ssh: connect to host node2 port 22: timed out ({h})"}
+    hosts = {"node1": {"state": "ok", "error": ""}, "node2": {"state": "unreachable", "error": "No route to host"},
+             "node3": {"state": "ok", "error": ""}}
+    rep = report(probes, hosts=hosts, seen={"node3": "/srv/distrun/.p"})
+    assert list(failures(rep)) == [("reach", "node2")]
+    assert rep["ssh"]["node1"].detail == "reaches node3"
+
+
 def test_a_host_ansible_failed_without_a_known_cause_is_still_reported():
     hosts = {h: {"state": "ok", "error": ""} for h in NODES}
     hosts["node3"] = {"state": "failed", "error": "Probe ...: Traceback"}

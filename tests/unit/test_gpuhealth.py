@@ -232,7 +232,7 @@ def test_the_task_runs_the_program_and_publishes_its_fact():
     from distrun.transport import nodeprog
 
     text = (REPO / "roles" / "preflight" / "tasks" / "gpu_health.yml").read_text()
-    assert "'gpuhealth' | distrun_node_source" in text and f"{HEALTH_FACT}:" in text
+    assert "program: gpuhealth" in text and f"{HEALTH_FACT}:" in text
     assert nodeprog.files("gpuhealth") == [PROGRAM]  # the one recipe sends the program alone
     main = (REPO / "roles" / "preflight" / "tasks" / "main.yml").read_text()
     assert "file: gpu_health.yml" in main and "when: preflight_full | bool" in main.split("file: gpu_health.yml")[1][:200]

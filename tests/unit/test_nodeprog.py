@@ -154,7 +154,7 @@ def test_every_node_program_is_composed_by_one_recipe_that_the_roles_use():
     joined = [str(p.relative_to(repo)) for p in yamls if ".py'" in p.read_text() and "lookup('ansible.builtin.file'" in p.read_text()]
     assert not joined, f"node program files joined outside the recipe: {joined}"
     asked = "".join(p.read_text() for p in yamls)
-    for program in ("node", "stage", "probe", "gpuhealth", "fileserver"):
+    for program in ("node", "stage", "fileserver"):
         assert f"'{program}' | distrun_node_source" in asked, program
     # Setup installs every program of nodeprog.INSTALLED, each the recipe's text at the recipe's path.
     install = yaml.safe_load((repo / "roles" / "job" / "tasks" / "install.yml").read_text())[-1]
@@ -162,6 +162,8 @@ def test_every_node_program_is_composed_by_one_recipe_that_the_roles_use():
     assert install["ansible.builtin.copy"]["dest"] == "{{ job_programs_dir }}/{{ item | distrun_node_program | basename }}"
     installed = yaml.safe_load((repo / "roles" / "job" / "vars" / "main.yml").read_text())["_job_installed"]
     assert tuple(installed) == nodeprog.INSTALLED
+    for program in ("probe", "gpuhealth"):  # sent on stdin by role distrun's action, which asks the recipe
+        assert f"distrun_program:\n    program: {program}\n" in asked, program
     for program in nodeprog.SOURCES:
         assert all(f.is_file() for f in nodeprog.files(program)), program
 
@@ -193,9 +195,10 @@ def test_the_stage_step_and_the_probes_stage_program_send_the_runners_source():
                    if isinstance(t.get("vars"), dict) and "preflight_stage_program" in t["vars"])
     named = _jinja().from_string(program).render(distrun_stage_early=True)
     probe = yaml.safe_load((repo / "roles" / "preflight" / "tasks" / "probe.yml").read_text())[0]
-    argv = _render(probe, _preflight_config={}, preflight_stage_program=named)
-    assert argv[:4] == ["/usr/bin/python3", "-I", "-S", "-c"] and argv[-1] == nodeprog.text("stage")
-    assert argv[4] == nodeprog.text("probe")  # the probe itself, as the recipe composes it, one word
+    args = probe["distrun_program"]
+    assert args["program"] == "probe"  # the probe itself, as the recipe composes it
+    sent = [_jinja().from_string(a).render(preflight_stage_program=named) for a in args["argv_programs"]]
+    assert sent == ["stage"]  # the stage program's text, the probe's second argument
 
 
 def test_the_stop_task_sends_the_same_source_as_the_runner():
@@ -217,24 +220,53 @@ def test_the_stop_task_of_a_cluster_with_people_asks_the_installed_entry_point()
     assert len(argv) == 6
 
 
-def test_the_probes_command_leaves_room_for_a_large_clusters_config():
-    """Ansible sends the probe's task as one command line, which the node's shell takes as one
-    argument, quoted once more under become (sudo), and the kernel takes at most 128 KiB in one
-    argument: the probe, a run's stage program and the full set's config of 128 nodes fit in it."""
-    nodes = [f"gpu-node-{i:03d}.cluster.example" for i in range(128)]
-    config = {"host": nodes[0], "user": "train", "env_prefix": "/opt/distrun/env", "mpi_prefix": "/opt/distrun/env",
-              "shared_dir": "/srv/distrun", "ssh_timeout": 10, "user_ssh": ["ssh", "-F", "/etc/ssh/ssh_config"],
-              "ssh_mode": "login", "ssh_targets": nodes[1:], "names": nodes, "modules": ["mpi4py", "numpy", "torch"],
-              "env_records": False, "programs": {"mpirun": ["/opt/distrun/env/bin/mpirun"], "torchrun": ["/opt/distrun/env/bin/torchrun"]},
-              "image": {}, "mount_fstypes": [], "shared_fs_mounts": False, "ports": [29500, "50000-50999"],
-              "net": {"nonce": "0" * 40, "timeout": 8, "head": nodes[0], "rendezvous": 29500, "mpi_range": "50000-50999",
-                      "peers": {n: f"10.20.{i // 200}.{i % 200 + 1}" for i, n in enumerate(nodes)}, "listen_address": "10.20.0.1"},
-              "addresses": True, "slurm": False, "slurm_partition": "", "shared_probe": True, "stage": {"run_id": "r" * 40}}
+def _large_config(n: int) -> dict:
+    """The full set's probe config of an n-node cluster, as probe.yml renders it (long names)."""
+    nodes = [f"gpu-node-{i:04d}.cluster.example" for i in range(n)]
+    return {"host": nodes[0], "user": "train", "env_prefix": "/opt/distrun/env", "mpi_prefix": "/opt/distrun/env",
+            "shared_dir": "/srv/distrun", "ssh_timeout": 10, "user_ssh": ["ssh", "-F", "/etc/ssh/ssh_config"],
+            "ssh_mode": "login", "ssh_targets": nodes[1:], "names": nodes, "modules": ["mpi4py", "numpy", "torch"],
+            "env_records": False, "programs": {"mpirun": ["/opt/distrun/env/bin/mpirun"], "torchrun": ["/opt/distrun/env/bin/torchrun"]},
+            "image": {}, "mount_fstypes": [], "shared_fs_mounts": False, "ports": [29500, "50000-50999"],
+            "net": {"nonce": "0" * 40, "timeout": 8, "head": nodes[0], "rendezvous": 29500, "mpi_range": "50000-50999",
+                    "peers": {n: f"10.20.{i // 200}.{i % 200 + 1}" for i, n in enumerate(nodes)}, "listen_address": "10.20.0.1"},
+            "addresses": True, "facts": True, "slurm": False, "slurm_partition": "", "shared_probe": True,
+            "stage": {"run_id": "r" * 40}}
+
+
+def test_a_1024_node_probe_travels_on_stdin_behind_a_command_line_of_fixed_size():
+    """The kernel takes at most 128 KiB in one argument (MAX_ARG_STRLEN), and a raw task's command
+    is one argument of the node's shell, quoted once more under become (sudo): the probe's text, a
+    run's stage program and a 1,024-node cluster's config are far more. The probe task sends them on
+    the connection's stdin (role distrun's action distrun_program, nodeprog's loader): the command
+    line stays the loader's few hundred bytes, and the composed probe, run from that stdin, reads
+    the whole config (here one it refuses, so that the test runs nothing of a node's)."""
+    config = _large_config(1024)
+    argv = [json.dumps(config), nodeprog.text("stage")]
+    old_way = shlex.join(["/usr/bin/python3", "-I", "-S", "-c", nodeprog.text("probe"), *argv])
+    become = "sudo -H -S -n -u root /bin/sh -c " + shlex.quote(f"echo BECOME-SUCCESS-{'x' * 32} ; {old_way}")
+    assert len(become.encode()) > 128 * 1024  # what a raw task would need: more than the kernel takes
+    command = nodeprog.loader_command(sys.executable)
+    become = "sudo -H -S -n -u root /bin/sh -c " + shlex.quote(f"echo BECOME-SUCCESS-{'x' * 32} ; {command}")
+    assert len(become.encode()) < 1024, become
+    bad = json.dumps({**config, "user": 5})  # every key read, then refused: the probe ran, and stops there
+    out = subprocess.run(shlex.split(command), input=nodeprog.stdin_payload("probe", [bad, argv[1]]),
+                         capture_output=True, timeout=60, check=False)
+    assert (out.returncode, out.stdout, out.stderr) == (2, b"", b"probe.py: user 5 is missing or not a string\n")
+    out = subprocess.run(shlex.split(command), input=nodeprog.stdin_payload("probe", []), capture_output=True,
+                         timeout=60, check=False)
+    assert out.stderr.decode().endswith("(got 0 arguments)\n") and out.returncode == 2
+
+
+def test_the_probe_task_sends_its_config_and_stage_program_as_arguments_of_the_loader():
+    """probe.yml's task: the probe by name (the recipe), its config as its first argument and a
+    run's stage program (where one stages in this round trip) as its second, nothing on a command line."""
     task = yaml.safe_load((FILES.parents[1] / "preflight" / "tasks" / "probe.yml").read_text())[0]
+    assert set(task) & {"ansible.builtin.raw", "ansible.builtin.command", "ansible.builtin.shell"} == set()
+    args = task["distrun_program"]
     jinja = _jinja()
-    jinja.filters["distrun_node_source"] = nodeprog.text
-    jinja.filters["distrun_node_program"] = nodeprog.installed
-    raw = jinja.from_string(task["ansible.builtin.raw"]).render(ansible_facts=FACTS, _preflight_config=config,
-                                                                preflight_stage_program="stage")
-    become = "sudo -H -S -n -u root /bin/sh -c " + shlex.quote(f"echo BECOME-SUCCESS-{'x' * 32} ; {raw}")
-    assert len(become.encode()) < 128 * 1024, len(become.encode())
+    jinja.filters["to_json"] = json.dumps
+    config = _large_config(3)
+    rendered = [jinja.from_string(a).render(_preflight_config=config) for a in args["argv"]]
+    assert [json.loads(r) for r in rendered] == [config]
+    assert jinja.from_string(args["python"]).render(ansible_facts=FACTS) == "/usr/bin/python3"

@@ -60,6 +60,11 @@ class Probe:
 
     def checks(self) -> None:
         cfg, report = self.cfg, self.report
+        if cfg.facts:
+            self.step = "facts"
+            report["facts"] = probe_facts()
+            # The node's own record of its Open MPI, where the controller's cache had none yet.
+            cfg.mpi_prefix = cfg.mpi_prefix or str(report["facts"]["local"].get("mpi_prefix") or "")
         try:
             pwd.getpwnam(cfg.user)
         except KeyError:

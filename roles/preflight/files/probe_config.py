@@ -62,6 +62,7 @@ class ProbeConfig:
         self.ports: list[int | str] = ports
         self.net: dict = _mapping(cfg.get("net") or {}, "net")  # netprobe.py's NetworkProbe's config
         self.addresses: bool = bool(cfg.get("addresses"))
+        self.facts: bool = bool(cfg.get("facts"))  # report the facts 'distrun check' keeps (probe_facts.py)
         self.slurm: bool = bool(cfg.get("slurm"))
         self.slurm_partition: str = str(cfg.get("slurm_partition") or "")
         self.stage: dict = _mapping(cfg.get("stage") or {}, "stage")  # a run's stage step's config, if any

@@ -39,9 +39,14 @@ def _fact(facts: Mapping[str, Any], name: str) -> Any:
     return facts.get(f"ansible_{name}", facts.get(name))
 
 
+# The fact that holds the node's default route's address (Ansible's setup module's name; distrun
+# check's probe reports it too, preflight/nodefacts.py caches it under this name).
+DEFAULT_IPV4 = "default_ipv4"
+
+
 def default_ipv4(facts: Mapping[str, Any] | None) -> str:
     """The address of the node's default route, from its facts; '' when not gathered."""
-    value = _fact(_facts(facts), "default_ipv4") or {}
+    value = _fact(_facts(facts), DEFAULT_IPV4) or {}
     return str(value.get("address") or "") if isinstance(value, Mapping) else ""
 
 

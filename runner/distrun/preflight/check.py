@@ -22,7 +22,7 @@ from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
 from distrun.planning.placement import gpu_slot_mismatches
-from distrun.preflight import gpuhealth, sshmesh
+from distrun.preflight import gpuhealth, nodefacts, sshmesh
 from distrun.preflight.report import Item, Report, blamed, build_report, from_dicts, refusal, report_json
 from distrun.store import drained
 from distrun.store.runs import new_run
@@ -137,27 +137,49 @@ def run_check(inventory: Path, label: str,
     names = [n.name for n in cluster.nodes]
     extravars = {"preflight_full": True, **preflight_vars(label, run.dir), **image_vars(cluster)}
     proved = {} if ssh_logins else sshmesh.mesh_baseline(inventory)
+    cache = paths.fact_cache_dir(inventory)
     with (progress(names) if progress else contextlib.nullcontext()) as on_event:
-        def full(baseline: dict[str, str]) -> PlaybookResult:
+        again = getattr(on_event, "again", None)
+
+        def full(baseline: dict[str, str], net: bool = True) -> PlaybookResult:
             # One fork per node: the full network probe's listeners wait for calls from every
             # other node, so every node's probe must run at once (with fewer forks, the nodes
-            # past the first forks start when the first have given up on them).
-            return run_playbook("playbooks/preflight.yml", inventory, run.dir, on_event=on_event,
-                                extravars={**extravars, "preflight_ssh_baseline": baseline}, forks=len(names))
+            # past the first forks start when the first have given up on them). The plays see
+            # the cached facts (no setup module): each probe reports the node's facts anew, and
+            # they are merged into the cache once it answered.
+            probed = nodefacts.Collector(on_event)
+            more = {"preflight_ssh_baseline": baseline, **({} if net else {"preflight_net_probe": False})}
+            result = run_playbook("playbooks/preflight.yml", inventory, run.dir, on_event=probed, cached_facts=True,
+                                  extravars={**extravars, **more}, forks=len(names))
+            nodefacts.merge(cache, probed.facts)
+            return result
 
-        result: PlaybookResult = full(proved)
+        calls = nodefacts.probe_addresses(cluster, cache)  # where the network probe calls each node
+        # A node with no address known on distrun_network (no facts cached yet: a first check of
+        # this inventory) cannot be called: the first pass only collects the facts for the second.
+        known = all(calls.values())
+        baseline = proved
+        result: PlaybookResult = full(baseline, net=known)
         mesh = result.fact(sshmesh.FACT)
         if proved and sshmesh.unverified(mesh):
             # A node changed what a login depends on: every node logs in again. The live table
             # (when there is one) starts again too, and says why.
-            again = getattr(on_event, "again", None)
             if callable(again):
                 again(f"ssh: {', '.join(mesh['unverified'])} changed since the logins between the nodes were "
                       "proved: every node logs in to every other again")
-            result = full({})
+            baseline = {}
+            result = full(baseline, net=known)
+        moved = sorted(h for h, a in nodefacts.probe_addresses(cluster, cache).items() if a != calls[h])
+        if moved or not known:
+            # The network probe called a node at an address its cached facts gave, and its probe
+            # reported another (or it could not call it: no facts cached): once more, at the new one.
+            if callable(again) and moved:
+                again(f"network: {', '.join(moved)} had other addresses than the facts cached for them: "
+                      "every node is probed again at the addresses they reported")
+            result = full(baseline)
     sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # the logins' proof, when there were logins
     hosts = host_states(result, names)
-    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))  # the facts just gathered: gpus
+    cluster = cluster_from_json(inventory, data, cache)  # the facts the probes just reported: gpus
     reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]
     health = gpu_health(result, reached)
     report = report_of(result, names, gpu_items(reached, label), health_items(health))

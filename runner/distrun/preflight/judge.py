@@ -129,7 +129,11 @@ def verdict(
     node -> the ssh fingerprint a login was proved with, which a banner check stands on."""
     seen = seen or {}
     report: Report = {c: {} for c in CHECKS}
-    probes = dict(probes)
+    # A probe's ssh to a node out of play (unreachable, its own probe never ran: no fact gathering
+    # drops it from the play before the probes start) says nothing about the prober: that node is
+    # reported on its own ('reach'), as the network probe's calls to it are left out (netjudge).
+    probes = {h: {**p, "ssh": {t: r for t, r in p["ssh"].items() if t in probes}} if isinstance(p.get("ssh"), Mapping)
+              else p for h, p in probes.items()}
     never_set_up = set()
     for h, p in list(probes.items()):
         if "probe_error" in p:

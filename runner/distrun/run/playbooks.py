@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import time
 
+from distrun import paths
 from distrun.errors import ExitCode, UserError
 from distrun.inventory.cluster import Cluster
 from distrun.planning.request import JobRequest
-from distrun.preflight import sshmesh
+from distrun.preflight import nodefacts, sshmesh
 from distrun.preflight.check import preflight_refusal, preflight_vars
 from distrun.run.listener import EventHandler, Listener
 from distrun.store.runs import Run as Record
@@ -69,10 +70,17 @@ class RunPlaybooks:
 
     def gather(self, cluster: Cluster) -> PlaybookResult:
         """The preflight playbook on the run's nodes (--hosts/--exclude: only those), gathering
-        their facts: a run's first plan needs their interfaces and GPUs."""
+        their facts: a run's first plan needs their interfaces and GPUs. No setup module: each
+        probe reports them, and they are merged into the inventory's fact cache (nodefacts). No
+        network probe either: it would call the nodes at the addresses the facts about to be
+        replaced gave (none on distrun_network before any were cached); run.yml's preflight probes
+        the network at the addresses the plan made from the new facts uses."""
         names = [n.name for n in cluster.nodes]
-        result = self.run("preflight", "playbooks/preflight.yml", names, self.preflight_vars(), limit=",".join(names))
+        probed = nodefacts.Collector()
+        result = self.run("preflight", "playbooks/preflight.yml", names, {**self.preflight_vars(), "preflight_net_probe": False},
+                          limit=",".join(names), cached_facts=True, also=probed)
         sshmesh.remember(self.request.inventory, result.fact(sshmesh.FACT))
+        nodefacts.merge(paths.fact_cache_dir(self.request.inventory), probed.facts)
         return result
 
     def refusal(self, result: PlaybookResult) -> UserError:

@@ -53,7 +53,7 @@ FSUSER = "fsuser"
 
 # The preflight probe's parts, composed in this order between the identity switch and probe.py.
 PROBE_PARTS = ("probe_config", "userprobe", "probe_fanout", "netprobe", "imageprobe", "probe_env", "probe_ssh",
-               "probe_shared", "probe_names", "probe_ports", "probe_needs", "probe_site", "probe_stage")
+               "probe_shared", "probe_names", "probe_facts", "probe_ports", "probe_needs", "probe_site", "probe_stage")
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,25 @@ def entry_command(verb: str, config: dict[str, Any], program: str = "node") -> s
         raise ValueError(f"no node program {program!r} behind the entry point")
     return (f"exec sudo -n {shlex.quote(installed('entry'))} {shlex.quote(program)} {shlex.quote(verb)} "
             f"{shlex.quote(json.dumps(config))}")
+
+
+# What a node's Python runs where a program's text and arguments come on its stdin (role distrun's
+# action distrun_program): one JSON object, {"source": <the composed text>, "argv": [...]}, read to
+# its end; the program then runs as under ``-c``, in __main__, with those arguments. A command line
+# of a few hundred bytes whatever the program and its config: the kernel takes at most 128 KiB in
+# one argument (MAX_ARG_STRLEN), and the probe's text with a large cluster's config is more.
+LOADER = ('import sys,json;_distrun=json.loads(sys.stdin.buffer.read());sys.argv[1:]=_distrun["argv"];'
+          'exec(compile(_distrun.pop("source"),"<distrun>","exec"))')
+
+
+def loader_command(python: str = "/usr/bin/python3") -> str:
+    """The command line that runs a program sent on stdin (``stdin_payload``) under ``python``, isolated."""
+    return f"{shlex.quote(python)} -I -S -c {shlex.quote(LOADER)}"
+
+
+def stdin_payload(program: str, argv: list[str]) -> bytes:
+    """What the loader reads on stdin: ``program``'s composed text and its arguments."""
+    return json.dumps({"source": text(program), "argv": [str(a) for a in argv]}).encode()
 
 
 def command(verb: str, config: dict[str, Any], program: str = "node") -> str:
