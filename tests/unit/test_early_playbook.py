@@ -122,7 +122,6 @@ def test_a_sigterm_as_the_playbook_ends_is_not_lost(play, start):
     before = signal.getsignal(signal.SIGTERM)
     result: PlaybookResult | None
     try:
-        result: PlaybookResult | None
         if start == "usual":
             result = run_playbook(str(play / "play.yml"), play / "hosts.yml", play / "usual", on_event=on_event,
                                   **_run_args(play))
