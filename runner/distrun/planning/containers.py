@@ -237,6 +237,39 @@ def pyxis_args(plan: JobPlan) -> list[str]:
             f"--container-workdir={plan.start_dir}"]
 
 
+# The runtime as the training user in a transient unit of its own, for what distrun runs with it
+# outside a run (the removal of a run's containers, 'distrun push-image'); the preflight's image
+# probe does the same (role preflight's userprobe.py, held equal by tests/unit/test_containers.py).
+# The unit has its own runtime folder at /run/user/<uid>, as each run's has (role job's launch.py):
+# rootless podman's pause process starts in it and ends with it, so nothing of the user's outlives
+# the step, and the node needs no lingering. Where the node has no systemd, or the command is
+# not root's, it runs as the user as it is. "$1": the user, "$2": the unit's time limit in s.
+USER_UNIT_PROPERTIES = ("PrivateTmp=yes", "PrivateIPC=yes", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
+                        "ProtectProc=invisible", "TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}")
+USER_UNIT = (
+    'u=$1; max=$2; shift 2\n'
+    'if [ "$(id -u)" = 0 ] && [ -d /run/systemd/system ]; then\n'
+    '  uid=$(id -u "$u") && gid=$(id -g "$u") && home=$(getent passwd "$u" | cut -d: -f6) || exit 125\n'
+    '  exec systemd-run --quiet --pipe --wait --collect --uid="$uid" --gid="$gid" --working-directory=/ '
+    + " ".join(f'-p "{p}"'.replace("{uid}", "$uid").replace("{gid}", "$gid") for p in USER_UNIT_PROPERTIES)
+    + ' -p RuntimeMaxSec="$max" -p KillMode=control-group -p SendSIGKILL=yes'
+    ' -E HOME="$home" -E USER="$u" -E LOGNAME="$u" -E XDG_RUNTIME_DIR="/run/user/$uid"'
+    ' -E PATH=/usr/local/bin:/usr/bin:/bin -E LANG=C.UTF-8 -- "$@"\n'
+    'elif [ "$(id -u)" = 0 ]; then\n'
+    '  exec runuser -u "$u" -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS "$@"\n'
+    'else\n'
+    '  exec "$@"\n'
+    'fi\n'
+)
+
+
+def in_user_unit(user: str, argv: list[str], max_s: int) -> list[str]:
+    """argv run as ``user`` in a transient unit of its own (USER_UNIT), ended after ``max_s``
+    seconds; its standard streams are the caller's, its exit status the command's. Run as root
+    (or as the user, where the connection cannot be root)."""
+    return ["sh", "-c", USER_UNIT, "sh", user, str(int(max_s)), *argv]
+
+
 def stop_shell(plan: JobPlan) -> str:
     """``stop_argv`` as one shell line ("" without an image), for a stop sent as shell text beside
     another answer on stdout: the removed ids are dropped, an error still goes to stderr, and the
@@ -245,15 +278,21 @@ def stop_shell(plan: JobPlan) -> str:
     return f"{shlex.join(argv)} >/dev/null" if argv else ""
 
 
+STOP_MAX_S = 60  # the unit that removes a run's containers on a node
+
+
 def stop_argv(plan: JobPlan) -> list[str]:
     """Remove every container of the run on the node this runs on ([] for a run without an image).
-    None there: exit 0. Run as the training user: rootless podman's containers are that user's."""
+    None there: exit 0. Run as root (or as the training user where the connection cannot be
+    root): rootless podman's containers are that user's, removed in a unit of the user's own
+    (in_user_unit) that ends with the removal."""
     if plan.launch.container is None:
         return []
     runtime = plan.launch.container.runtime
     ids = f"$({shlex.quote(runtime)} ps -aq --filter label={shlex.quote(f'{LABEL}={plan.run_id}')})"
     if runtime == "podman":
-        return ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"]
+        return in_user_unit(plan.launch.user, ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"],
+                            STOP_MAX_S)
     # docker rm has no --filter: the ids come from docker ps.
     return ["sh", "-c", f'ids={ids}; [ -z "$ids" ] || docker rm -f $ids']
 
