@@ -12,7 +12,7 @@ import os
 import textwrap
 import uuid
 
-from .conftest import outside_runs, train_program
+from .conftest import distrun, outside_runs, train_program
 from .hostile import TALLY, TRY_TRACE
 
 # Rank 0 of every node: a file in /dev/shm, a SysV shared memory segment, a file in /tmp, all
@@ -62,7 +62,11 @@ OUTSIDE = TRY_TRACE + textwrap.dedent(r'''
 
 def test_no_process_of_the_training_user_outlives_a_run_or_lives_outside_it(provisioned, distrun_home, tmp_path):
     tag = uuid.uuid4().hex[:8]
-    res, _ = train_program(distrun_home, tmp_path / "outside.py", OUTSIDE.replace("TAG", tag), {})
+    script = tmp_path / "outside.py"
+    script.write_text(OUTSIDE.replace("TAG", tag))
+    # torchrun: every node's agent starts in that node's unit, with no login (mpirun's daemons'
+    # ssh logins are logins of the user's, with their own session: docs/guide/security.md).
+    res = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script), timeout=600)
     try:
         out = res.stdout + res.stderr
         assert res.rc == 0 and out.count("OUTSIDE ") == 3, out[-3000:]
