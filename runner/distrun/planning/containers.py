@@ -1,5 +1,6 @@
 """Ranks inside a container image: which image and runtime a run uses, the script that starts
-a container on a node, Slurm's pyxis options and the removal of a run's containers.
+a container on a node, Slurm's pyxis options, the removal of a run's containers, and the unit of
+the user's own that the runtime runs in outside a run (``in_user_unit``).
 
 Every container of a run shares the node's network, IPC namespace and (for ranks that mpirun
 starts one container each) its process namespace; it runs as the training user, sees the shared
