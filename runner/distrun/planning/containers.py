@@ -125,7 +125,10 @@ def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
     ranks of a node sit in separate containers, yet Open MPI's shared-memory transport (vader)
     copies between them with process_vm_readv on its peers' pids, which only works in one pid
     namespace (``--pid=host``), and finds its peers' segments and the PMIx server of the host's
-    orted in the session folder under /tmp (bound at /tmp).
+    orted in the session folder under /tmp (bound at /tmp). "host" and /tmp are the run's unit's
+    own (its private /tmp, /dev/shm and IPC namespace), never the node's: rootless podman's pause
+    process, whose mount namespace every podman of the run joins, starts in the unit (its own
+    runtime folder: role job's launch.py).
     """
     assert plan.launch.container is not None
     c = plan.launch.container
