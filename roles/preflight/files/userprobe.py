@@ -39,17 +39,14 @@ def run(cfg: ProbeConfig, argv: list[str], timeout: float = 60) -> subprocess.Co
         return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout}s")
 
 
-# The properties of the unit root starts the training user's runtime in: its own /tmp, /dev/shm,
-# IPC and runtime folder /run/user/<uid> (as each run's unit has, role job's launch.py), so rootless
-# podman's pause process starts in that unit and ends with it. The runner's own copy,
-# distrun.planning.containers.USER_UNIT_PROPERTIES, is held equal by tests/unit/test_containers.py.
+# The unit the user runtime runs in: a /tmp, /dev/shm, IPC and /run/user/<uid> of its own, so the
+# pause process of rootless podman ends with it (distrun.planning.containers: the same, tested).
 USER_UNIT_PROPERTIES = ("PrivateTmp=yes", "PrivateIPC=yes", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
                         "ProtectProc=invisible", "TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}")
 
 
 def user_unit_argv(pw: pwd.struct_passwd, env: dict, argv: list[str], timeout: float) -> list[str]:
-    """argv run by systemd as the user, in a transient unit of its own that ends with it (and at
-    the latest ``timeout`` seconds after it started), its streams the caller's."""
+    """argv as the user in a transient unit that ends with it, or ``timeout`` s after its start."""
     props = [w for p in USER_UNIT_PROPERTIES for w in ("-p", p.format(uid=pw.pw_uid, gid=pw.pw_gid))]
     return ["systemd-run", "--quiet", "--pipe", "--wait", "--collect", f"--uid={pw.pw_uid}", f"--gid={pw.pw_gid}",
             "--working-directory=/", *props, "-p", f"RuntimeMaxSec={int(timeout) + 5}", "-p", "KillMode=control-group",
@@ -59,9 +56,8 @@ def user_unit_argv(pw: pwd.struct_passwd, env: dict, argv: list[str], timeout: f
 def as_user(cfg: ProbeConfig, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     """Run argv as the training user (from root), or directly when we already are that user: only
     the container image's checks, whose runtime keeps its store in that user's home. The working
-    directory is / (root's), never the user's home: a job can write its home. From root, where
-    systemd runs the node, in a unit of the user's own (user_unit_argv): nothing it starts, the
-    runtime's pause process included, outlives it."""
+    directory is / (root's), never the user's home: a job can write its home. From root, with
+    systemd: in a unit (user_unit_argv), which nothing it starts outlives."""
     user = cfg.user
     kwargs: dict = {"cwd": "/", "stdin": subprocess.DEVNULL}
     if os.geteuid() == 0 and user != "root":
