@@ -12,7 +12,7 @@ import os
 import textwrap
 import uuid
 
-from .conftest import distrun, outside_runs, train_program
+from .conftest import distrun, new_train_run, outside_runs, train_program
 from .hostile import TALLY, TRY_TRACE
 
 # Rank 0 of every node: a file in /dev/shm, a SysV shared memory segment, a file in /tmp, all
@@ -66,13 +66,18 @@ def test_no_process_of_the_training_user_outlives_a_run_or_lives_outside_it(prov
     script.write_text(OUTSIDE.replace("TAG", tag))
     # torchrun: every node's agent starts in that node's unit, with no login (mpirun's daemons'
     # ssh logins are logins of the user's, with their own session: docs/guide/security.md).
+    before = set((distrun_home / "runs").glob("*-train-*"))
     res = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script), timeout=600)
     try:
-        out = res.stdout + res.stderr
-        assert res.rc == 0 and out.count("OUTSIDE ") == 3, out[-3000:]
+        run = new_train_run(distrun_home, before)
+        assert run is not None, res.stdout[-3000:] + res.stderr[-2000:]
+        # Every node's rank log, collected into the record (the head's output is live besides).
+        out = res.stdout + res.stderr + "".join(f.read_text(errors="replace") for f in (run / "nodes").rglob("*")
+                                                if f.is_file() and f.name in ("stdout", "stdout.log"))
         said: dict = {}
         for chunk in out.split("OUTSIDE ")[1:]:
             said.update(json.JSONDecoder().raw_decode(chunk)[0])
+        assert res.rc == 0 and set(said) == {"node1", "node2", "node3"}, out[-3000:]
         assert all(s["podman"][0] == 0 for s in said.values()), said  # rootless podman works in a run
         # A login of the user's (the harness's su) has its own scope, and the user's manager while it
         # lasts: those are a login's, not distrun's.
