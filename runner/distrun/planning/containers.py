@@ -125,10 +125,8 @@ def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
     ranks of a node sit in separate containers, yet Open MPI's shared-memory transport (vader)
     copies between them with process_vm_readv on its peers' pids, which only works in one pid
     namespace (``--pid=host``), and finds its peers' segments and the PMIx server of the host's
-    orted in the session folder under /tmp (bound at /tmp). "host" and /tmp are the run's unit's
-    own (its private /tmp, /dev/shm and IPC namespace), never the node's: rootless podman's pause
-    process, whose mount namespace every podman of the run joins, starts in the unit (its own
-    runtime folder: role job's launch.py).
+    orted in the session folder under /tmp (bound at /tmp): the unit's own /tmp, /dev/shm and IPC,
+    never the node's, as podman's pause process starts in the unit (launch.py's runtime folder).
     """
     assert plan.launch.container is not None
     c = plan.launch.container
@@ -241,13 +239,9 @@ def pyxis_args(plan: JobPlan) -> list[str]:
             f"--container-workdir={plan.start_dir}"]
 
 
-# The runtime as the training user in a transient unit of its own, for what distrun runs with it
-# outside a run (the removal of a run's containers, 'distrun push-image'); the preflight's image
-# probe does the same (role preflight's userprobe.py, held equal by tests/unit/test_containers.py).
-# The unit has its own runtime folder at /run/user/<uid>, as each run's has (role job's launch.py):
-# rootless podman's pause process starts in it and ends with it, so nothing of the user's outlives
-# the step, and the node needs no lingering. Where the node has no systemd, or the command is
-# not root's, it runs as the user as it is. "$1": the user, "$2": the unit's time limit in s.
+# The runtime as the training user outside a run (a run's containers removed, push-image; the
+# probe's userprobe.py alike, held equal by a unit test): in a unit with its own /run/user/<uid>,
+# as a run's (launch.py), where podman's pause process starts and ends. "$1" user, "$2" limit (s).
 USER_UNIT_PROPERTIES = ("PrivateTmp=yes", "PrivateIPC=yes", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
                         "ProtectProc=invisible", "TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}")
 USER_UNIT = (
@@ -259,18 +253,14 @@ USER_UNIT = (
     + ' -p RuntimeMaxSec="$max" -p KillMode=control-group -p SendSIGKILL=yes'
     ' -E HOME="$home" -E USER="$u" -E LOGNAME="$u" -E XDG_RUNTIME_DIR="/run/user/$uid"'
     ' -E PATH=/usr/local/bin:/usr/bin:/bin -E LANG=C.UTF-8 -- "$@"\n'
-    'elif [ "$(id -u)" = 0 ]; then\n'
-    '  exec runuser -u "$u" -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS "$@"\n'
-    'else\n'
-    '  exec "$@"\n'
-    'fi\n'
+    'elif [ "$(id -u)" = 0 ]; then exec runuser -u "$u" -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS "$@"\n'
+    'else exec "$@"; fi\n'
 )
 
 
 def in_user_unit(user: str, argv: list[str], max_s: int) -> list[str]:
-    """argv run as ``user`` in a transient unit of its own (USER_UNIT), ended after ``max_s``
-    seconds; its standard streams are the caller's, its exit status the command's. Run as root
-    (or as the user, where the connection cannot be root)."""
+    """argv as ``user`` in a unit of its own (USER_UNIT) for at most ``max_s`` s, started by root
+    (else run as the user); its streams the caller's, its exit status the command's."""
     return ["sh", "-c", USER_UNIT, "sh", user, str(int(max_s)), *argv]
 
 
@@ -287,9 +277,7 @@ STOP_MAX_S = 60  # the unit that removes a run's containers on a node
 
 def stop_argv(plan: JobPlan) -> list[str]:
     """Remove every container of the run on the node this runs on ([] for a run without an image).
-    None there: exit 0. Run as root (or as the training user where the connection cannot be
-    root): rootless podman's containers are that user's, removed in a unit of the user's own
-    (in_user_unit) that ends with the removal."""
+    None there: exit 0. Run as root: rootless podman's, as their user in_user_unit."""
     if plan.launch.container is None:
         return []
     runtime = plan.launch.container.runtime
