@@ -21,6 +21,7 @@ from distrun.transport import ansible_bridge
 from distrun.transport.ansible_bridge import run_playbook
 from distrun.transport.ansible_start import ARGS_FROM, NO_ARGUMENTS, unix_address
 from distrun.transport.early_playbook import EarlyPlaybook
+from distrun.transport.playbook_events import PlaybookResult
 
 PROGRAM = Path(sys.executable).parent / "distrun-ansible-playbook"
 pytestmark = pytest.mark.skipif(not os.access(PROGRAM, os.X_OK), reason=f"{PROGRAM} is not installed (pip install -e .)")
@@ -119,6 +120,7 @@ def test_a_sigterm_as_the_playbook_ends_is_not_lost(play, start):
             os.kill(os.getpid(), signal.SIGTERM)
 
     before = signal.getsignal(signal.SIGTERM)
+    result: PlaybookResult | None
     try:
         if start == "usual":
             result = run_playbook(str(play / "play.yml"), play / "hosts.yml", play / "usual", on_event=on_event,
