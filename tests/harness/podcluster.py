@@ -815,6 +815,7 @@ def ip(k: int, name: str = DEFAULT_NAME) -> str:
 # within the roles' pins move on).
 SNAPSHOT_REPO = "localhost/distrun-provisioned"
 SNAPSHOT_MAX_AGE_S = 7 * 24 * 3600
+SNAPSHOT_GRACE_S = 3600  # another snapshot younger than this is kept: a session may be starting from it
 SNAPSHOT_INPUTS = ("roles", "playbooks", "setup.yml", "ansible.cfg", "inventory/test", "runner",
                    "pyproject.toml", "tests/harness/podcluster.py", "tests/conftest.py",
                    "tests/cluster/conftest.py")
@@ -849,9 +850,16 @@ def snapshot_images(key: str, n: int) -> list[str]:
     return refs
 
 
+def _older_than(ref: str, seconds: float) -> bool:
+    """Whether image ``ref`` was made more than ``seconds`` ago (or podman cannot say when)."""
+    made = _podman("image", "inspect", ref, "--format", "{{.Created.Unix}}", check=False).stdout.strip()
+    return not made.isdigit() or time.time() - int(made) > seconds
+
+
 def snapshot(cluster: Cluster, key: str, log: Log = _stderr) -> None:
     """Commit every node of a freshly provisioned cluster as the snapshot ``key`` (all nodes at
-    once), and remove every other snapshot: one is kept, about 2 GB per node."""
+    once), and remove every other snapshot older than SNAPSHOT_GRACE_S (about 2 GB per node): a
+    younger one may be what another session on this machine is starting its nodes from."""
     t0 = time.monotonic()
     procs = [(node, subprocess.Popen(["podman", "commit", "-q", node.container, f"{SNAPSHOT_REPO}:{key}-node{node.index}"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
@@ -863,7 +871,7 @@ def snapshot(cluster: Cluster, key: str, log: Log = _stderr) -> None:
             _podman("rmi", f"{SNAPSHOT_REPO}:{key}-node{node.index}", check=False)
         raise HarnessError("podman commit of the provisioned nodes failed: " + "; ".join(failed))
     listed = _podman("images", "--format", "{{.Repository}}:{{.Tag}}", SNAPSHOT_REPO, check=False).stdout.split()
-    stale = [ref for ref in listed if not ref.split(":")[-1].startswith(f"{key}-")]
+    stale = [ref for ref in listed if not ref.split(":")[-1].startswith(f"{key}-") and _older_than(ref, SNAPSHOT_GRACE_S)]
     if stale:
         _podman("rmi", *stale, check=False)
     log(f"podcluster: snapshot {key} of {len(cluster.nodes)} provisioned nodes in {time.monotonic() - t0:.1f}s")
