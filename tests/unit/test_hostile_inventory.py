@@ -127,6 +127,9 @@ def hostile_plan(tmp_path: Path, launcher: str):
     bad = PAYLOAD.format(c="pwned")
     hosts = (dataclasses.replace(plan.placement.hosts[0], name="n1" + bad), *plan.placement.hosts[1:])
     plan = dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, hosts=hosts, master_addr="10.0.0.1" + bad))
+    # No real mpirun runs: on a machine that has one, it would try ssh to the made-up addresses and
+    # hold the script for as long as the network lets it. The script's own lines are what is tested.
+    plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, mpi_prefix=str(tmp_path / "no-mpi")))
     Path(rundir.attempt_path(plan)).mkdir(parents=True)
     return plan, bad, canary
 

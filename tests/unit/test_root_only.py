@@ -5,6 +5,7 @@ the tests chown to another uid, so they need root (as the build machines and CI 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -173,8 +174,8 @@ def test_role_mpi_env_refuses_the_wheelhouse_before_installing_even_with_only_th
         # Only the checks run: with the tag of the install step, pip itself would run next, so
         # --check keeps this test from installing anything on this machine.
         return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(root / "hosts.yml"),
-                               "--check", "--tags", tag, "-e", f"mpi_env_wheelhouse={wheelhouse}",
-                               "-e", "mpi_env_packages=[]", "-e", "mpi_env_venv_base_packages=[]",
+                               "--check", "--tags", tag, "-e", json.dumps({
+                                   "mpi_env_wheelhouse": str(wheelhouse), "mpi_env_packages": [], "mpi_env_venv_base_packages": []}),
                                str(root / "play.yml")], capture_output=True, text=True, env=env, timeout=300)
 
     bad = play(shared / "wheels")
