@@ -144,10 +144,11 @@ def test_a_job_can_neither_trace_nor_stop_what_serves_the_shared_folder(sshfs_mo
 def test_check_and_stop_end_and_name_a_node_whose_mount_hangs(sshfs_mode, provisioned, distrun_home, tmp_path):
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
-    # The sshfs inventory with the bounds an admin may lower: each node's probe may take 20 s and
-    # its stop step 25 s here (120 s, and the grace and a minute, by default).
+    # The sshfs inventory with the bounds an admin may lower: each node's probe may take 12 s and
+    # its stop step 15 s here (120 s, and the grace and a minute, by default): check and stop each
+    # wait about that long for node3, whose steps hang; the sleeper ends at SIGTERM elsewhere.
     inventory = str(matrix.mode_inventory(Path(sshfs_mode) / provisioned.inventory.name, Path(sshfs_mode) / "group_vars",
-                                          tmp_path / "inventory", None, preflight_probe_timeout=20, job_stop_timeout=25))
+                                          tmp_path / "inventory", None, preflight_probe_timeout=12, job_stop_timeout=15))
     before = set((distrun_home / "runs").glob("*-train-*"))
     started = distrun("train", "--inventory", inventory, "--launcher", "mpirun", "--detach", "--script", str(script),
                       timeout=600)

@@ -11,7 +11,9 @@ Another job, detached, stays alive through a whole ``distrun setup`` and ``distr
 that lives outside every run's unit, and writes down what it found. Setup and check must stay
 right (exit 0, every check passing), nothing forged may reach the controller's fact cache or a
 root process, the key line must log in nowhere, and the detached job must find no process of its
-uid that setup or check started. Each attack is tallied in tests/cluster/hostile.py.
+uid that setup or check started. Both jobs' work is on the nodes through the same setup and check
+(a full setup is the costliest step here, run once for both tests). Each attack is tallied in
+tests/cluster/hostile.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ import subprocess
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from .conftest import distrun, new_train_run
 from .hostile import TALLY, TRY_TRACE
@@ -219,50 +226,37 @@ def _unplant(cluster, home: Path, tag: str) -> None:
         distrun("check", "--inventory", "test", timeout=900)
 
 
-def test_files_a_job_wrote_into_the_home_feed_nothing_to_setup_root_or_the_fact_cache(provisioned, distrun_home,
-                                                                                        tmp_path):
+@dataclass
+class Attacked:
+    """What one full setup and one check showed with both jobs' work on the nodes."""
+    tag: str  # names what the jobs planted
+    setup: Any  # CliResult, or None when setup was still running after its bound
+    check: Any
+    cached: list[str]  # fact cache files with the forged fact, right after setup
+    rooted: dict[int, str]  # per node: who ran the job's program as the node's Python
+    shell: subprocess.CompletedProcess[str]  # a login with the job's key line
+    train: Any  # the plain run after setup
+    train_run: Path | None
+    in_setup: dict[int, list[dict]]  # what the tracer found while setup ran
+    in_check: dict[int, list[dict]]
+    took: tuple[float, float]  # seconds of setup, of check
+
+
+@pytest.fixture(scope="module")
+def attacked(provisioned, distrun_home, tmp_path_factory) -> Iterator[Attacked]:
+    """Both jobs around one full setup (and one check): first the planted files (the forger in
+    ~/.local and the key line), then the detached tracer, armed on every node; setup, check, the
+    tracer stopped, then a plain run. Each test below asserts its part. The forger's results are
+    read whatever setup did (setup is bounded), so a setup the tracer stops or hangs hides none of
+    them; a setup that hangs fails both tests."""
+    tmp_path = tmp_path_factory.mktemp("hostile-root")
     tag = uuid.uuid4().hex[:8]
-    plain = tmp_path / "plain.py"
+    plain, tracer = tmp_path / "plain.py", tmp_path / "tracer.py"
     plain.write_text(PLAIN)
-    try:
-        _plant(tmp_path, tag)
-        setup = distrun("setup", "--inventory", "test", timeout=1500)
-        cached = _cached_forgery(distrun_home, tag)
-        before = set((distrun_home / "runs").glob("*-train-*"))
-        train = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(plain), timeout=600)
-        train_run = new_train_run(distrun_home, before)
-        rooted = {k: provisioned.exec(k, f"for f in {HOME}/rooted-{tag}-*; do [ -e \"$f\" ] && "
-                                         f"echo \"$(stat -c %U \"$f\") uid=$(cat \"$f\")\"; done; true",
-                                      check=False).stdout.strip() for k in (1, 2, 3)}
-        shell = provisioned.exec(1, f"runuser -u distrun -- ssh -F /etc/ssh/ssh_config -o BatchMode=yes "
-                                    f"-o IdentitiesOnly=yes -i {HOME}/.jobkey-{tag} node2 'echo SHELL-{tag}; id -un'",
-                                 check=False)
-        print(f"\nsetup rc={setup.rc}; cache files with the forged fact: {cached}; root ran the job's program: {rooted}; "
-              f"the job's key on node2: {shell.stdout.strip()[-200:] or shell.stderr.strip()[-200:]}")
-        found = [TALLY.record("a setup module, fed by a file the job wrote, forges facts into the controller's cache",
-                              bool(cached)),
-                 TALLY.record("root runs the program a forged fact names as the node's Python",
-                              any("uid=0" in v for v in rooted.values())),
-                 TALLY.record("a key line the job appended to the cluster key's .pub logs in with a plain shell",
-                              f"SHELL-{tag}" in shell.stdout)]
-        assert not any(found), (cached, rooted, shell.stdout[-300:])
-        # Not attacks: setup and a later run stay right.
-        assert setup.rc == 0, setup.stdout[-4000:] + setup.stderr[-2000:]
-        # Under torchrun the terminal shows the head's ranks live (docs/guide/your-own-script.md);
-        # every node's rank speaks in the log the run collected from that node.
-        assert train.rc == 0 and "PLAIN node1" in train.stdout, train.stdout[-3000:] + train.stderr[-2000:]
-        assert train_run is not None and _said_by_each_node(train_run, "PLAIN") == {
-            f"node{k}": f"PLAIN node{k}" for k in (1, 2, 3)}, train.stdout[-3000:]
-    finally:
-        _unplant(provisioned, distrun_home, tag)
-
-
-def test_setup_and_check_stay_right_while_a_detached_job_traces_and_stops_its_uid(provisioned, distrun_home, tmp_path):
-    tag = uuid.uuid4().hex[:8]
-    tracer = tmp_path / "tracer.py"
     tracer.write_text(TRACER)
     tracer_run = None
     try:
+        _plant(tmp_path, tag)
         before = set((distrun_home / "runs").glob("*-train-*"))
         started = distrun("train", "--inventory", "test", "--launcher", "mpirun", "--detach", "--script", str(tracer),
                           "--", tag, "1800", timeout=600)
@@ -279,41 +273,84 @@ def test_setup_and_check_stay_right_while_a_detached_job_traces_and_stops_its_ui
         t0 = time.time()
         setup = _bounded("setup", "--inventory", "test", limit=900)
         t1 = time.time()
+        cached = _cached_forgery(distrun_home, tag)
         check = _bounded("check", "--inventory", "test", limit=600)
         t2 = time.time()
         for k in (1, 2, 3):
             provisioned.exec(k, f"touch {HOME}/tracer-{tag}-stop && chown distrun: {HOME}/tracer-{tag}-stop")
         time.sleep(3)
         reports = _reports(provisioned, tag)
-        in_setup, in_check = _found_between(reports, t0, t1), _found_between(reports, t1, t2)
+        stopped = distrun("stop", tracer_run.name, timeout=300)  # the nodes are the plain run's again
+        if stopped.rc == 0:
+            tracer_run = None
 
-        def shown(found: dict) -> dict:
-            return {f"node{k}": [(p["comm"], p["cmd"][:80], p["traced"], p["stopped"]) for p in v]
-                    for k, v in found.items() if v}
-
-        print(f"\nsetup {'still running' if setup is None else f'rc={setup.rc}'} after {t1 - t0:.0f}s, "
-              f"check {'still running' if check is None else f'rc={check.rc}'} after {t2 - t1:.0f}s")
-        print(f"processes of the training uid outside every run during setup: {json.dumps(shown(in_setup))}")
-        print(f"... during check: {json.dumps(shown(in_check))}")
-        # sshd's own process for a login as the user (check's, root's node key, -N: nothing runs
-        # there) is sshd's, not distrun's, and cannot be traced; stopping it delays that login.
-        traced = {k: [p for p in v if p["traced"] is True] for k, v in in_setup.items()}
-        traced_check = {k: [p for p in v if p["traced"] is True] for k, v in in_check.items()}
-        ours = {k: [p for p in in_setup[k] + in_check[k] if p["stopped"] is True and p["comm"] != "sshd"]
-                for k in in_setup}
-        found = [TALLY.record("a detached job traces a process of its uid that setup started outside every run",
-                              any(traced.values())),
-                 TALLY.record("a detached job traces a process of its uid that check started outside every run",
-                              any(traced_check.values())),
-                 TALLY.record("a detached job stops a program distrun runs for setup or check",
-                              any(ours.values()))]
-        assert not any(found), (shown(in_setup), shown(in_check))
-        # Not attacks: what the user sees of setup and check stays right.
-        assert setup is not None and setup.rc == 0, setup and setup.stdout[-4000:] + setup.stderr[-2000:]
-        assert check is not None and check.rc == 0, check and check.stdout[-4000:] + check.stderr[-2000:]
+        before = set((distrun_home / "runs").glob("*-train-*"))
+        train = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(plain), timeout=600)
+        train_run = new_train_run(distrun_home, before)
+        rooted = {k: provisioned.exec(k, f"for f in {HOME}/rooted-{tag}-*; do [ -e \"$f\" ] && "
+                                         f"echo \"$(stat -c %U \"$f\") uid=$(cat \"$f\")\"; done; true",
+                                      check=False).stdout.strip() for k in (1, 2, 3)}
+        shell = provisioned.exec(1, f"runuser -u distrun -- ssh -F /etc/ssh/ssh_config -o BatchMode=yes "
+                                    f"-o IdentitiesOnly=yes -i {HOME}/.jobkey-{tag} node2 'echo SHELL-{tag}; id -un'",
+                                 check=False)
+        yield Attacked(tag, setup, check, cached, rooted, shell, train, train_run,
+                       _found_between(reports, t0, t1), _found_between(reports, t1, t2), (t1 - t0, t2 - t1))
     finally:
         for k in (1, 2, 3):
             provisioned.exec(k, f"touch {HOME}/tracer-{tag}-stop; chown distrun: {HOME}/tracer-{tag}-stop", check=False)
         if tracer_run is not None:
             distrun("stop", tracer_run.name, timeout=300)
         _unplant(provisioned, distrun_home, tag)
+
+
+def test_files_a_job_wrote_into_the_home_feed_nothing_to_setup_root_or_the_fact_cache(attacked):
+    a = attacked
+    setup, shell = a.setup, a.shell
+    print(f"\nsetup {'still running' if setup is None else f'rc={setup.rc}'}; cache files with the forged fact: "
+          f"{a.cached}; root ran the job's program: {a.rooted}; "
+          f"the job's key on node2: {shell.stdout.strip()[-200:] or shell.stderr.strip()[-200:]}")
+    found = [TALLY.record("a setup module, fed by a file the job wrote, forges facts into the controller's cache",
+                          bool(a.cached)),
+             TALLY.record("root runs the program a forged fact names as the node's Python",
+                          any("uid=0" in v for v in a.rooted.values())),
+             TALLY.record("a key line the job appended to the cluster key's .pub logs in with a plain shell",
+                          f"SHELL-{a.tag}" in shell.stdout)]
+    assert not any(found), (a.cached, a.rooted, shell.stdout[-300:])
+    # Not attacks: setup and a later run stay right.
+    assert setup is not None and setup.rc == 0, setup and setup.stdout[-4000:] + setup.stderr[-2000:]
+    # Under torchrun the terminal shows the head's ranks live (docs/guide/your-own-script.md);
+    # every node's rank speaks in the log the run collected from that node.
+    train = a.train
+    assert train.rc == 0 and "PLAIN node1" in train.stdout, train.stdout[-3000:] + train.stderr[-2000:]
+    assert a.train_run is not None and _said_by_each_node(a.train_run, "PLAIN") == {
+        f"node{k}": f"PLAIN node{k}" for k in (1, 2, 3)}, train.stdout[-3000:]
+
+
+def test_setup_and_check_stay_right_while_a_detached_job_traces_and_stops_its_uid(attacked):
+    a = attacked
+    setup, check, in_setup, in_check = a.setup, a.check, a.in_setup, a.in_check
+
+    def shown(found: dict) -> dict:
+        return {f"node{k}": [(p["comm"], p["cmd"][:80], p["traced"], p["stopped"]) for p in v]
+                for k, v in found.items() if v}
+
+    print(f"\nsetup {'still running' if setup is None else f'rc={setup.rc}'} after {a.took[0]:.0f}s, "
+          f"check {'still running' if check is None else f'rc={check.rc}'} after {a.took[1]:.0f}s")
+    print(f"processes of the training uid outside every run during setup: {json.dumps(shown(in_setup))}")
+    print(f"... during check: {json.dumps(shown(in_check))}")
+    # sshd's own process for a login as the user (check's, root's node key, -N: nothing runs
+    # there) is sshd's, not distrun's, and cannot be traced; stopping it delays that login.
+    traced = {k: [p for p in v if p["traced"] is True] for k, v in in_setup.items()}
+    traced_check = {k: [p for p in v if p["traced"] is True] for k, v in in_check.items()}
+    ours = {k: [p for p in in_setup[k] + in_check[k] if p["stopped"] is True and p["comm"] != "sshd"]
+            for k in in_setup}
+    found = [TALLY.record("a detached job traces a process of its uid that setup started outside every run",
+                          any(traced.values())),
+             TALLY.record("a detached job traces a process of its uid that check started outside every run",
+                          any(traced_check.values())),
+             TALLY.record("a detached job stops a program distrun runs for setup or check",
+                          any(ours.values()))]
+    assert not any(found), (shown(in_setup), shown(in_check))
+    # Not attacks: what the user sees of setup and check stays right.
+    assert setup is not None and setup.rc == 0, setup and setup.stdout[-4000:] + setup.stderr[-2000:]
+    assert check is not None and check.rc == 0, check and check.stdout[-4000:] + check.stderr[-2000:]
