@@ -172,7 +172,7 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
         state.state = RunStatus.LOST
         state.reason = (f"the launcher on {first} was stopped by signal {hosts[first].signal} before the job ended "
                         "(its unit was stopped, its node shut down, or a process killed it), so the job's own end "
-                        "was never written; the run's other launchers cannot go on without it")
+                        "was never written" + ("; the run's other launchers cannot go on without it" if len(launch) > 1 else ""))
         if running:
             state.reason += f"; its launchers on {', '.join(running)} still run: 'distrun stop {plan.run_id}' ends them"
         elif len(stopped) > 1:
