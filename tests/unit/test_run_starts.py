@@ -84,11 +84,13 @@ STOPPED = _answer("exited", 143, "TERM")
     ("torchrun", {"n1": STOPPED, "n2": _answer("running")}, "lost", None,
      ["the launcher on n1 was stopped by signal TERM before the job ended", "its launchers on n2 still run: "
       "'distrun stop R' ends them"]),
-    ("torchrun", {"n1": STOPPED, "n2": _answer("exited", 1)}, "lost", None, ["the job's own end was never written"]),
+    ("torchrun", {"n1": STOPPED, "n2": _answer("exited", 1)}, "lost", None, ["the job's own end will never be written"]),
     ("mpirun", {"n1": _answer("exited", 137, "KILL"), "n2": _answer("none")}, "lost", None, ["signal KILL"]),
-    # Another node's unit stopped: the run goes on while the first one runs, and its end says why.
-    ("torchrun", {"n1": _answer("running"), "n2": STOPPED}, "running", None,
-     ["the launcher on n2 was stopped by signal TERM, while the launchers on n1 run on"]),
+    # Another node's unit stopped while the first runs a group that needs every node: lost too
+    # (the ranks left wait for the stopped node's, and nothing starts its agent again).
+    ("torchrun", {"n1": _answer("running"), "n2": STOPPED}, "lost", None,
+     ["the launcher on n2 was stopped by signal TERM", "its launchers on n1 still run"]),
+    # The first launch host's own end decides: the stop came after it.
     ("torchrun", {"n1": _answer("exited", 1), "n2": STOPPED}, "failed", 1,
      ["the launcher exited 1 on n1; the launcher on n2 was stopped by signal TERM"]),
     ("torchrun", {"n1": _answer("exited", 0), "n2": STOPPED}, "succeeded", 0, ["the launcher on n2 was stopped"]),
@@ -100,6 +102,15 @@ def test_a_launcher_a_signal_ended_decides_the_state_as_the_first_launch_host_go
     judged = liveness.judge(plan, {h: liveness.parse_probe(h, a) for h, a in answers.items()})
     assert (judged.state, judged.rc) == (state, rc), judged
     assert all(s in judged.reason for s in said), judged.reason
+
+
+def test_a_group_that_goes_on_without_a_node_runs_on_when_that_nodes_launcher_is_stopped():
+    plan = plan_for(local_cluster(("n1", "n2")), run_id="R", launcher="torchrun", workload="ddp", detach=True,
+                    max_restarts=1, exclude_failed=True)
+    assert plan.attempt.min_nodes == 1
+    judged = liveness.judge(plan, {"n1": liveness.parse_probe("n1", _answer("running")), "n2": liveness.parse_probe("n2", STOPPED)})
+    assert judged.state == "running" and "the launcher on n2 was stopped by signal TERM, while the launchers on n1 run on" \
+        in judged.reason, judged.reason
 
 
 @pytest.mark.parametrize("signal", ["TERM; rm -rf /", "term", 15, True, "X" * 13])

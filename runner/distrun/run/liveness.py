@@ -158,8 +158,11 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
 
     A launcher that a signal ended (root's record of its unit: its unit stopped, its node shut
     down, a kill) wrote no end of the job's. On the first launch host (the only one, or the one
-    whose agent holds the rendezvous the others meet at) that leaves the run lost, at once: the
-    rest cannot go on without it, and a later exit of theirs would not be the job's end either."""
+    whose agent holds the rendezvous the others meet at), or on any launch host while the first
+    one still runs a group that needs every host (no ``min_nodes``: torchrun's --nnodes H, whose
+    ranks left wait for the stopped node's in their collectives, and nothing starts its agent
+    again), the run is lost at once: the job's end will never be written. An end the first launch
+    host wrote itself still decides (a stop that came after the job's end)."""
     launcher = launcher_named(plan.launch.launcher)
     launch = [h.name for h in launcher.launch_hosts(plan)]
     state = ClusterState(RunStatus.RUNNING, hosts=hosts, world_size=plan.placement.world_size)
@@ -167,16 +170,17 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
     running = [h for h in launch if hosts[h].reached and hosts[h].launcher == LauncherState.RUNNING]
     stopped = [h for h in launch if hosts[h].reached and hosts[h].signal]
     said_stop = "; ".join(f"the launcher on {h} was stopped by signal {hosts[h].signal}" for h in stopped)
-    if launch and launch[0] in stopped:
-        first = launch[0]
+    needed = launch if not plan.attempt.min_nodes else launch[:1]
+    if stopped and (launch[0] in stopped or (launch[0] in running and any(h in needed for h in stopped))):
+        first = stopped[0]
         state.state = RunStatus.LOST
         state.reason = (f"the launcher on {first} was stopped by signal {hosts[first].signal} before the job ended "
                         "(its unit was stopped, its node shut down, or a process killed it), so the job's own end "
-                        "was never written" + ("; the run's other launchers cannot go on without it" if len(launch) > 1 else ""))
+                        "will never be written" + ("; the run's other launchers cannot go on without it" if len(launch) > 1 else ""))
+        if len(stopped) > 1:
+            state.reason += "; " + "; ".join(f"the launcher on {h} too" for h in stopped[1:])
         if running:
             state.reason += f"; its launchers on {', '.join(running)} still run: 'distrun stop {plan.run_id}' ends them"
-        elif len(stopped) > 1:
-            state.reason += "; " + "; ".join(f"the launcher on {h} too" for h in stopped[1:])
         return state
     if running:
         state.reason = "; ".join([f"{h} unreachable: {hosts[h].error}" for h in unreached]
