@@ -245,6 +245,13 @@ def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned
             seen.setdefault(restart, set()).add(rank)
         assert seen == {0: {0, 1, 2}, 1: {0, 1, 2}}, sorted(starts)  # every rank ran twice, the second time as restart 1
         shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
+        # show lists what happened, as the job's rank wrappers reported it: every node's rank
+        # started twice in attempt 0, and the run ended on restart 1.
+        assert shown["starts"] == {"reported_by": "the job", "attempt": 0, "ended_on_restart": 1, "unreadable_files": 0,
+                                   "hosts": {f"node{k}": {"starts": 2, "local_ranks": {"0": 2}} for k in (1, 2, 3)}}, shown
+        text = distrun("show", run_id, timeout=120).stdout
+        assert ("starts:     node1 2 time(s); node2 2 time(s); node3 2 time(s) (in attempt 0, as the job's rank "
+                "wrapper reported them)\nended on:   restart 1 (DISTRUN_RESTART") in text, text
         print(f"\nthe detached torchrun run restarted by itself and ended {ended:.1f} s after train started "
               f"({time.monotonic() - started:.1f} s with attach); (rank, DISTRUN_RESTART, TORCHELASTIC_RESTART_COUNT) "
               f"of every start: {sorted(starts)}; show --json: {json.dumps(shown)[:600]}", flush=True)
@@ -253,3 +260,88 @@ def test_a_detached_torchrun_run_restarts_by_itself_with_no_follower(provisioned
     finally:
         if left:  # the hosts idle again for the tests after this one
             distrun("stop", run_id, timeout=300)
+
+
+# A long job whose ranks talk all the time (gloo all-reduce): a rank whose peer went away fails.
+TALKS = textwrap.dedent("""
+    import os, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    print(f"TALKS rank={dist.get_rank()} restart={os.environ['DISTRUN_RESTART']}", flush=True)
+    t, end = torch.ones(1), time.time() + 240
+    while time.time() < end:
+        dist.all_reduce(t)
+        time.sleep(0.2)
+""")
+
+
+def _detach_talking(tmp_path) -> str:
+    script = tmp_path / "talks.py"
+    script.write_text(TALKS)
+    detach = distrun("train", "--inventory", "test", "--launcher", "torchrun", "--script", str(script),
+                     "--detach", "--max-restarts", "1", timeout=600)
+    assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
+    return detach.stdout.strip().splitlines()[-1]
+
+
+def _status(run_id: str) -> tuple[int, dict]:
+    status = distrun("status", run_id, "--json", timeout=120)
+    return status.rc, json.loads(status.stdout)
+
+
+def test_a_detached_run_whose_head_unit_is_stopped_is_lost_with_the_reason(provisioned, distrun_home, tmp_path):
+    """Root stops the run's unit on the head (its torchrun agent holds the rendezvous): the run's
+    supervision is gone, and status says lost with why, at once, never running for ever."""
+    run_id = _detach_talking(tmp_path)
+    try:
+        stopped = time.monotonic()
+        provisioned.exec(1, f"systemctl stop 'distrun:{run_id}:0:node1.service'")
+        deadline, (rc, state) = time.monotonic() + 45, (0, {})
+        while time.monotonic() < deadline:
+            rc, state = _status(run_id)
+            if state["state"] != "running":
+                break
+            time.sleep(1)
+        took = time.monotonic() - stopped
+        assert (rc, state["state"], state["rc"]) == (0, "lost", None), state
+        assert "the launcher on node1 was stopped by signal TERM before the job ended" in state["detail"], state
+        assert state["hosts"]["node1"]["launcher"] == "exited" and state["hosts"]["node1"]["rc"] == 143, state
+        shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
+        assert shown["status"] == "lost" and shown["summary"].startswith("lost: the launcher on node1 was stopped"), shown
+        print(f"\nhead unit stopped: status said lost {took:.1f} s later; detail: {state['detail']}; "
+              f"hosts: {json.dumps(state['hosts'])}", flush=True)
+    finally:
+        distrun("stop", run_id, timeout=300)
+    assert not run_processes(provisioned, run_id, over_ssh=True)
+
+
+def test_a_detached_run_whose_worker_unit_is_stopped_is_lost_while_its_head_still_runs(provisioned, distrun_home,
+                                                                                        tmp_path):
+    """Root stops node2's unit only. torchrun's group needs all three nodes (--nnodes 3) and nothing
+    starts node2's agent again: the ranks left wait in their all-reduce for node2's (gloo's timeout
+    is 30 min), their agents still run and never restart them. status says lost at once, naming
+    node2's stopped launcher and the ones still running, and stop ends those."""
+    run_id = _detach_talking(tmp_path)
+    try:
+        stopped = time.monotonic()
+        provisioned.exec(2, f"systemctl stop 'distrun:{run_id}:0:node2.service'")
+        deadline, (rc, state) = time.monotonic() + 45, (0, {})
+        while time.monotonic() < deadline:
+            rc, state = _status(run_id)
+            if state["state"] != "running":
+                break
+            time.sleep(1)
+        took = time.monotonic() - stopped
+        assert (rc, state["state"], state["rc"]) == (0, "lost", None), state
+        assert "the launcher on node2 was stopped by signal TERM before the job ended" in state["detail"], state
+        assert f"its launchers on node1, node3 still run: 'distrun stop {run_id}' ends them" in state["detail"], state
+        assert [state["hosts"][f"node{k}"]["launcher"] for k in (1, 2, 3)] == ["running", "exited", "running"], state
+        # The head's agent did not restart its workers: node1's rank started once (its own count).
+        starts = provisioned.exec(1, f"cat /srv/distrun/runs/{run_id}/attempts/0/started/starts-node1-0", check=False)
+        assert len(starts.stdout.split()) == 1, starts.stdout
+        print(f"\nworker unit stopped: status said lost {took:.1f} s later; detail: {state['detail']}", flush=True)
+    finally:
+        stop = distrun("stop", run_id, timeout=300)
+    assert stop.rc == 0, stop.stdout + stop.stderr
+    shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
+    assert shown["status"] == "lost" and "node2 was stopped by signal TERM" in shown["summary"], shown
+    assert not run_processes(provisioned, run_id, over_ssh=True)

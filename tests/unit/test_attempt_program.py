@@ -77,10 +77,11 @@ def systemd_says(tmp_path: Path, active: str, journal: str = "") -> dict:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-@pytest.mark.parametrize(("record", "code"), [
-    ("success exited 0", 0), ("exit-code exited 3", 3), ("signal killed TERM", 143), ("core-dump dumped SEGV", 139),
+@pytest.mark.parametrize(("record", "code", "signal"), [
+    ("success exited 0", 0, None), ("exit-code exited 3", 3, None), ("signal killed TERM", 143, "TERM"),
+    ("core-dump dumped SEGV", 139, "SEGV"),
 ])
-def test_the_unit_record_is_the_exit_code_whatever_the_job_wrote(attempt, record, code):
+def test_the_unit_record_is_the_exit_code_whatever_the_job_wrote(attempt, record, code, signal):
     folder, cfg, make = attempt
     # The job's forgeries: an exit code file of success, and markers of success in its log.
     (folder / "exitcode-h1").write_text("0\n")
@@ -91,8 +92,9 @@ def test_the_unit_record_is_the_exit_code_whatever_the_job_wrote(attempt, record
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[:3] == ["| DISTRUN_EXIT 0", '| {"verb": "follow", "exit": 0}', "| training done"]
     assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": code}
+    # The signal root's record names (a stop of the unit): the launcher wrote no end of its own.
     assert json.loads(call("state", cfg).stdout) == {"verb": "state", "dir": True, "launcher": "exited", "rc": code,
-                                                      "procs": 0, "started": []}
+                                                      "signal": signal, "procs": 0, "started": []}
 
 
 def test_a_record_not_written_by_root_is_not_an_end(attempt, tmp_path):

@@ -106,7 +106,7 @@ def test_the_composed_programs_answer_a_trivial_verb(tmp_path):
                            capture_output=True, text=True, timeout=60)
     assert state.returncode == 0, state.stderr
     assert nodeprog.answer(state.stdout, "state") == {"verb": "state", "dir": False, "launcher": "none", "rc": None,
-                                                      "procs": 0, "started": []}
+                                                      "signal": None, "procs": 0, "started": []}
     bad = subprocess.run([sys.executable, "-I", "-c", nodeprog.text("launch"), "launch", json.dumps({**cfg, "attempt": "x"})],
                          capture_output=True, text=True, timeout=60)
     assert (bad.returncode, bad.stdout, bad.stderr) == (2, "", "launch.py: launch: attempt 'x' is not a number\n")

@@ -11,7 +11,7 @@ attempt's folder), ``script``, ``log`` and ``exit_file`` (names in it), ``user``
 
   follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
           launcher's end: {"exit": rc} or {"error": why}
-  state   the attempt here now: {"dir", "launcher", "rc", "procs", "started"} (state's docstring)
+  state   the attempt here now: {"dir", "launcher", "rc", "signal", "procs", "started"} (state's docstring)
 
 A launcher that launch.py started in a systemd unit ended as root's record for the unit says
 (``/run/distrun/<unit>.exit``, in a folder only root writes), never as a file in the run
@@ -220,17 +220,21 @@ def _tagged(run: str, user: str) -> int:
 
 def state(cfg: dict) -> dict:
     """What this node says of the attempt now: {"dir", "launcher": one of LAUNCHER_STATES, "rc",
+    "signal" (the signal's name where root's record says one ended the launcher, else null),
     "procs", "started": [ranks]}; a launcher in a unit is judged by its unit and its record only,
     and its processes are the unit's (the kernel's cgroup of each, whatever their uid)."""
-    said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "procs": 0, "started": []}
+    said: dict = {"verb": "state", "dir": False, "launcher": "none", "rc": None, "signal": None, "procs": 0, "started": []}
     unit = unit_name(cfg)
     contained = root_file(record_path(unit, "launched")) is not None
     said["procs"] = unit_processes(unit) if contained else _tagged(cfg["run"], cfg["user"])
     if contained:  # whatever became of the run directory, which the job may move or lock
         record = root_file(record_path(unit, "exit"))
         if record is not None:
-            code = record_status(record.decode(errors="replace"))
+            text = record.decode(errors="replace")
+            code = record_status(text)
             said.update(launcher="exited" if code is not None else "gone", rc=code)
+            if code is not None and text.split()[1] in ("killed", "dumped"):
+                said["signal"] = text.split()[2]  # a signal ended it (a stop of its unit): no exit of its own
         elif unit_gone(unit) and root_file(record_path(unit, "exit")) is None:
             said["launcher"] = "gone"  # systemd no longer has the unit, and it never wrote the record
         else:

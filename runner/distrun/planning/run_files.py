@@ -135,8 +135,9 @@ def _restart_count(plan: JobPlan, started: str) -> str:
     other nodes would start again with 0 and a job would resume on some nodes only."""
     if not launcher_named(plan.launch.launcher).restarts_in_place:
         return ""
-    return (f'starts={started}/"starts-${{DISTRUN_HOST//[^A-Za-z0-9._-]/_}}-${{LOCAL_RANK//[^0-9]/}}"\n'
-            f'n="$({{ mkdir -p {started} && echo $$ >> "$starts" && wc -l < "$starts"; }} 2>/dev/null)" || n=\n'
+    # The folder is the rank marker's, made just before (render_rank_wrapper): none, no count.
+    return (f'starts={started}/"{rundir.STARTS_PREFIX}${{DISTRUN_HOST//[^A-Za-z0-9._-]/_}}-${{LOCAL_RANK//[^0-9]/}}"\n'
+            f'n="$({{ echo $$ >> "$starts" && wc -l < "$starts"; }} 2>/dev/null)" || n=\n'
             'n="${n//[^0-9]/}"\n'
             f'if [ -n "$n" ] && [ "$n" -gt 0 ]; then export DISTRUN_RESTART="$(( {int(plan.attempt.restart)} + 10#$n - 1 ))"; fi\n')
 

@@ -10,6 +10,7 @@ lost (its launcher ended without one) or unreachable (no answer from a launch ho
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ class HostState:
     run_dir: bool = True  # the run's directory exists there
     launcher: LauncherState = LauncherState.NONE
     rc: int | None = None
+    signal: str = ""  # the signal that ended the launcher, as root's record of its unit says ("" if none)
     procs: int = 0  # live processes of the run: in its unit there, else carrying its tag
     started: tuple[int, ...] = ()  # ranks whose wrapper ran here
 
@@ -50,7 +52,8 @@ class HostState:
             return f"unreachable: {self.error}"
         if not self.run_dir:
             return "no run directory"
-        launcher = {LauncherState.RUNNING: "launcher running", LauncherState.EXITED: f"launcher exited {self.rc}",
+        ended = f"launcher stopped by signal {self.signal}" if self.signal else f"launcher exited {self.rc}"
+        launcher = {LauncherState.RUNNING: "launcher running", LauncherState.EXITED: ended,
                     LauncherState.GONE: "launcher gone without an exit code", LauncherState.NONE: ""}[self.launcher]
         ranks = f"ranks {','.join(map(str, self.started))} started" if self.started else "no rank started"
         return ", ".join(x for x in (launcher, f"{self.procs} process(es) of the run", ranks) if x)
@@ -112,6 +115,9 @@ def parse_probe(host: str, output: str) -> HostState:
     state.rc = rc if isinstance(rc, int) and not isinstance(rc, bool) and -9999 <= rc <= 9999 else None
     if state.launcher == LauncherState.EXITED and state.rc is None:
         state.launcher = LauncherState.GONE  # an exit code file without a code in it
+    signal = said.get("signal")
+    if state.launcher == LauncherState.EXITED and isinstance(signal, str) and re.fullmatch(r"[A-Z0-9+]{1,12}", signal):
+        state.signal = signal
     procs = said.get("procs")
     state.procs = procs if isinstance(procs, int) and not isinstance(procs, bool) and procs >= 0 else 0
     started = said.get("started")
@@ -148,15 +154,37 @@ def probe(cluster: Cluster, plan: JobPlan, timeout_s: float = PROBE_TIMEOUT_S,
 
 
 def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
-    """The run's state from its hosts' answers: its launchers say whether it runs and how it ended."""
+    """The run's state from its hosts' answers: its launchers say whether it runs and how it ended.
+
+    A launcher that a signal ended (root's record of its unit: its unit stopped, its node shut
+    down, a kill) wrote no end of the job's. On the first launch host (the only one, or the one
+    whose agent holds the rendezvous the others meet at), or on any launch host while the first
+    one still runs a group that needs every host (no ``min_nodes``: torchrun's --nnodes H, whose
+    ranks left wait for the stopped node's in their collectives, and nothing starts its agent
+    again), the run is lost at once: the job's end will never be written. An end the first launch
+    host wrote itself still decides (a stop that came after the job's end)."""
     launcher = launcher_named(plan.launch.launcher)
     launch = [h.name for h in launcher.launch_hosts(plan)]
     state = ClusterState(RunStatus.RUNNING, hosts=hosts, world_size=plan.placement.world_size)
     unreached = [h for h in launch if not hosts[h].reached]
     running = [h for h in launch if hosts[h].reached and hosts[h].launcher == LauncherState.RUNNING]
+    stopped = [h for h in launch if hosts[h].reached and hosts[h].signal]
+    said_stop = "; ".join(f"the launcher on {h} was stopped by signal {hosts[h].signal}" for h in stopped)
+    needed = launch if not plan.attempt.min_nodes else launch[:1]
+    if stopped and (launch[0] in stopped or (launch[0] in running and any(h in needed for h in stopped))):
+        first = stopped[0]
+        state.state = RunStatus.LOST
+        state.reason = (f"the launcher on {first} was stopped by signal {hosts[first].signal} before the job ended "
+                        "(its unit was stopped, its node shut down, or a process killed it), so the job's own end "
+                        "will never be written" + ("; the run's other launchers cannot go on without it" if len(launch) > 1 else ""))
+        if len(stopped) > 1:
+            state.reason += "; " + "; ".join(f"the launcher on {h} too" for h in stopped[1:])
+        if running:
+            state.reason += f"; its launchers on {', '.join(running)} still run: 'distrun stop {plan.run_id}' ends them"
+        return state
     if running:
-        if unreached:
-            state.reason = "; ".join(f"{h} unreachable: {hosts[h].error}" for h in unreached)
+        state.reason = "; ".join([f"{h} unreachable: {hosts[h].error}" for h in unreached]
+                                 + ([f"{said_stop}, while the launchers on {', '.join(running)} run on"] if stopped else []))
         return state
     if unreached:
         state.state = UNREACHABLE
@@ -174,11 +202,13 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
         return state
     codes = {h: int(hosts[h].rc or 0) for h in launch}
     head = plan.placement.head.name
-    bad = [h for h in launch if codes[h] != 0]
-    rc = codes[head] if codes.get(head) else (codes[bad[0]] if bad else 0)
+    bad = [h for h in launch if codes[h] != 0 and h not in stopped]
+    # A launcher a signal ended says nothing of the job's end: the first launch host's went on (it
+    # may restart without that node: torchrun's --exclude-failed), and its own exit decides.
+    rc = codes[head] if codes.get(head) and head not in stopped else (codes[bad[0]] if bad else 0)
     state.rc = rc
     state.state = RunStatus.SUCCEEDED if rc == 0 else RunStatus.FAILED
-    state.reason = f"the launcher exited {rc}" + (f" on {', '.join(bad)}" if bad else "")
+    state.reason = "; ".join(x for x in (f"the launcher exited {rc}" + (f" on {', '.join(bad)}" if bad else ""), said_stop) if x)
     return state
 
 

@@ -47,6 +47,10 @@ CONTAINER_SCRIPT = "container-run.sh"  # with --image: the start of one containe
 RESULT = "result.json"  # the reference workloads' result
 # Inside an attempt's folder (beside the launcher's own files).
 STARTED = "started"  # one marker per started rank, written by the rank wrapper
+# In STARTED, with a launcher that restarts in place: one line per start of a node's local rank,
+# "starts-<host>-<local rank>" (the wrapper counts its DISTRUN_RESTART there). The job can write
+# them: what they say is the job's own claim (run/starts.py), never the ground for a decision.
+STARTS_PREFIX = "starts-"
 # The attempt's ssh key pair (0600) and its certificate from the head's user CA: the run's hosts,
 # minutes, the relay's mesh verb only (roles/job/files/sign.py). ssh reads the certificate from
 # beside the key.

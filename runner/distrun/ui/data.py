@@ -15,6 +15,7 @@ from typing import Any
 from distrun.planning import containers
 from distrun.run.collect_rules import LEFT_FILE
 from distrun.run.diagnosis import rank_logs
+from distrun.run.starts import collected
 from distrun.store.runs import Run
 from distrun.transport import rundir
 
@@ -84,6 +85,9 @@ def detail(run: Run) -> dict[str, Any]:
     out["image"] = image if isinstance(image, dict) else None  # a run with --image: the id each node had
     launcher_log = run.dir / "launcher.log"
     nodes = run.dir / "nodes"
+    # A launcher that restarts in place: each node's starts, as the job's wrappers counted them.
+    starts = collected(nodes)
+    out["starts"] = starts.as_dict() if starts is not None else None
     ansible = run.dir / "ansible"
     out["logs"] = {
         "launcher": str(launcher_log) if launcher_log.is_file() else None,

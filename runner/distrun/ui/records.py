@@ -64,6 +64,7 @@ def show_lines(d: dict[str, Any]) -> list[str]:
     if timings:
         spans = ", ".join(f"{p['name']} {p['s']:.1f}s" for p in timings.get("phases", []))
         lines.append(f"timings:    {spans} (total {timings.get('total_s', 0):.1f}s)")
+    lines += _starts_lines(d.get("starts"))
     commands = d["commands"]
     if commands["partition"]:
         lines.append(f"partition:  {shlex.join(commands['partition'])}")
@@ -78,6 +79,18 @@ def show_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"rank {rank} log: {path}")
     if logs["ansible"]:
         lines.append(f"ansible:    {logs['ansible']}")
+    return lines
+
+
+def _starts_lines(starts: dict[str, Any] | None) -> list[str]:
+    """A self-restarting run's starts per node, labelled as the job's own report (run/starts.py)."""
+    if not starts or not starts["hosts"]:
+        return []
+    per_host = "; ".join(f"{h} {s['starts']} time(s)" for h, s in starts["hosts"].items())
+    lines = [f"starts:     {per_host} (in attempt {starts['attempt']}, as the job's rank wrapper reported them)",
+             f"ended on:   restart {starts['ended_on_restart']} (DISTRUN_RESTART of the last start, as reported)"]
+    if starts["unreadable_files"]:
+        lines.append(f"            {starts['unreadable_files']} starts file(s) left out: not the rank wrapper's")
     return lines
 
 
