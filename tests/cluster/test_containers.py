@@ -159,6 +159,12 @@ def test_every_rank_runs_in_the_image_on_its_node_s_network(provisioned, image_i
     # Rootless podman's pause process started in the run's units and ended with them; no manager of
     # the user's runs between runs: nothing of the training user's is left on any node.
     assert outside_runs(cluster) == {1: [], 2: [], 3: []}
+    if launcher.startswith("slurm"):
+        # A Slurm job's podman starts its pause process in slurmd's cgroup (proctrack/linuxproc),
+        # outside the job's process tree: slurmd's epilog ended it and took the runtime folder away.
+        for k in (1, 2, 3):
+            left = cluster.exec(k, f"pgrep -l -u {USER}; ls -d /run/user/$(id -u {USER}) 2>/dev/null; true", check=False)
+            assert left.stdout.strip() == "", f"node{k}: {left.stdout}"
 
 
 def test_a_node_with_another_image_under_the_name_is_refused_and_nothing_starts(provisioned, image_inventory,
