@@ -137,6 +137,43 @@ def run_processes(cluster, run_id: str, nodes: tuple[int, ...] = (1, 2, 3), over
     return alive
 
 
+# Every process of the training user on a node: "pid comm cgroup" per line (systemd's hierarchy).
+_USER_PROCESSES = ("u=$(id -u distrun); for d in /proc/[0-9]*; do [ \"$(stat -c %u $d 2>/dev/null)\" = \"$u\" ] || continue; "
+                   "c=$(sed -n 's/^[0-9]*:\\(name=systemd\\)\\{0,1\\}:\\(\\/.*\\)/\\2/p' $d/cgroup 2>/dev/null | head -1); "
+                   "echo \"${d#/proc/} $(cat $d/comm 2>/dev/null) $c\"; done; "
+                   "echo SESSIONS $(loginctl list-sessions --no-legend 2>/dev/null | awk '$3 == \"distrun\"' | wc -l)")
+
+
+def outside_runs(cluster, nodes: tuple[int, ...] = (1, 2, 3), wait_s: float = 20) -> dict[int, list[str]]:
+    """Node -> the processes of the training user there that live outside every run's unit and
+    outside every login of that user: 'comm cgroup' each. A login's own processes (its session's
+    scope; the user's systemd manager while a login of the user is open, and for logind's
+    UserStopDelaySec, 10 s, after the last one ends: mpirun's daemons' ssh logins, the harness's
+    su) are a login's, not distrun's: the look is repeated for ``wait_s`` while any is left."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = {k: _outside_runs(cluster, k) for k in nodes}
+        if not any(found.values()) or time.monotonic() > deadline:
+            return found
+        time.sleep(2)
+
+
+def _outside_runs(cluster, k: int) -> list[str]:
+    out = cluster.exec(k, _USER_PROCESSES, check=False).stdout.splitlines()
+    sessions = int(out[-1].split()[1]) if out and out[-1].startswith("SESSIONS ") else 0
+    left = []
+    for line in out[:-1]:
+        _, comm, cgroup = (line.split(" ", 2) + ["", ""])[:3]
+        if "/session-" in cgroup and cgroup.endswith(".scope"):
+            continue  # a login's
+        if sessions and cgroup.endswith("/init.scope") and "/user@" in cgroup:
+            continue  # the manager a login started, for as long as it lasts
+        if "/system.slice/distrun" in cgroup.replace("\\x3a", ":"):
+            continue  # a run's unit (another run's, still running)
+        left.append(f"{comm} {cgroup}")
+    return left
+
+
 def rank_headers(run: Path) -> dict[int, tuple[int, str, str]]:
     """Rank -> (world size, inventory name, machine hostname), from the header of every rank log
     collected into the run record."""

@@ -719,6 +719,10 @@ def up(n: int, name: str = DEFAULT_NAME, wheelhouse: Path | str | None = None,
                     # Debian's ping carries file capability cap_net_raw; without it in the
                     # bounding set exec fails with EPERM, unlike on a real host.
                     "--cap-add", "NET_RAW",
+                    # A machine's root may look into any process (CAP_SYS_PTRACE): newuidmap, which
+                    # rootless podman runs from a run's unit, opens /proc/<pid> of a process that
+                    # the unit's /proc (ProtectProc=invisible) shows only to root with it.
+                    "--cap-add", "SYS_PTRACE",
                     # Rootless podman in a node (the --image tests) mounts a fresh /proc for a
                     # container with its own pid namespace; the kernel refuses that while the
                     # node's /proc has podman's masks over parts of it, as a machine's has not.

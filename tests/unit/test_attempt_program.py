@@ -226,18 +226,14 @@ def test_the_records_are_readable_by_the_followers_whatever_roots_umask(attempt,
     assert stat.S_IMODE((records / f"{said['unit']}.launched").stat().st_mode) == 0o644
 
 
-@pytest.mark.parametrize("runtime_folder", [True, False])
-def test_the_units_hide_the_training_users_own_systemd_manager(attempt, tmp_path, monkeypatch, runtime_folder):
-    """systemd-run --user from a job would start a unit outside the run's: each run's unit hides
-    the manager's sockets (rootless podman keeps the rest of the runtime folder) or, where the
-    user has no runtime folder yet, all of /run/user (a login during the run makes one there)."""
+def test_the_units_have_a_runtime_folder_of_their_own(attempt, tmp_path, monkeypatch):
+    """Rootless podman keeps its state, its pause process among it, in the user's runtime folder:
+    each run's unit gets its own at /run/user/<uid> (a memory folder of the unit's, the user's),
+    named by XDG_RUNTIME_DIR, so that pause process starts in the unit and ends with it, and the
+    node's own folder (a login's systemd manager and bus) is out of the run's reach."""
     _, cfg, _ = attempt
     program = _program(monkeypatch, tmp_path / "records")
-    runtime = tmp_path / "run-user"
-    uid = os.getuid()
-    (runtime / str(uid)).mkdir(parents=True) if runtime_folder else runtime.mkdir()
-    real = program.manager_hidden
-    monkeypatch.setattr(program, "manager_hidden", lambda u: real(u, str(runtime)))
+    uid, gid = os.getuid(), os.getgid()
     seen: list[list[str]] = []
 
     def run(argv, **_):
@@ -246,9 +242,10 @@ def test_the_units_hide_the_training_users_own_systemd_manager(attempt, tmp_path
     monkeypatch.setattr(program.subprocess, "run", run)
     monkeypatch.setattr(program.pwd, "getpwnam", lambda _: pwd.getpwuid(uid))
     assert program.launch(cfg)["launched"] is True
-    props = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "-p" and seen[0][i + 1].startswith("InaccessiblePaths")]
-    assert props == ([f"InaccessiblePaths=-{runtime}/{uid}/systemd", f"InaccessiblePaths=-{runtime}/{uid}/bus"]
-                     if runtime_folder else [f"InaccessiblePaths={runtime}"])
+    props = [seen[0][i + 1] for i, a in enumerate(seen[0]) if a == "-p"]
+    assert f"TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}" in props
+    assert not [p for p in props if p.startswith("InaccessiblePaths")]
+    assert f"--setenv=XDG_RUNTIME_DIR=/run/user/{uid}" in seen[0]
 
 
 def test_the_units_get_the_inventorys_resource_limits(attempt, tmp_path, monkeypatch):

@@ -201,8 +201,13 @@ def test_mpirun_needs_the_runtime_on_every_node():
     assert nodes["docker"] == ["docker"] and "orted" in nodes and "mpirun" in head
 
 
-def test_stop_removes_the_runs_containers_by_label():
-    assert containers.stop_argv(plan_for()) == ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]
+PODMAN_RM = ["podman", "rm", "-f", "--filter", "label=distrun.run=r1"]
+
+
+def test_stop_removes_the_runs_containers_by_label_in_a_unit_of_the_users_own():
+    argv = containers.stop_argv(plan_for())
+    assert argv == containers.in_user_unit("distrun", PODMAN_RM, containers.STOP_MAX_S)
+    assert argv[:2] == ["sh", "-c"] and argv[3:6] == ["sh", "distrun", "60"] and argv[6:] == PODMAN_RM
     docker = containers.stop_argv(plan_for(runtime="docker"))
     assert docker[:2] == ["sh", "-c"] and "docker ps -aq --filter label=distrun.run=r1" in docker[2]
 
@@ -234,9 +239,47 @@ def test_distrun_stop_hands_the_containers_removal_of_a_recorded_run_to_the_stop
         dir = tmp_path
     assert stop.stop_vars("r1", stop.recorded(Rec())) == {"distrun_run_id": "r1"}  # type: ignore[arg-type]  # no plan.json
     (tmp_path / "plan.json").write_text(json.dumps(to_json(plan_for(runtime="podman"))))
-    assert stop.stop_vars("r1", stop.recorded(Rec()))["distrun_container_stop_argv"] == [  # type: ignore[arg-type]
-        "podman", "rm", "-f", "--filter", "label=distrun.run=r1"]
-    assert containers.stop_shell(plan_for()) == "podman rm -f --filter label=distrun.run=r1 >/dev/null"
+    assert stop.stop_vars("r1", stop.recorded(Rec()))["distrun_container_stop_argv"] == containers.in_user_unit(  # type: ignore[arg-type]
+        "distrun", PODMAN_RM, containers.STOP_MAX_S)
+    assert containers.stop_shell(plan_for()) == shlex.join(containers.stop_argv(plan_for())) + " >/dev/null"
+
+
+def _fake_bin(tmp_path: Path, names: dict[str, str]) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, body in names.items():
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    return bindir
+
+
+def test_a_users_unit_has_its_own_runtime_folder_and_the_probe_asks_for_the_same(tmp_path):
+    """The runner's unit for the user's runtime (containers.USER_UNIT) and the preflight probe's
+    (role preflight's userprobe.py) are one set of properties: their own /tmp, /dev/shm, IPC and
+    runtime folder /run/user/<uid>, so podman's pause process starts in them and ends with them."""
+    import ast
+
+    from distrun import paths
+    tree = ast.parse((paths.project_dir() / "roles" / "preflight" / "files" / "userprobe.py").read_text())
+    probe = next(ast.literal_eval(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                 and getattr(n.targets[0], "id", "") == "USER_UNIT_PROPERTIES")
+    assert probe == containers.USER_UNIT_PROPERTIES
+    assert "TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}" in probe
+
+
+def test_a_users_unit_is_started_by_systemd_as_that_user_with_its_streams_and_status(tmp_path):
+    """USER_UNIT's shell, as root with systemd, hands the command to systemd-run (here a stand-in
+    that prints its argv) with the user's ids, the unit's properties and its time limit."""
+    bindir = _fake_bin(tmp_path, {"systemd-run": 'printf "%s\\n" "$@"; exit 3', "id": 'case "$1" in -u) [ -n "$2" ] && echo 1000 || echo 0 ;; -g) echo 1000 ;; esac',
+                                  "getent": "echo distrun:x:1000:1000::/home/distrun:/bin/bash"})
+    script = containers.USER_UNIT.replace("[ -d /run/systemd/system ]", "true")
+    proc = subprocess.run(["sh", "-c", script, "sh", "distrun", "60", "podman", "load", "-q"], capture_output=True,
+                          text=True, env={"PATH": f"{bindir}:/usr/bin:/bin"}, check=False)
+    assert proc.returncode == 3, proc.stderr
+    argv = proc.stdout.splitlines()
+    assert argv[-4:] == ["--", "podman", "load", "-q"]
+    assert {"--uid=1000", "--gid=1000", "--pipe", "--wait", "RuntimeMaxSec=60", "XDG_RUNTIME_DIR=/run/user/1000",
+            "TemporaryFileSystem=/run/user/1000:mode=0700,uid=1000,gid=1000", "PrivateTmp=yes"} <= set(argv), argv
 
 
 @pytest.mark.parametrize("lines, start", [

@@ -112,8 +112,8 @@ def test_only_the_transport_composes_a_command_for_root_and_every_caller_says_th
             if path.name != "remote.py":
                 assert name not in ("as_root_or_user", "command") or not _is_nodeprog(call), where
                 assert name != "as_root_or_user", where
-            if name == "node_command" and path.name != "remote.py":
-                assert any(k.arg == "people" for k in call.keywords), f"{where}: node_command without people="
+            if name in ("node_command", "root_or_person") and path.name != "remote.py":
+                assert any(k.arg == "people" for k in call.keywords), f"{where}: {name} without people="
 
 
 def _is_nodeprog(call: ast.Call) -> bool:

@@ -311,3 +311,40 @@ def test_only_a_unit_of_the_system_manager_names_a_run(tmp_path):
     runs = answer("scan", {"proc": str(view)})["runs"]
     assert {r: [(p["pid"], p["why"]) for p in ps] for r, ps in runs.items()} == {
         victim: [(4000001, "unit")], mine: [(4000002, "tag"), (4000003, "tag")]}
+
+
+def _fake_proc(view: Path, pid: int, ppid: int, uid: int, cgroup: str, tag: str | None, comm: str = "sleep") -> None:
+    """A process as /proc would show it: its parent, uid, name, cgroup and tag (none: untagged)."""
+    folder = view / str(pid)
+    folder.mkdir()
+    (folder / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} " + " ".join(["0"] * 15) + " 12345 0 0\n")
+    (folder / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (folder / "environ").write_bytes(f"DISTRUN_RUN_ID={tag}\0".encode() if tag else b"")
+    (folder / "cgroup").write_text(f"0::{cgroup}\n")
+
+
+def test_what_an_ended_slurm_job_left_in_slurmd_s_cgroup_is_no_run_s(tmp_path):
+    """Under proctrack/linuxproc a Slurm job's processes live in slurmd's cgroup. A process there
+    under a slurmstepd of root's is its running job's; one re-parented away from every slurmstepd
+    (rootless podman's pause process after the job ended) keeps its run's tag but is no run's, so
+    it holds no host. A slurmstepd of the user's own making proves nothing; outside slurmd's
+    cgroup the evidence is as before."""
+    import pwd
+    view = tmp_path / "proc"
+    (view / "1").mkdir(parents=True)
+    (view / "1" / "cgroup").write_text("0::/init.scope\n")
+    me = pwd.getpwnam("nobody").pw_uid if os.getuid() == 0 else os.getuid()
+    slurmd = "/system.slice/slurmd.service"
+    live, left, forged, other = (f"slurm-{os.getpid()}-{w}" for w in ("live", "left", "forged", "other"))
+    _fake_proc(view, 4100001, 1, 0, slurmd, None, comm="slurmstepd")
+    _fake_proc(view, 4100002, 4100001, me, slurmd, live)  # the job's batch script
+    _fake_proc(view, 4100003, 4100002, me, slurmd, live)  # its step, a child
+    _fake_proc(view, 4100004, 1, me, slurmd, left)  # catatonit of an ended job: init's child now
+    _fake_proc(view, 4100005, 1, me, slurmd, forged, comm="slurmstepd")  # the user's own "slurmstepd"
+    _fake_proc(view, 4100006, 4100005, me, slurmd, forged)
+    _fake_proc(view, 4100007, 1, me, "/user.slice/user-1000.slice/session-3.scope", other)  # a login's
+    runs = answer("scan", {"proc": str(view), "user": "nobody"})["runs"]
+    assert {r: sorted(p["pid"] for p in ps) for r, ps in runs.items()} == {
+        live: [4100002, 4100003], other: [4100007]}
+    # The run's own scan leaves it out too; stop still ends it (its evidence is unchanged).
+    assert answer("scan", {"proc": str(view), "user": "nobody", "run": left})["runs"] == {}

@@ -175,3 +175,32 @@ def test_a_bad_gpu_claim_is_one_line_and_exit_2(cfg, message):
                           json.dumps({"host": "h", "run": "r", **cfg})], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+
+
+def _slurm_proc(view: Path, pid: int, ppid: int, uid: int, tag: str | None, comm: str = "sleep") -> None:
+    """A process in slurmd's cgroup as /proc would show it (proctrack/linuxproc keeps a job's there)."""
+    folder = view / str(pid)
+    folder.mkdir()
+    (folder / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} " + " ".join(["0"] * 15) + " 12345 0 0\n")
+    (folder / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (folder / "environ").write_bytes(f"DISTRUN_RUN_ID={tag}\0".encode() if tag else b"")
+    (folder / "cgroup").write_text("0::/system.slice/slurmd.service\n")
+
+
+def test_what_an_ended_slurm_job_left_behind_holds_no_host_and_a_running_job_does(claims):
+    """A running Slurm job's steps (under root's slurmstepd) keep the host theirs; the pause
+    process an ended job left in slurmd's cgroup, tagged with its run, keeps nothing."""
+    (claims.view / "1").mkdir()
+    (claims.view / "1" / "cgroup").write_text("0::/init.scope\n")
+    user = {"user": NOBODY.pw_name} if os.getuid() == 0 else {}
+    uid = NOBODY.pw_uid if os.getuid() == 0 else os.getuid()
+    _slurm_proc(claims.view, 4200001, 1, 0, None, comm="slurmstepd")
+    _slurm_proc(claims.view, 4200002, 4200001, uid, "slurm-running")
+    _slurm_proc(claims.view, 4200003, 1, uid, "slurm-ended", comm="catatonit")
+    refused = claims.take("next", None, total=None, **user)
+    assert (refused["claimed"], refused["runs"]) == (False, ["slurm-running"]), refused
+    for pid in (4200001, 4200002):  # the running job ends; its pause process stays
+        for f in (claims.view / str(pid)).iterdir():
+            f.unlink()
+        (claims.view / str(pid)).rmdir()
+    assert claims.take("next", None, total=None, **user)["claimed"] is True

@@ -41,6 +41,7 @@ STOP_S = 8  # what the unit's processes get between TERM and KILL when it ends
 # reconciled later than that ('distrun status' of a detached run nobody followed) reads as lost.
 KEEP_S = 30 * 24 * 3600
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RUNTIME = "/run/user"  # the users' runtime folders, /run/user/<uid>, as logind names them
 
 
 def _systemd() -> bool:
@@ -75,17 +76,17 @@ def prune(folder: str, now: "float | None" = None) -> int:
     return gone
 
 
-def manager_hidden(uid: int, runtime: str = "/run/user") -> list:
-    """systemd-run's properties that keep the training user's own systemd manager out of a run's
-    reach: with it (systemd-run --user) a job would start units outside its run's, which neither
-    the run's end nor 'distrun stop' reaches. Where the user's runtime folder exists (rootless
-    podman uses it: lingering keeps it and the manager), the manager's two sockets are hidden;
-    where it does not, the whole of /run/user, so a folder a login makes during the run is
-    hidden too."""
-    folder = f"{runtime}/{int(uid)}"
-    if os.path.isdir(folder):
-        return ["-p", f"InaccessiblePaths=-{folder}/systemd", "-p", f"InaccessiblePaths=-{folder}/bus"]
-    return ["-p", f"InaccessiblePaths={runtime}"]
+def runtime_private(uid: int, gid: int) -> list:
+    """systemd-run's properties that give a run's unit a runtime folder of its own at the training
+    user's /run/user/<uid> (a memory folder of the unit's, 0700, the user's, gone with the unit),
+    and the unit's XDG_RUNTIME_DIR is set to it (launch's environment). Rootless podman keeps its
+    state there, its pause process among it, so every podman of the run starts that pause process
+    inside the unit, which ends it with the run: nothing of the user's lives on between runs, and
+    the node needs neither lingering nor the user's own systemd manager. Whatever the node's own
+    folder holds (a login's manager and its bus, where a login made one) is out of the run's
+    reach: systemd-run --user from a job finds no manager."""
+    folder = f"{RUNTIME}/{int(uid)}"
+    return ["-p", f"TemporaryFileSystem={folder}:mode=0700,uid={int(uid)},gid={int(gid)}"]
 
 
 # What a run has to itself, and what ends with its unit: its own /tmp (removed at the unit's end),
@@ -156,7 +157,8 @@ def launch(cfg: dict) -> dict:
                 f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
                 "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
                 "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}", *manager_hidden(user.pw_uid), *PRIVATE, *limits]
+                "-p", f"ExecStopPost={post}", *runtime_private(user.pw_uid, user.pw_gid), *PRIVATE, *limits]
+        env["XDG_RUNTIME_DIR"] = f"{RUNTIME}/{user.pw_uid}"
         argv += [f"--setenv={k}={v}" for k, v in env.items()]
         argv += ["/bin/bash", script]
         prune(RECORDS)

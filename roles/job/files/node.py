@@ -35,6 +35,11 @@ where there is no root or no systemd), the oldest first:
      run): the job owns D's path and may point it at another run's folder, but cannot put a
      process into another run's session;
   4. the tag: DISTRUN_RUN_ID=<run> in the environment the process was started with.
+A scan (and so a claim) counts no process that an ended Slurm job left behind: one in slurmd's
+cgroup (where proctrack/linuxproc keeps a job's processes) with no slurmstepd of root's among its
+ancestors, such as rootless podman's pause process, which leaves its job's tree and keeps the
+job's environment, its tag too (_left_by_slurm); stop still ends it, and slurmd's epilog (role
+slurm) does when the job ends.
 A process of R that forges another run's tag stays R's while it has an ancestor or a session
 leader of R. The job writes the run's ``launcher-*.pgid`` files (those of the last attempt's
 folder count), so one only adds a group whose leader is gone and that holds a process of R
@@ -65,6 +70,8 @@ if "NODECOMMON" not in globals():  # run as a file (the controller's tests): nod
         exec(compile(_part.read(), _PART, "exec"))  # claim.py, the part before this program
 
 LAUNCH_SCRIPT = re.compile(r"launch-[^/]+\.sh")
+SLURMD = "slurmd.service"  # slurmd's unit: a Slurm job's processes live in its cgroup under proctrack/linuxproc
+STEPD = "slurmstepd"  # root's process of a job's step on a node: it lives while the step runs
 
 
 def _read(path: str, limit: int = 4 << 20) -> bytes | None:
@@ -106,8 +113,11 @@ class Proc:
                 break
         # The unit a process runs in (launch.py starts each launcher as one): a cgroup no process
         # of the training user can leave, of the system manager's (the user's own names any).
-        m = unit_in((_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace"), units)
+        cgroup = (_read(f"{root}/{pid}/cgroup", 4096) or b"").decode(errors="replace")
+        m = unit_in(cgroup, units)
         self.unit_run = m.group(1) if m else None
+        # slurmd's own cgroup: where proctrack/linuxproc keeps a Slurm job's processes (scan: _left_by_slurm)
+        self.in_slurmd = (cgroup.strip().splitlines() or [""])[-1].split(":", 2)[-1].removeprefix(units) == SLURMD
         self.owner: str | None = None
         self.why = ""
 
@@ -251,13 +261,34 @@ def _mine(procs: dict[int, Proc], uid: int) -> dict[int, Proc]:
     return {p.pid: p for p in procs.values() if p.uid == uid and p.pid not in spared}
 
 
+def _left_by_slurm(p: Proc, procs: dict[int, Proc]) -> bool:
+    """Whether p is what a Slurm job left behind when it ended: a process in slurmd's cgroup (a
+    job's, under proctrack/linuxproc) with no slurmstepd of root's among its ancestors. A job's
+    steps run under their slurmstepd for as long as the job runs, and no process of the job can
+    leave a live ancestor's line but by leaving the job (re-parented to init, as rootless podman's
+    pause process is): a job cannot make its running steps look ended, and what it left outside
+    them (its environment still tagged with the run) makes no run look alive. slurmd's epilog
+    (role slurm) ends such processes; until it has, they count for no run. Under proctrack/cgroup
+    a job's processes are in the job's own cgroup, which Slurm empties at the job's end."""
+    if not p.in_slurmd:
+        return False
+    seen: set[int] = set()
+    q = procs.get(p.ppid)
+    while q is not None and q.pid not in seen:
+        if q.comm == STEPD and q.uid == 0:
+            return False
+        seen.add(q.pid)
+        q = procs.get(q.ppid) if q.ppid != q.pid else None
+    return True
+
+
 def scan(cfg: dict) -> dict:
     run, run_dir = cfg.get("run") or None, cfg.get("run_dir") or None
     procs = processes(cfg.get("proc") or "/proc")
     attribute(procs, run, run_dir)
     runs: dict[str, list[dict]] = {}
     for p in sorted(_mine(procs, _uid(cfg)).values(), key=lambda p: p.pid):
-        if p.owner is not None and (run is None or p.owner == run):
+        if p.owner is not None and (run is None or p.owner == run) and not _left_by_slurm(p, procs):
             runs.setdefault(p.owner, []).append(
                 {"pid": p.pid, "ppid": p.ppid, "pgid": p.pgid, "sid": p.sid, "comm": p.comm, "why": p.why})
     return {"verb": "scan", "runs": runs}

@@ -39,17 +39,37 @@ def run(cfg: ProbeConfig, argv: list[str], timeout: float = 60) -> subprocess.Co
         return subprocess.CompletedProcess(argv, 124, "", f"timed out after {timeout}s")
 
 
+# The unit the user runtime runs in: a /tmp, /dev/shm, IPC and /run/user/<uid> of its own, so the
+# pause process of rootless podman ends with it (distrun.planning.containers: the same, tested).
+USER_UNIT_PROPERTIES = ("PrivateTmp=yes", "PrivateIPC=yes", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
+                        "ProtectProc=invisible", "TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}")
+
+
+def user_unit_argv(pw: pwd.struct_passwd, env: dict, argv: list[str], timeout: float) -> list[str]:
+    """argv as the user in a transient unit that ends with it, or ``timeout`` s after its start."""
+    props = [w for p in USER_UNIT_PROPERTIES for w in ("-p", p.format(uid=pw.pw_uid, gid=pw.pw_gid))]
+    return ["systemd-run", "--quiet", "--pipe", "--wait", "--collect", f"--uid={pw.pw_uid}", f"--gid={pw.pw_gid}",
+            "--working-directory=/", *props, "-p", f"RuntimeMaxSec={int(timeout) + 5}", "-p", "KillMode=control-group",
+            "-p", "SendSIGKILL=yes", *(f"--setenv={k}={v}" for k, v in env.items()), "--", *argv]
+
+
 def as_user(cfg: ProbeConfig, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     """Run argv as the training user (from root), or directly when we already are that user: only
     the container image's checks, whose runtime keeps its store in that user's home. The working
-    directory is / (root's), never the user's home: a job can write its home."""
+    directory is / (root's), never the user's home: a job can write its home. From root, with
+    systemd: in a unit (user_unit_argv), which nothing it starts outlives."""
     user = cfg.user
-    kwargs: dict = {"cwd": "/"}
+    kwargs: dict = {"cwd": "/", "stdin": subprocess.DEVNULL}
     if os.geteuid() == 0 and user != "root":
         pw = pwd.getpwnam(user)
-        kwargs.update({"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(user, pw.pw_gid),
-                       "env": {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user,
-                               "PATH": f"{cfg.prefix}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}})
+        env = {"HOME": pw.pw_dir, "USER": user, "LOGNAME": user,
+               "PATH": f"{cfg.prefix}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+        if os.path.isdir("/run/systemd/system"):
+            argv = user_unit_argv(pw, {**env, "XDG_RUNTIME_DIR": f"/run/user/{pw.pw_uid}"}, argv, timeout)
+            kwargs["env"] = _isolated_env(cfg)
+        else:
+            kwargs.update({"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": os.getgrouplist(user, pw.pw_gid),
+                           "env": env})
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
     except FileNotFoundError as exc:

@@ -1,5 +1,6 @@
 """Ranks inside a container image: which image and runtime a run uses, the script that starts
-a container on a node, Slurm's pyxis options and the removal of a run's containers.
+a container on a node, Slurm's pyxis options, the removal of a run's containers, and the unit of
+the user's own that the runtime runs in outside a run (``in_user_unit``).
 
 Every container of a run shares the node's network, IPC namespace and (for ranks that mpirun
 starts one container each) its process namespace; it runs as the training user, sees the shared
@@ -124,7 +125,8 @@ def run_argv(plan: JobPlan, *, per_rank: bool) -> list[str]:
     ranks of a node sit in separate containers, yet Open MPI's shared-memory transport (vader)
     copies between them with process_vm_readv on its peers' pids, which only works in one pid
     namespace (``--pid=host``), and finds its peers' segments and the PMIx server of the host's
-    orted in the session folder under /tmp (bound at /tmp).
+    orted in the session folder under /tmp (bound at /tmp): the unit's own /tmp, /dev/shm and IPC,
+    never the node's, as podman's pause process starts in the unit (launch.py's runtime folder).
     """
     assert plan.launch.container is not None
     c = plan.launch.container
@@ -237,6 +239,31 @@ def pyxis_args(plan: JobPlan) -> list[str]:
             f"--container-workdir={plan.start_dir}"]
 
 
+# The runtime as the training user outside a run (a run's containers removed, push-image; the
+# probe's userprobe.py alike, held equal by a unit test): in a unit with its own /run/user/<uid>,
+# as a run's (launch.py), where podman's pause process starts and ends. "$1" user, "$2" limit (s).
+USER_UNIT_PROPERTIES = ("PrivateTmp=yes", "PrivateIPC=yes", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
+                        "ProtectProc=invisible", "TemporaryFileSystem=/run/user/{uid}:mode=0700,uid={uid},gid={gid}")
+USER_UNIT = (
+    'u=$1; max=$2; shift 2\n'
+    'if [ "$(id -u)" = 0 ] && [ -d /run/systemd/system ]; then\n'
+    '  uid=$(id -u "$u") && gid=$(id -g "$u") && home=$(getent passwd "$u" | cut -d: -f6) || exit 125\n'
+    '  exec systemd-run --quiet --pipe --wait --collect --uid="$uid" --gid="$gid" --working-directory=/ '
+    + " ".join(f'-p "{p}"'.replace("{uid}", "$uid").replace("{gid}", "$gid") for p in USER_UNIT_PROPERTIES)
+    + ' -p RuntimeMaxSec="$max" -p KillMode=control-group -p SendSIGKILL=yes'
+    ' -E HOME="$home" -E USER="$u" -E LOGNAME="$u" -E XDG_RUNTIME_DIR="/run/user/$uid"'
+    ' -E PATH=/usr/local/bin:/usr/bin:/bin -E LANG=C.UTF-8 -- "$@"\n'
+    'elif [ "$(id -u)" = 0 ]; then exec runuser -u "$u" -- env -C / -u XDG_RUNTIME_DIR -u DBUS_SESSION_BUS_ADDRESS "$@"\n'
+    'else exec "$@"; fi\n'
+)
+
+
+def in_user_unit(user: str, argv: list[str], max_s: int) -> list[str]:
+    """argv as ``user`` in a unit of its own (USER_UNIT) for at most ``max_s`` s, started by root
+    (else run as the user); its streams the caller's, its exit status the command's."""
+    return ["sh", "-c", USER_UNIT, "sh", user, str(int(max_s)), *argv]
+
+
 def stop_shell(plan: JobPlan) -> str:
     """``stop_argv`` as one shell line ("" without an image), for a stop sent as shell text beside
     another answer on stdout: the removed ids are dropped, an error still goes to stderr, and the
@@ -245,15 +272,19 @@ def stop_shell(plan: JobPlan) -> str:
     return f"{shlex.join(argv)} >/dev/null" if argv else ""
 
 
+STOP_MAX_S = 60  # the unit that removes a run's containers on a node
+
+
 def stop_argv(plan: JobPlan) -> list[str]:
     """Remove every container of the run on the node this runs on ([] for a run without an image).
-    None there: exit 0. Run as the training user: rootless podman's containers are that user's."""
+    None there: exit 0. Run as root: rootless podman's, as their user in_user_unit."""
     if plan.launch.container is None:
         return []
     runtime = plan.launch.container.runtime
     ids = f"$({shlex.quote(runtime)} ps -aq --filter label={shlex.quote(f'{LABEL}={plan.run_id}')})"
     if runtime == "podman":
-        return ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"]
+        return in_user_unit(plan.launch.user, ["podman", "rm", "-f", "--filter", f"label={LABEL}={plan.run_id}"],
+                            STOP_MAX_S)
     # docker rm has no --filter: the ids come from docker ps.
     return ["sh", "-c", f'ids={ids}; [ -z "$ids" ] || docker rm -f $ids']
 

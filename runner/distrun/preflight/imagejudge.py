@@ -114,8 +114,7 @@ def inside(info: Mapping[str, Any], node_mpi: str) -> Finding | None:
         return (False, f"image {ref}: its containers do not see the shared folder the node has ({stale}): rootless "
                        f"podman's pause process of {user} keeps the mounts it saw when it started, and the folder was "
                        "mounted again since; the ranks would fail with 'cannot chdir'",
-                f"run 'podman system migrate' as {user} on the node (or 'distrun setup', which does it after it "
-                "mounts the folder), then run again")
+                f"run 'podman system migrate' as {user} on the node, then run again")
     if contents.get("error") or not contents.get("python"):
         return (False, f"image {ref}: its python3 did not run ({contents.get('error') or 'no answer'})",
                 f"build the image with python3 on its PATH, and check that '{runtime} run --rm {ref} python3 -V' "

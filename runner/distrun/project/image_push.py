@@ -69,6 +69,13 @@ def image_id_of(text: str) -> str:
     return found[-1] if found else ""
 
 
+def _as_user(user: str, argv: list[str], max_s: float, people: bool) -> str:
+    """argv as the training user on a node, in a unit of that user's own that ends with it (its
+    runtime's pause process too): planning/containers.in_user_unit, started by root (a person's
+    own, with people: remote.root_or_person)."""
+    return remote.root_or_person(user, shlex.join(containers.in_user_unit(user, argv, int(max_s))), people=people)
+
+
 def _inspect(runtime: str, ref: str) -> list[str]:
     return [runtime, "image", "inspect", "--format", "{{.Id}}", ref]
 
@@ -76,7 +83,7 @@ def _inspect(runtime: str, ref: str) -> list[str]:
 def node_ids(cluster: Cluster, runtime: str, ref: str) -> dict[str, tuple[str, str]]:
     """Host -> (the image id its training user holds under ref, or "", why not when unreachable)."""
     nodes = {n.name: n for n in cluster.nodes}
-    done = remote.run_each(nodes, {h: remote.as_user(cluster.user, shlex.join(_inspect(runtime, ref))) for h in nodes}, 120)
+    done = remote.run_each(nodes, {h: _as_user(cluster.user, _inspect(runtime, ref), 120, cluster.has_people) for h in nodes}, 120)
     out = {}
     for h, d in done.items():
         got = image_id_of(d.out) if d.rc == 0 else ""
@@ -101,10 +108,10 @@ def archive_path(image_id: str) -> Path:
     return folder / f"{image_id}.tar"
 
 
-def _save(runtime: str, ref: str, source: Node | None, user: str, dest: Path) -> None:
+def _save(runtime: str, ref: str, source: Node | None, user: str, dest: Path, people: bool) -> None:
     """The image into dest, whole or not at all (written beside it, renamed when complete)."""
     save = [runtime, "save", ref]
-    argv = remote.shell_argv(source, remote.as_user(user, shlex.join(save))) if source else save
+    argv = remote.shell_argv(source, _as_user(user, save, LOAD_TIMEOUT_S, people)) if source else save
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".saving-")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -120,10 +127,10 @@ def _save(runtime: str, ref: str, source: Node | None, user: str, dest: Path) ->
             os.unlink(tmp)
 
 
-def _load(node: Node, user: str, runtime: str, archive: Path) -> tuple[int, float, str]:
+def _load(node: Node, user: str, runtime: str, archive: Path, people: bool) -> tuple[int, float, str]:
     """Stream the archive into the node's store: (bytes sent, seconds, why it failed or "")."""
     started = time.monotonic()
-    argv = remote.shell_argv(node, remote.as_user(user, f"{shlex.quote(runtime)} load -q"))
+    argv = remote.shell_argv(node, _as_user(user, [runtime, "load", "-q"], LOAD_TIMEOUT_S, people))
     with archive.open("rb") as fh:
         try:
             proc = subprocess.run(argv, stdin=fh, capture_output=True, timeout=LOAD_TIMEOUT_S, check=False)
@@ -176,10 +183,10 @@ def push(cluster: Cluster, ref: str, from_node: str | None = None) -> Push:
     archive = archive_path(want)
     result.archive = str(archive)
     if not archive.is_file():
-        _save(rt, ref, nodes[from_node] if from_node else None, cluster.user, archive)
+        _save(rt, ref, nodes[from_node] if from_node else None, cluster.user, archive, cluster.has_people)
         result.saved = True
     with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-        loads = {h: pool.submit(_load, nodes[h], cluster.user, rt, archive) for h in targets}
+        loads = {h: pool.submit(_load, nodes[h], cluster.user, rt, archive, cluster.has_people) for h in targets}
     after = node_ids(cluster, rt, ref)
     for h in targets:
         moved, took, error = loads[h].result()

@@ -15,7 +15,7 @@ from typing import Any
 from distrun.planning.containers import stop_shell
 from distrun.planning.jobplan import JobPlan
 from distrun.transport import rundir
-from distrun.transport.remote import as_user, node_command
+from distrun.transport.remote import node_command, root_or_person
 
 # Seconds a follower waits for a launcher that left neither a record nor a pid file.
 START_WAIT_S = 60
@@ -57,8 +57,8 @@ def stop_command(plan: JobPlan) -> str:
     """End the run on the node it reaches: its units, then every process of the training user
     the node program finds to be the run's by evidence the job cannot point at another run's
     (never a pid file the job could have rewritten); then, for a run with an image, its
-    containers, as the training user whose (rootless) containers they are."""
+    containers, in a unit of the training user's own (planning/containers.in_user_unit)."""
     stop = node_command(plan.launch.user, "stop", {"run": plan.run_id, "run_dir": plan.run_dir, "grace_s": STOP_GRACE_S,
                                                    "user": plan.launch.user}, people=plan.launch.people)
     containers = stop_shell(plan)
-    return f"( {stop} ); {as_user(plan.launch.user, containers)}" if containers else stop
+    return f"( {stop} ); {root_or_person(plan.launch.user, containers, people=plan.launch.people)}" if containers else stop

@@ -203,3 +203,11 @@ def node_command(user: str, verb: str, config: Mapping[str, Any], program: str =
     if people:
         return nodeprog.entry_command(verb, dict(config), program)
     return as_root_or_user(user, nodeprog.command(verb, dict(config), program))
+
+
+def root_or_person(user: str, command: str, *, people: bool) -> str:
+    """A runtime's command for the user's own containers (planning/containers.in_user_unit: started
+    by root in a unit of the user's own, else run as the user). A cluster with people: always as
+    the person, with no unit (no root step of theirs travels but the entry point's; security.md
+    says what that leaves); otherwise as root where the connection can be root (as_root_or_user)."""
+    return as_user(user, command) if people else as_root_or_user(user, command)
