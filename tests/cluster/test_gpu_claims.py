@@ -6,7 +6,8 @@ declares GPUs and has no nvidia-smi fails its 'gpu health' row, tests/unit/test_
 Each rank of mpirun, torchrun and the ssh launcher says its host, rank, LOCAL_RANK and
 CUDA_VISIBLE_DEVICES: the same table as 'train --dry-run --json' (containers and Slurm need a GPU
 node's CDI spec and gres: their mapping is tested on the plan, tests/unit/test_gpus.py).
-Two detached runs on node1:0,1 and node1:2,3 both run, each rank with its own GPUs; a third on
+Two detached runs on node1:0,1 and node1:2,3 both run, each rank with its own GPUs and unable to
+open the other run's (stand-in device nodes on node1: the run's unit hides the others); a third on
 node1:1,2 is refused in one line naming the host, the GPUs and the runs that hold them; both stop.
 """
 
@@ -25,12 +26,28 @@ import yaml
 from .conftest import REPO, distrun, new_train_run, run_processes
 
 BUSY = 8  # errors.ExitCode.BUSY
-# Each rank says which GPUs it sees, then sleeps until it is stopped.
+# Each rank says which GPUs it sees and which of the node's GPU device nodes it can open (into
+# the run's checkpoint folder, which the job may write), then sleeps until it is stopped.
 SHOW_GPUS = textwrap.dedent("""
-    import os, time
+    import glob, os, time
     print(f"GPUS local={os.environ.get('LOCAL_RANK')} visible={os.environ.get('CUDA_VISIBLE_DEVICES')}", flush=True)
+    opens = []
+    for dev in sorted(glob.glob("/dev/nvidia[0-9]*")):
+        try:
+            with open(dev) as f:
+                opens.append(dev[len("/dev/nvidia"):] + "=" + f.read().strip())
+        except OSError as e:
+            opens.append(dev[len("/dev/nvidia"):] + "=" + type(e).__name__)
+    os.makedirs(os.environ["DISTRUN_CHECKPOINT_DIR"], exist_ok=True)
+    path = os.path.join(os.environ["DISTRUN_CHECKPOINT_DIR"], f"opens-{os.environ['LOCAL_RANK']}")
+    with open(path + ".tmp", "w") as f:
+        f.write(" ".join(opens) + "\n")
+    os.rename(path + ".tmp", path)
     time.sleep(600)
 """)
+# Stand-ins for node1's four GPU device nodes (the CPU test nodes have none): plain files that
+# anyone may read, saying which GPU they are. A run's unit hides those of the GPUs it was not given.
+FAKE_GPUS = "for i in 0 1 2 3; do echo gpu$i > /dev/nvidia$i && chmod 0444 /dev/nvidia$i; done"
 RUN_ID = re.compile(r"\d{8}-\d{6}-train-[0-9a-f]{4}")
 # Each rank says where it runs and what it sees, then ends.
 SAY_GPUS = textwrap.dedent("""
@@ -75,6 +92,16 @@ def rank_gpus(provisioned, run_id: str, within_s: float = 30) -> list[str]:
         time.sleep(1)
 
 
+def rank_opens(provisioned, run_id: str, within_s: float = 30) -> list[str]:
+    """Which of node1's GPU device nodes each rank of the run could open, once both said."""
+    deadline = time.monotonic() + within_s
+    while True:
+        out = provisioned.exec(1, f"cd /srv/distrun/checkpoints/{run_id} && cat opens-0 opens-1", check=False)
+        if out.returncode == 0 or time.monotonic() > deadline:
+            return out.stdout.splitlines()
+        time.sleep(1)
+
+
 def placed(text: str) -> set[tuple[str, int, int, str]]:
     return {(m[1], int(m[2]), int(m[3]), m[4]) for m in PLACED.finditer(text)}
 
@@ -109,6 +136,7 @@ def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third
     script = tmp_path / "show_gpus.py"
     script.write_text(SHOW_GPUS)
     started: list[str] = []
+    provisioned.exec(1, FAKE_GPUS)
     try:
         for hosts in ("node1:0,1", "node1:2,3"):
             res = distrun("train", "--inventory", str(inv), "--hosts", hosts, "--script", str(script), "--detach",
@@ -120,6 +148,10 @@ def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third
         # Each rank sees its own run's GPUs (one per rank: LOCAL_RANK indexes the node's list).
         assert rank_gpus(provisioned, first) == ["local=0 visible=0,1", "local=1 visible=0,1"]
         assert rank_gpus(provisioned, second) == ["local=0 visible=2,3", "local=1 visible=2,3"]
+        # ... and can open only those: the other run's GPUs are fenced off, whatever a rank sets
+        # CUDA_VISIBLE_DEVICES to.
+        assert rank_opens(provisioned, first) == ["0=gpu0 1=gpu1 2=PermissionError 3=PermissionError"] * 2
+        assert rank_opens(provisioned, second) == ["0=PermissionError 1=PermissionError 2=gpu2 3=gpu3"] * 2
         assert run_processes(provisioned, first, (1,)) and run_processes(provisioned, second, (1,))
 
         records = set((distrun_home / "runs").glob("*-train-*"))
@@ -131,6 +163,7 @@ def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third
                 f"stop it with 'distrun stop {first}' (or pass --allow-concurrent)") in said, said
         assert set((distrun_home / "runs").glob("*-train-*")) == records  # the refused run left no record
     finally:
+        provisioned.exec(1, "rm -f /dev/nvidia0 /dev/nvidia1 /dev/nvidia2 /dev/nvidia3", check=False)
         for run_id in started:
             stop = distrun("stop", run_id, timeout=300)
             assert stop.rc == 0, stop.stdout[-2000:] + stop.stderr[-2000:]

@@ -11,6 +11,7 @@ import getpass
 import json
 import os
 import pwd
+import re
 import resource
 import stat
 import subprocess
@@ -260,6 +261,42 @@ def test_the_units_get_the_inventorys_resource_limits(attempt, tmp_path, monkeyp
     assert program.launch({**cfg, "limits": [["memlock", "infinity"], ["nofile", "4096:8192"]]})["launched"] is True
     assert " ".join(seen[0]).count("-p Limit") == 2
     assert "-p LimitMEMLOCK=infinity -p LimitNOFILE=4096:8192" in " ".join(seen[0])
+
+
+def test_a_unit_hides_the_nodes_gpus_the_run_was_not_given(attempt, tmp_path, monkeypatch):
+    """A rank of a run given GPUs 0,1 of a node cannot open GPU 2 or 3, whatever it sets
+    CUDA_VISIBLE_DEVICES to: their device nodes are made inaccessible in the run's unit. The
+    control nodes every CUDA program opens stay, and a run that holds the whole node hides nothing."""
+    _, cfg, _ = attempt
+    program = _program(monkeypatch, tmp_path / "records")
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia10", "nvidiactl", "nvidia-uvm", "nvidia-modeset", "null"):
+        (dev / name).touch()
+    assert program.gpu_fence([0, 1], str(dev)) == [
+        "-p", f"InaccessiblePaths=-{dev}/nvidia2", "-p", f"InaccessiblePaths=-{dev}/nvidia10"]
+    assert program.gpu_fence([2, 10, 0, 1], str(dev)) == []
+    assert program.gpu_fence(None, str(dev)) == []
+    assert program.gpu_fence([0], str(tmp_path / "no-dev")) == []
+    seen: list[list[str]] = []
+
+    def run(argv, **_):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+    monkeypatch.setattr(program.subprocess, "run", run)
+    assert program.launch({**cfg, "gpus": [0, 1]})["launched"] is True
+    assert [a for a in seen[0] if "/dev/nvidia" in a] == [
+        f"InaccessiblePaths=-/dev/{n}" for n in sorted((x for x in os.listdir("/dev") if re.fullmatch(r"nvidia[0-9]+", x)),
+                                                       key=lambda x: int(x[6:])) if n not in ("nvidia0", "nvidia1")]
+
+
+@pytest.mark.parametrize("gpus", ["0,1", [True], [-1], [0.5], [1000]])
+def test_a_malformed_gpu_list_is_a_bad_call(attempt, gpus):
+    _, cfg, _ = attempt
+    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**cfg, "gpus": gpus})],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith("launch.py: launch: gpus "), out.stderr
 
 
 @pytest.mark.parametrize("limits", [[["nofile", "lots"]], [["nofile"]], [["no file", "1"]], "nofile=1"])

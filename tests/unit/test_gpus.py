@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -24,6 +25,7 @@ from distrun.planning import containers
 from distrun.planning.containers import Container
 from distrun.planning.jobplan import from_json, to_json
 from distrun.planning.run_files import plan_files, render_env_file, render_rank_wrapper
+from distrun.run.attempt_shell import launch_command
 
 from .conftest import REPO
 from .plans import plan_for as planned
@@ -213,6 +215,27 @@ def test_under_slurm_the_ranks_keep_the_gpus_slurm_gave_them(tmp_path):
     seen = rank_sees(plan, tmp_path, {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
                                       "CUDA_VISIBLE_DEVICES": "0,1"})
     assert seen == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "unset", "LOCAL_RANK": "1", "RANK": "3"}
+
+
+def fenced(plan, host: str) -> object:
+    """The GPUs the node program is told to leave open in host's unit (absent: none hidden)."""
+    said = re.findall(r'"gpus": (\[[0-9, ]*\])', launch_command(plan, host))
+    assert len(said) <= 1
+    return json.loads(said[0]) if said else "absent"
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun", "ssh"])
+def test_each_hosts_unit_keeps_only_the_gpus_the_run_placed_there(launcher):
+    assert fenced(plan_for(launcher, gpu_ids={"g2": (3, 1)}, hosts=("g2",)), "g2") == [3, 1]
+    assert fenced(plan_for(launcher), "g2") == [0, 1, 2, 3]
+    assert fenced(plan_for(launcher, gpus=0), "g2") == []  # --gpus 0: the node's GPUs all hidden
+    cpu = planned(cluster({"c1": {"ansible_host": "10.0.0.1"}, "c2": {"ansible_host": "10.0.0.2"}}, head="c1"),
+                  run_id="r1", launcher=launcher, network=net(c1="eth0", c2="eth0"))
+    assert fenced(cpu, "c2") == "absent"  # a node that declares no GPU: nothing hidden
+
+
+def test_under_slurm_the_unit_hides_no_gpu_slurm_picks_them():
+    assert fenced(plan_for("slurm", gpus=2), "g1") == "absent"
 
 
 def test_a_rank_of_a_node_given_no_gpu_sees_none(tmp_path):

@@ -98,6 +98,29 @@ def runtime_private(uid: int, gid: int) -> list:
 PRIVATE = ("-p", "PrivateTmp=yes", "-p", "PrivateIPC=yes", "-p", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
            "-p", "ProtectProc=invisible")
 
+_GPU_NODE = re.compile(r"nvidia([0-9]{1,3})")
+
+
+def gpu_fence(gpus: object, dev: str = "/dev") -> list:
+    """systemd-run's properties that keep the node's other GPUs out of a run's unit: each GPU's
+    device node (/dev/nvidia<N>, N as nvidia-smi numbers them) that the run was not given is
+    replaced by an inaccessible one in the unit's mount namespace, so no rank of the run opens it
+    whatever CUDA_VISIBLE_DEVICES says (a job cannot make device nodes: it has no CAP_MKNOD).
+    The control nodes (nvidiactl, nvidia-uvm) stay: every GPU program needs them. ``gpus`` absent
+    (None): the run holds the whole node, nothing is hidden."""
+    if gpus is None:
+        return []
+    if not (isinstance(gpus, list) and all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 1000
+                                           for g in gpus)):
+        raise CallError(f"launch: gpus {gpus!r} is not a list of GPU indices")
+    try:
+        names = os.listdir(dev)
+    except OSError:
+        return []
+    found = sorted((int(m.group(1)), m.string) for m in map(_GPU_NODE.fullmatch, names) if m)
+    return [arg for index, name in found if index not in gpus for arg in ("-p", f"InaccessiblePaths=-{dev}/{name}")]
+
+
 _LIMIT = re.compile(r"[a-z]{2,8}")
 _LIMIT_VALUE = re.compile(r"(?:[0-9]{1,19}|infinity)(?::(?:[0-9]{1,19}|infinity))?")
 
@@ -139,6 +162,7 @@ def set_limits(limits: list) -> str:
 
 def launch(cfg: dict) -> dict:
     limits = limit_properties(cfg.get("limits", []))
+    fence = gpu_fence(cfg.get("gpus"))
     user = pwd.getpwnam(cfg["user"])
     script = os.path.join(cfg["dir"], cfg["script"])
     env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",
@@ -157,7 +181,7 @@ def launch(cfg: dict) -> dict:
                 f"--gid={user.pw_gid}", "--description", f"distrun run {cfg['run']} attempt {cfg['attempt']}",
                 "-p", "KillMode=control-group", "-p", f"TimeoutStopSec={STOP_S}", "-p", "SendSIGKILL=yes",
                 "-p", "StandardInput=null", "-p", "StandardOutput=null", "-p", "StandardError=journal",
-                "-p", f"ExecStopPost={post}", *runtime_private(user.pw_uid, user.pw_gid), *PRIVATE, *limits]
+                "-p", f"ExecStopPost={post}", *runtime_private(user.pw_uid, user.pw_gid), *PRIVATE, *fence, *limits]
         env["XDG_RUNTIME_DIR"] = f"{RUNTIME}/{user.pw_uid}"
         argv += [f"--setenv={k}={v}" for k, v in env.items()]
         argv += ["/bin/bash", script]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from distrun.launchers import launcher_named
 from distrun.planning.containers import stop_shell
 from distrun.planning.jobplan import JobPlan
 from distrun.transport import rundir
@@ -32,8 +33,22 @@ def _attempt(plan: JobPlan, host: str) -> dict[str, Any]:
 def launch_command(plan: JobPlan, host: str) -> str:
     """Start host's launch script detached, in a unit (with the run's resource limits) where the
     connection can be root."""
-    cfg = {**_attempt(plan, host), "limits": [list(pair) for pair in plan.launch.unit_limits]}
+    cfg: dict[str, Any] = {**_attempt(plan, host), "limits": [list(pair) for pair in plan.launch.unit_limits]}
+    gpus = _fenced_gpus(plan, host)
+    if gpus is not None:
+        cfg["gpus"] = list(gpus)
     return node_command(plan.launch.user, "launch", cfg, "launch", people=plan.launch.people)
+
+
+def _fenced_gpus(plan: JobPlan, host: str) -> tuple[int, ...] | None:
+    """The GPUs host's unit keeps (the node's other GPUs are hidden from it:
+    roles/job/files/launch.py; none with --gpus 0), or None where nothing is hidden: a host
+    without ranks, one where the plan maps no GPU (the node declares none), or a launcher whose
+    scheduler picks the GPUs (its job runs outside this unit)."""
+    placed = next((h for h in plan.placement.hosts if h.name == host), None)
+    if placed is None or not placed.visible or launcher_named(plan.launch.launcher).picks_gpus:
+        return None
+    return placed.gpu_ids
 
 
 def tail_command(plan: JobPlan, host: str) -> str:
