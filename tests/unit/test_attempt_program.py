@@ -284,7 +284,7 @@ def test_a_unit_hides_the_nodes_gpus_the_run_was_not_given(attempt, tmp_path, mo
         seen.append(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")
     monkeypatch.setattr(program.subprocess, "run", run)
-    assert program.launch({**cfg, "gpus": [0, 1]})["launched"] is True
+    assert program.launch({**cfg, "gpu_ids": [0, 1]})["launched"] is True
     assert [a for a in seen[0] if "/dev/nvidia" in a] == [
         f"InaccessiblePaths=-/dev/{n}" for n in sorted((x for x in os.listdir("/dev") if re.fullmatch(r"nvidia[0-9]+", x)),
                                                        key=lambda x: int(x[6:])) if n not in ("nvidia0", "nvidia1")]
@@ -293,10 +293,10 @@ def test_a_unit_hides_the_nodes_gpus_the_run_was_not_given(attempt, tmp_path, mo
 @pytest.mark.parametrize("gpus", ["0,1", [True], [-1], [0.5], [1000]])
 def test_a_malformed_gpu_list_is_a_bad_call(attempt, gpus):
     _, cfg, _ = attempt
-    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**cfg, "gpus": gpus})],
+    out = subprocess.run([sys.executable, "-I", str(LAUNCH), "launch", json.dumps({**cfg, "gpu_ids": gpus})],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert out.stderr.startswith("launch.py: launch: gpus "), out.stderr
+    assert out.stderr.startswith("launch.py: launch: gpu_ids "), out.stderr
 
 
 @pytest.mark.parametrize("limits", [[["nofile", "lots"]], [["nofile"]], [["no file", "1"]], "nofile=1"])

@@ -219,7 +219,7 @@ def test_under_slurm_the_ranks_keep_the_gpus_slurm_gave_them(tmp_path):
 
 def fenced(plan, host: str) -> object:
     """The GPUs the node program is told to leave open in host's unit (absent: none hidden)."""
-    said = re.findall(r'"gpus": (\[[0-9, ]*\])', launch_command(plan, host))
+    said = re.findall(r'"gpu_ids": (\[[0-9, ]*\])', launch_command(plan, host))
     assert len(said) <= 1
     return json.loads(said[0]) if said else "absent"
 

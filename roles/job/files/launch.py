@@ -98,7 +98,7 @@ def runtime_private(uid: int, gid: int) -> list:
 PRIVATE = ("-p", "PrivateTmp=yes", "-p", "PrivateIPC=yes", "-p", "TemporaryFileSystem=/dev/shm:mode=1777,nosuid,nodev",
            "-p", "ProtectProc=invisible")
 
-_GPU_NODE = re.compile(r"nvidia([0-9]{1,3})")
+_GPU_NODE = re.compile(r"nvidia([0-9]+)")
 
 
 def gpu_fence(gpus: object, dev: str = "/dev") -> list:
@@ -112,7 +112,7 @@ def gpu_fence(gpus: object, dev: str = "/dev") -> list:
         return []
     if not (isinstance(gpus, list) and all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 1000
                                            for g in gpus)):
-        raise CallError(f"launch: gpus {gpus!r} is not a list of GPU indices")
+        raise CallError(f"launch: gpu_ids {gpus!r} is not a list of GPU indices")
     try:
         names = os.listdir(dev)
     except OSError:
@@ -162,7 +162,7 @@ def set_limits(limits: list) -> str:
 
 def launch(cfg: dict) -> dict:
     limits = limit_properties(cfg.get("limits", []))
-    fence = gpu_fence(cfg.get("gpus"))
+    fence = gpu_fence(cfg.get("gpu_ids"))
     user = pwd.getpwnam(cfg["user"])
     script = os.path.join(cfg["dir"], cfg["script"])
     env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name, "SHELL": "/bin/bash",

@@ -36,7 +36,7 @@ def launch_command(plan: JobPlan, host: str) -> str:
     cfg: dict[str, Any] = {**_attempt(plan, host), "limits": [list(pair) for pair in plan.launch.unit_limits]}
     gpus = _fenced_gpus(plan, host)
     if gpus is not None:
-        cfg["gpus"] = list(gpus)
+        cfg["gpu_ids"] = list(gpus)
     return node_command(plan.launch.user, "launch", cfg, "launch", people=plan.launch.people)
 
 
