@@ -41,7 +41,7 @@ SHOW_GPUS = textwrap.dedent("""
     os.makedirs(os.environ["DISTRUN_CHECKPOINT_DIR"], exist_ok=True)
     path = os.path.join(os.environ["DISTRUN_CHECKPOINT_DIR"], f"opens-{os.environ['LOCAL_RANK']}")
     with open(path + ".tmp", "w") as f:
-        f.write(" ".join(opens) + "\n")
+        f.write(" ".join(opens) + "\\n")
     os.rename(path + ".tmp", path)
     time.sleep(600)
 """)
