@@ -288,20 +288,26 @@ def _status(run_id: str) -> tuple[int, dict]:
     return status.rc, json.loads(status.stdout)
 
 
+def _stop_unit(provisioned, k: int, run_id: str) -> tuple[int, dict, float]:
+    """Root stops the run's unit on node k; status's exit code and answer once the run is no
+    longer running (or after 45 s), and the seconds that took."""
+    stopped = time.monotonic()
+    provisioned.exec(k, f"systemctl stop 'distrun:{run_id}:0:node{k}.service'")
+    deadline, (rc, state) = time.monotonic() + 45, (0, {})
+    while time.monotonic() < deadline:
+        rc, state = _status(run_id)
+        if state["state"] != "running":
+            break
+        time.sleep(1)
+    return rc, state, time.monotonic() - stopped
+
+
 def test_a_detached_run_whose_head_unit_is_stopped_is_lost_with_the_reason(provisioned, distrun_home, tmp_path):
     """Root stops the run's unit on the head (its torchrun agent holds the rendezvous): the run's
     supervision is gone, and status says lost with why, at once, never running for ever."""
     run_id = _detach_talking(tmp_path)
     try:
-        stopped = time.monotonic()
-        provisioned.exec(1, f"systemctl stop 'distrun:{run_id}:0:node1.service'")
-        deadline, (rc, state) = time.monotonic() + 45, (0, {})
-        while time.monotonic() < deadline:
-            rc, state = _status(run_id)
-            if state["state"] != "running":
-                break
-            time.sleep(1)
-        took = time.monotonic() - stopped
+        rc, state, took = _stop_unit(provisioned, 1, run_id)
         assert (rc, state["state"], state["rc"]) == (0, "lost", None), state
         assert "the launcher on node1 was stopped by signal TERM before the job ended" in state["detail"], state
         assert state["hosts"]["node1"]["launcher"] == "exited" and state["hosts"]["node1"]["rc"] == 143, state
@@ -322,15 +328,7 @@ def test_a_detached_run_whose_worker_unit_is_stopped_is_lost_while_its_head_stil
     node2's stopped launcher and the ones still running, and stop ends those."""
     run_id = _detach_talking(tmp_path)
     try:
-        stopped = time.monotonic()
-        provisioned.exec(2, f"systemctl stop 'distrun:{run_id}:0:node2.service'")
-        deadline, (rc, state) = time.monotonic() + 45, (0, {})
-        while time.monotonic() < deadline:
-            rc, state = _status(run_id)
-            if state["state"] != "running":
-                break
-            time.sleep(1)
-        took = time.monotonic() - stopped
+        rc, state, took = _stop_unit(provisioned, 2, run_id)
         assert (rc, state["state"], state["rc"]) == (0, "lost", None), state
         assert "the launcher on node2 was stopped by signal TERM before the job ended" in state["detail"], state
         assert f"its launchers on node1, node3 still run: 'distrun stop {run_id}' ends them" in state["detail"], state
