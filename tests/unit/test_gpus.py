@@ -124,6 +124,24 @@ def test_the_dry_runs_json_carries_the_mapping(private_state, tmp_path):
     assert (host["gpu_ids"], host["rank_gpus"], host["visible"]) == ([2, 3], [[2], [3]], ["2,3", "2,3"])
 
 
+def test_gpus_n_is_labelled_as_the_first_n_train_takes_the_first_n_free_at_launch(private_state, tmp_path):
+    """The dry run asks no node which GPUs are free: where --gpus N leaves the choice to the launch
+    it says so beside the mapping, and only there."""
+    code, out, err = dry_run(tmp_path, "--hosts", "node1,node2:2,3", "--gpus", "2", slots=2)
+    assert code == 0, err
+    assert mapping(out)[:2] == ["node1 0 0 0 0,1", "node1 1 1 1 0,1"]
+    assert "gpus at launch: node1: the first 2 shown; train takes the first 2 free there at launch (no other " \
+           "run's; the dry run asks no node)" in out.splitlines()
+    code, out, err = dry_run(tmp_path, "--hosts", "node1,node2", "--gpus", "2", "--json", slots=2)
+    assert code == 0, err
+    assert json.loads(out)["gpus_first_free"] == ["node1", "node2"]
+    for exact in (["--hosts", "node1:0,1"], ["--exclude", "cpu1"], ["--gpus", "2", "--allow-concurrent",
+                                                                    "--exclude", "cpu1"]):
+        code, out, err = dry_run(tmp_path, *exact, slots=2 if exact[0] != "--exclude" else 4)
+        assert code == 0, err
+        assert "free there at launch" not in out, exact
+
+
 # --- bad selections: one line naming the flag or host and the fix ----------------------------------
 
 BAD = [

@@ -10,6 +10,7 @@ from distrun.launchers import launcher_named
 from distrun.launchers.base import fill
 from distrun.launchers.options import Resolved, resolve
 from distrun.planning.attempt import plan_attempt
+from distrun.planning.gpus import first_free_at_launch
 from distrun.planning.jobplan import JobPlan
 from distrun.planning.request import JobRequest, load_noting
 from distrun.planning.run_files import launch_scripts, plan_files
@@ -30,6 +31,8 @@ class DryRun:
     options: dict[str, Resolved] = field(default_factory=dict)  # the launcher's options and their origins
     left_out: list[str] = field(default_factory=list)  # a line per drained worker the run leaves out
     gpus: list[GpuRow] = field(default_factory=list)  # each rank's GPUs, where the run maps any
+    # --gpus N: the hosts whose first N GPUs the mapping shows, where train takes the first N free at launch
+    first_free: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,13 @@ def dry_run(request: JobRequest) -> DryRun:
     workdir = request.program.workdir
     project = load_project(workdir, cluster.shared_dir) if workdir else None
     launcher = launcher_named(plan.launch.launcher)
+    # Which GPUs are free is the nodes' claims' to say at launch: the dry run asks no node (it
+    # works offline, and the answer could change before train), so it labels those hosts.
+    mapped = {h.name for h in plan.placement.hosts if h.visible}
+    first_free = [h for h in first_free_at_launch(cluster.nodes, request.placement.gpus,
+                                                  (n for n, _ in request.placement.gpu_ids),
+                                                  allow_concurrent=request.policy.allow_concurrent) if h in mapped]
     return DryRun(cluster, plan, plan_files(plan), launch_scripts(plan), launcher.unready(cluster),
                   project, commands(cluster, plan, project) if project else {},
                   resolve(launcher, request.launch.options, cluster.group_vars, cluster.source), left_out,
-                  gpu_rows(plan))
+                  gpu_rows(plan), first_free)

@@ -12,7 +12,7 @@ count alone, and its ranks see what the scheduler gives them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from distrun.errors import PlanError
@@ -126,3 +126,15 @@ def in_container(visible: str, devices: tuple[int, ...]) -> str:
     GPUs are numbered from 0 in bus order, so each index becomes its place among the devices."""
     order = sorted(devices)
     return ",".join(str(order.index(int(g))) for g in visible.split(",") if g != "")
+
+
+def first_free_at_launch(nodes: Iterable[Node], count: int | None, named: Iterable[str], *,
+                         allow_concurrent: bool = False) -> list[str]:
+    """The nodes where ``--gpus N`` leaves the choice to the launch: more GPUs than N and no
+    indices named for them, in a run that claims GPUs. train asks each one's claim which GPUs no
+    run holds and takes the first N of those; a plan made without asking (the dry run) shows the
+    first N."""
+    named = set(named)
+    if not count or allow_concurrent:
+        return []
+    return [n.name for n in nodes if n.gpus > count and n.name not in named]

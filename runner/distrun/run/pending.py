@@ -13,6 +13,7 @@ from pathlib import Path
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster
 from distrun.planning.attempt import AttemptPlan
+from distrun.planning.gpus import first_free_at_launch
 from distrun.planning.request import JobRequest
 from distrun.run.busy import Claim, claim, free_gpus
 from distrun.run.staging import write_gate
@@ -111,9 +112,9 @@ def with_free_gpus(request: JobRequest, cluster: Cluster, run_id: str) -> JobReq
     runs that ask at once may pick the same ones: the claim then refuses one, naming the other.
     Unchanged when there is nothing to pick (no count, every GPU asked, --allow-concurrent)."""
     placement, count = request.placement, request.placement.gpus
-    named = {h for h, _ in placement.gpu_ids}
-    asked = [n.name for n in cluster.nodes if count and n.gpus > count and n.name not in named]
-    if not asked or request.policy.allow_concurrent:
+    asked = first_free_at_launch(cluster.nodes, count, (h for h, _ in placement.gpu_ids),
+                                 allow_concurrent=request.policy.allow_concurrent)
+    if not asked:
         return request
     free = free_gpus(cluster, asked, run_id)
     picked = tuple((h, ids[:count]) for h, ids in free.items() if count is not None and len(ids) >= count

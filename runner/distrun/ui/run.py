@@ -165,7 +165,8 @@ def dry_run_json(dry: DryRun) -> dict[str, Any]:
     return {"schema": 1, "dry_run": True, "inventory": str(dry.cluster.source), "plan": plan, "files": dry.files,
             "launch_scripts": dry.scripts, "env_file_keys": list(dry.plan.program.user_env_keys), "note": dry.note,
             "launcher_options": options, "left_out": list(dry.left_out),
-            "gpus": [{**asdict(r), "gpus": list(r.gpus)} for r in dry.gpus], "exit_code": 0, "error": None}
+            "gpus": [{**asdict(r), "gpus": list(r.gpus)} for r in dry.gpus], "gpus_first_free": list(dry.first_free),
+            "exit_code": 0, "error": None}
 
 
 def dry_run_refused(inventory: Path, exc: UserError) -> dict[str, Any]:
@@ -194,6 +195,10 @@ def gpu_lines(dry: DryRun) -> list[str]:
             visible = r.visible or '"" (none)'
         rank = "-" if r.rank is None else str(r.rank)
         out.append(f"  {r.host:<16} {rank:>5} {r.local_rank:>11}  {own:<12} {visible}")
+    if dry.first_free:
+        n = len(hosts[dry.first_free[0]].gpu_ids)
+        out.append(f"gpus at launch: {', '.join(dry.first_free)}: the first {n} shown; train takes the first {n} free "
+                   f"there at launch (no other run's; the dry run asks no node)")
     return out
 
 
