@@ -75,7 +75,7 @@ def test_no_run_verb_of_a_person_sends_program_text_a_node_runs_as_root(monkeypa
                  (h, attempt_shell.wait_command(plan, h))]
     sent.append(("*", attempt_shell.stop_command(plan)))
     sent.append(("*", staging.upload_command(c.user, "r1", c.has_people)))
-    busy._ask(c, [host, "n2"], "r1")
+    busy._ask(c, [host, "n2"], "r1", None, {})
     liveness.probe(c, plan)
     collect.pull_run(c, plan.run_dir, [host], tmp_path / "pulled", collect_rules.run_end_selection())
     staging.discard(c, [host, "n2"], "r1")

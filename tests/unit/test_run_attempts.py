@@ -57,7 +57,7 @@ def local_run(tmp_path, monkeypatch):
     monkeypatch.setattr(planning_attempt, "build_plan", counted)
     real_pending = train.Pending
 
-    def pending(cluster, hosts, run_id, *, allow=False, gpus=None):
+    def pending(cluster, hosts, run_id, *, allow=False, gpus=None, held=None):
         seen["claimed"].append(list(hosts))
         seen["claimed_gpus"] = gpus
         return real_pending(cluster, hosts, run_id, allow=True)  # the local nodes are not claimed for real

@@ -62,6 +62,9 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="With --max-restarts: restart without the node that failed, when the job still fits.")
 @click.option("--allow-concurrent", is_flag=True,
               help="Launch even on hosts another run is using (by default such a run is refused).")
+@click.option("--wait", "wait_s", type=P.Bounded(1, 86400, " (seconds)"), is_flag=False, flag_value=600, default=None,
+              metavar="[SECONDS]", help="Where another run holds the hosts or GPUs, wait up to SECONDS (alone: 600) for "
+                                        "them instead of being refused.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Your project folder: synced to every rank host (rsync, honouring .gitignore and .distrunignore); "
                    "ranks start in it and run the command after --.")
@@ -74,7 +77,7 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
               help="Run ranks only on these workers of the inventory; A:0,1,B:2,3 also names the GPUs each uses "
                    "(nvidia-smi's indices).")
 @click.option("--gpus", "gpus", type=P.Bounded(0), default=None, metavar="N",
-              help="GPUs used on each node: its first N (default: every GPU the node declares; 0: none).")
+              help="GPUs used on each node: its first N free ones (default: every GPU the node declares; 0: none).")
 @click.option("--exclude", "exclude", multiple=True, metavar="C", help="Run no ranks on these workers.")
 @click.option("--image", default=None, metavar="REF",
               help="Run every rank inside a container of this image (default: the inventory's distrun_image).")
@@ -86,7 +89,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
           data_dir: str | None, use_gdc: bool, gdc_alpha: float, gdc_topk: int, epochs: int | None,
           env: dict[str, str], port: int, dry_run: bool, skip_preflight: bool, slurm_mode: str | None,
           launcher_opt: tuple[str, ...], allow_gpu_mismatch: bool, detach: bool, max_restarts: int,
-          exclude_failed: bool, allow_concurrent: bool, workdir: Path | None,
+          exclude_failed: bool, allow_concurrent: bool, wait_s: int | None, workdir: Path | None,
           prepare_text: str | None, launcher_args_text: str | None, hosts: tuple[str, ...], exclude: tuple[str, ...],
           gpus: int | None, image: str | None, container_runtime: str | None, as_json: bool, program_args: tuple[str, ...] = ()) -> None:
     """Run a training job on every rank of the cluster and follow it to the end.
@@ -147,7 +150,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
                                  args=split_words(launcher_args_text, "--launcher-args"), image=image,
                                  container_runtime=container_runtime),
             policy=RunPolicy(preflight=not skip_preflight, detach=detach, max_restarts=max_restarts,
-                             exclude_failed=exclude_failed, allow_concurrent=allow_concurrent),
+                             exclude_failed=exclude_failed, allow_concurrent=allow_concurrent, wait_s=wait_s),
         )
         if not dry_run:
             if as_json:
@@ -239,6 +242,11 @@ def check_train(ctx: click.Context) -> None:
     if params.get("dry_run") and params.get("detach"):
         raise click.UsageError("--detach and --dry-run: a dry run starts nothing, so --detach would do nothing; "
                                "drop one of them", ctx)
+    if params.get("wait_s") is not None:
+        for name, what in (("dry_run", "a dry run claims nothing"), ("allow_concurrent", "--allow-concurrent claims nothing")):
+            if params.get(name):
+                raise click.UsageError(f"--wait and {_flag(name)}: {what}, so there is nothing to wait for; drop one of "
+                                       "them", ctx)
     for name in ("prepare_text", "launcher_args_text"):
         value = params.get(name)
         if value is not None and not value.strip():

@@ -73,6 +73,7 @@ class RunPolicy:
     max_restarts: int = 0  # restart the whole job this many times when a rank fails or a node is lost
     exclude_failed: bool = False  # restart without the node that failed, when the job still fits
     allow_concurrent: bool = False  # launch on hosts another run is using
+    wait_s: int | None = None  # wait up to this many seconds for hosts or GPUs another run holds (train --wait)
 
 
 @dataclass(frozen=True)

@@ -158,12 +158,23 @@ def refusal(answers: list[Answer], gpus: Mapping[str, tuple[int, ...]] | None = 
                      f"{stop}, or pass --allow-concurrent", exit_code=ExitCode.BUSY)
 
 
-def _ask(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]] | None = None,
-         *, ask: bool = False) -> tuple[dict[str, subprocess.Popen[str]], list[Answer]]:
+def waiting_line(answers: list[Answer], bound_s: int) -> str:
+    """The one line said when a run starts waiting for hosts or GPUs another run holds."""
+    held = []
+    for a in (a for a in answers if a.busy_with):
+        runs = [r for r in a.busy_with if r]
+        by = f"run {', '.join(runs)}" if runs else "another run"
+        what = f"{a.host}'s GPU{'s' if len(a.gpus) > 1 else ''} {','.join(map(str, a.gpus))}" if a.gpus else a.host
+        held.append(f"{what} held by {by}")
+    return f"waiting up to {bound_s} s for {'; '.join(held)} (Ctrl-C gives up, leaving nothing claimed)"
+
+
+def _ask(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]] | None,
+         procs: dict[str, subprocess.Popen[str]], *, ask: bool = False) -> list[Answer]:
     """Ask every host of ``hosts`` for the claim (of its GPUs in ``gpus``) at once: each one's
-    shell, and the answers that came within the timeout."""
+    shell, added to ``procs`` as it starts, and the answers that came within the timeout."""
     nodes = {n.name: n for n in cluster.nodes}
-    procs: dict[str, subprocess.Popen[str]] = {}
+    asked = len(procs)
     answers: queue.Queue[Answer] = queue.Queue()
 
     def first_line(host: str, proc: subprocess.Popen[str]) -> None:
@@ -182,12 +193,12 @@ def _ask(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tup
         threading.Thread(target=first_line, args=(h, procs[h]), daemon=True).start()
     got: list[Answer] = []
     deadline = time.monotonic() + ANSWER_TIMEOUT_S
-    while len(got) < len(procs):
+    while len(got) < len(procs) - asked:
         try:
             got.append(answers.get(timeout=max(0.1, deadline - time.monotonic())))
         except queue.Empty:
             break
-    return procs, got
+    return got
 
 
 def claim(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]] | None = None) -> Claim:
@@ -197,17 +208,32 @@ def claim(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tu
     together then meet there, and one of them holds every host while the other is refused, never
     each a part (two GPU runs may both hold it, on disjoint GPUs). The others are claimed at once.
     A host that does not answer is not claimed: the preflight names it."""
+    got = try_claim(cluster, hosts, run_id, gpus)
+    if isinstance(got, Claim):
+        return got
+    raise refusal(got, gpus, cluster.user)
+
+
+def try_claim(cluster: Cluster, hosts: list[str], run_id: str,
+              gpus: Mapping[str, tuple[int, ...]] | None = None) -> Claim | list[Answer]:
+    """claim()'s one try: the claim, or every host's answer (in ``hosts`` order) where any is
+    busy, holding nothing. Interrupted, it leaves nothing claimed either."""
     hosts = list(dict.fromkeys(hosts))
-    procs, got = _ask(cluster, hosts[:1], run_id, gpus)
-    if not any(a.busy_with for a in got) and hosts[1:]:
-        more_procs, more = _ask(cluster, hosts[1:], run_id, gpus)
-        procs, got = {**procs, **more_procs}, [*got, *more]
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        got = _ask(cluster, hosts[:1], run_id, gpus, procs)
+        if not any(a.busy_with for a in got) and hosts[1:]:
+            got += _ask(cluster, hosts[1:], run_id, gpus, procs)
+    except BaseException:
+        for proc in procs.values():
+            _end(proc)
+        raise
     held = Claim({a.host: procs[a.host] for a in got if a.claimed})
     if any(a.busy_with for a in got):
         held.release()
         for proc in procs.values():
             _end(proc)
-        raise refusal(sorted(got, key=lambda a: hosts.index(a.host)), gpus, cluster.user)
+        return sorted(got, key=lambda a: hosts.index(a.host))
     for h, proc in procs.items():
         if h not in held.procs:
             _end(proc)
@@ -218,9 +244,12 @@ def free_gpus(cluster: Cluster, hosts: list[str], run_id: str) -> dict[str, tupl
     """Which GPUs of each host no live run holds, by the hosts' claims (taking nothing): what
     placement picks from when a run gives a count of GPUs and no indices. A host that did not
     answer is left out (the plan then takes its first GPUs and the claim says who holds them)."""
-    procs, got = _ask(cluster, list(dict.fromkeys(hosts)), run_id, ask=True)
-    for proc in procs.values():
-        _end(proc)
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        got = _ask(cluster, list(dict.fromkeys(hosts)), run_id, None, procs, ask=True)
+    finally:
+        for proc in procs.values():
+            _end(proc)
     return {a.host: a.free for a in got if a.free is not None and not a.error}
 
 

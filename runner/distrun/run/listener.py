@@ -34,6 +34,9 @@ class Listener:
     def replanning(self) -> None:
         """The nodes' network changed since the plan was made: planning again."""
 
+    def waiting(self, text: str) -> None:
+        """train --wait: the run waits for hosts or GPUs another run holds (one line, said once)."""
+
     def line(self, text: str) -> None:
         """One line of the head launcher's output, as it comes."""
 

@@ -14,10 +14,13 @@ from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster
 from distrun.planning.attempt import AttemptPlan
 from distrun.planning.gpus import first_free_at_launch
-from distrun.planning.request import JobRequest
-from distrun.run.busy import Claim, claim, free_gpus
+from distrun.planning.request import JobRequest, RunPolicy
+from distrun.run.busy import Answer, Claim, claim, free_gpus, refusal, try_claim, waiting_line
 from distrun.run.staging import write_gate
 from distrun.transport.remote import open_masters
+
+# Seconds between two tries of a waiting run's claim (train --wait).
+WAIT_POLL_S = 2.0
 
 
 class Pending:
@@ -28,11 +31,11 @@ class Pending:
     the refusal."""
 
     def __init__(self, cluster: Cluster, hosts: list[str], run_id: str, *, allow: bool = False,
-                 gpus: Mapping[str, tuple[int, ...]] | None = None) -> None:
+                 gpus: Mapping[str, tuple[int, ...]] | None = None, held: Claim | None = None) -> None:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._gate: Path | None = None
-        self._held: Claim | None = None
+        self._held: Claim | None = held  # taken already (train --wait): only the ssh masters are opened
         self._error: UserError | None = None
         self._allow = allow
         self._gpus = dict(gpus or {})  # host -> the GPUs the run claims there (others: the whole host)
@@ -48,7 +51,7 @@ class Pending:
                 open_masters(cluster.nodes)
             finally:
                 self.masters.set()
-            if not self._allow:
+            if not self._allow and self._held is None:
                 self._held = claim(cluster, hosts, run_id, self._gpus)
         except UserError as exc:
             self._error = exc
@@ -97,6 +100,37 @@ class Pending:
         self._done.wait()
         if self._held is not None:
             self._held.release()
+
+
+def claim_waiting(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]],
+                  bound_s: int, waiting: Callable[[str], object], *,
+                  take: Callable[..., Claim | list[Answer]] = try_claim) -> Claim:
+    """``train --wait``: the claim, tried again every WAIT_POLL_S while another run holds the hosts
+    or GPUs, for up to ``bound_s`` seconds: ``waiting(line)`` once, when the first try is refused,
+    naming what is held and by which run; the refusal (exit 8) when the bound passed. Between
+    tries nothing is held, and an interrupted try ends its claim (busy.try_claim)."""
+    deadline = time.monotonic() + bound_s
+    told = False
+    while True:
+        got = take(cluster, hosts, run_id, gpus)
+        if isinstance(got, Claim):
+            return got
+        if time.monotonic() >= deadline:
+            exc = refusal(got, gpus, cluster.user)
+            raise UserError(f"{exc} (waited {bound_s} s)", exit_code=exc.exit_code)
+        if not told:
+            waiting(waiting_line(got, bound_s))
+            told = True
+        time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def held_after_waiting(cluster: Cluster, planned: AttemptPlan, run_id: str, policy: RunPolicy,
+                       waiting: Callable[[str], object]) -> Claim | None:
+    """``train --wait``: the first attempt's hosts held (claim_waiting) before run.yml is handed its
+    arguments, so its gate never waits on the bound; None without --wait or with --allow-concurrent."""
+    if policy.wait_s is None or policy.allow_concurrent:
+        return None
+    return claim_waiting(cluster, planned.hosts, run_id, claimed_gpus(planned), policy.wait_s, waiting)
 
 
 def claimed_gpus(planned: AttemptPlan) -> dict[str, tuple[int, ...]]:

@@ -26,7 +26,7 @@ from distrun.run.follow import Outcome
 from distrun.run.launching import Launching
 from distrun.run.listener import EventHandler, Listener
 from distrun.run.liveness import out_of_contact, probe, wait_started
-from distrun.run.pending import Pending, claimed_gpus, with_free_gpus
+from distrun.run.pending import Pending, claimed_gpus, held_after_waiting, with_free_gpus
 from distrun.run.playbooks import RunPlaybooks
 from distrun.run.restarts import decide
 from distrun.run.staging import Upload, discard
@@ -229,13 +229,13 @@ def run_job(request: JobRequest, listener: Listener | None = None, early: EarlyP
         collect_limits()  # a bad limit is refused before anything starts
         request = with_free_gpus(request, cluster, run_id)  # --gpus N: each node's first N free GPUs
         first = plan_attempt(request, cluster, run_id)  # a plan error leaves no record either
+        held = held_after_waiting(cluster, first, run_id, request.policy, listener.waiting)  # --wait: held, or refused
     except BaseException:
         if early is not None:
             early.discard()
         raise
-    # The hosts of the first attempt's plan, claimed while ansible-playbook starts; run.yml stages
-    # nothing before the answer (its gate).
-    claim = Pending(cluster, first.hosts, run_id, allow=request.policy.allow_concurrent, gpus=claimed_gpus(first))
+    # The first attempt's hosts, claimed while ansible-playbook starts (--wait: held already); run.yml waits for it (its gate).
+    claim = Pending(cluster, first.hosts, run_id, allow=request.policy.allow_concurrent, gpus=claimed_gpus(first), held=held)
     steps: Run | None = None
     try:
         phases = Phases(new_run("train", request.inventory, run_id, made=early is not None), t0)

@@ -45,6 +45,9 @@ class TrainView(Listener):
     def replanning(self) -> None:
         console.print("[yellow]the nodes' network changed since the last run: planning again[/yellow]")
 
+    def waiting(self, text: str) -> None:
+        console.print(text, markup=False, soft_wrap=True)
+
     def line(self, text: str) -> None:
         e = epoch(text)
         if e is not None:
