@@ -168,3 +168,37 @@ def test_two_detached_runs_share_node1_on_disjoint_gpus_and_an_overlapping_third
             stop = distrun("stop", run_id, timeout=300)
             assert stop.rc == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
     assert not run_processes(provisioned, started[0], (1,)) and not run_processes(provisioned, started[1], (1,))
+
+
+def test_a_run_told_to_wait_starts_once_the_detached_run_holding_its_gpus_ends(provisioned, distrun_home, tmp_path):
+    """train --wait: node1's GPUs 0,1 held by a detached run that ends after ~10 s; a second run on
+    them says once that it waits, naming that run, and then runs to its end."""
+    inv = gpu_inventory(provisioned, tmp_path / "gpus4")
+    holder, waiter = tmp_path / "hold.py", tmp_path / "say_gpus.py"
+    holder.write_text("import time\ntime.sleep(10)\n")
+    waiter.write_text(SAY_GPUS)
+    first = distrun("train", "--inventory", str(inv), "--hosts", "node1:0,1", "--script", str(holder), "--detach",
+                    timeout=600)
+    assert first.rc == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    first_id = first.stdout.strip().splitlines()[-1]
+    assert RUN_ID.fullmatch(first_id), first.stdout[-2000:]
+    try:
+        started = time.monotonic()
+        before = set((distrun_home / "runs").glob("*-train-*"))
+        second = distrun("train", "--inventory", str(inv), "--hosts", "node1:0,1", "--script", str(waiter),
+                         "--wait", "120", timeout=600)
+        said = " ".join((second.stdout + second.stderr).split())
+        assert second.rc == 0, second.stdout[-3000:] + second.stderr[-2000:]
+        assert said.count("waiting up to") == 1, said[-3000:]
+        assert f"waiting up to 120 s for node1's GPUs 0,1 held by run {first_id} (Ctrl-C gives up" in said, said[-3000:]
+        run = new_train_run(distrun_home, before)
+        assert run is not None
+        ranks: set[tuple[str, int, int, str]] = set()
+        for log in (run / "nodes").rglob("*"):
+            if log.is_file() and log.name in ("stdout", "stdout.log"):
+                ranks |= placed(log.read_text(errors="replace"))
+        assert ranks == {("node1", 0, 0, "0,1"), ("node1", 1, 1, "0,1")}, second.stdout[-3000:]
+        assert time.monotonic() - started < 120
+    finally:
+        distrun("stop", first_id, timeout=300)
+    assert not run_processes(provisioned, first_id, (1,))

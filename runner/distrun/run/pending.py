@@ -1,6 +1,7 @@
 """A run's claim on its hosts, taken in the background while the run starts (``Pending``): the
 nodes' ssh masters opened first, then every host claimed (busy.py), the answer written to the
-gate file run.yml's stage step waits for, and told to the attempt before that."""
+gate file run.yml's stage step waits for, and told to the attempt before that. With ``train
+--wait`` the claim is taken first instead, tried again while another run holds the hosts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from distrun.inventory.cluster import Cluster
 from distrun.planning.attempt import AttemptPlan
 from distrun.planning.gpus import first_free_at_launch
 from distrun.planning.request import JobRequest, RunPolicy
-from distrun.run.busy import Answer, Claim, claim, free_gpus, refusal, try_claim, waiting_line
+from distrun.run.busy import Claim, claim, free_gpus, refusal, try_claim, waiting_line
 from distrun.run.staging import write_gate
 from distrun.transport.remote import open_masters
 
@@ -103,8 +104,7 @@ class Pending:
 
 
 def claim_waiting(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping[str, tuple[int, ...]],
-                  bound_s: int, waiting: Callable[[str], object], *,
-                  take: Callable[..., Claim | list[Answer]] = try_claim) -> Claim:
+                  bound_s: int, waiting: Callable[[str], object]) -> Claim:
     """``train --wait``: the claim, tried again every WAIT_POLL_S while another run holds the hosts
     or GPUs, for up to ``bound_s`` seconds: ``waiting(line)`` once, when the first try is refused,
     naming what is held and by which run; the refusal (exit 8) when the bound passed. Between
@@ -112,7 +112,7 @@ def claim_waiting(cluster: Cluster, hosts: list[str], run_id: str, gpus: Mapping
     deadline = time.monotonic() + bound_s
     told = False
     while True:
-        got = take(cluster, hosts, run_id, gpus)
+        got = try_claim(cluster, hosts, run_id, gpus)
         if isinstance(got, Claim):
             return got
         if time.monotonic() >= deadline:
