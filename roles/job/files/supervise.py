@@ -1,0 +1,247 @@
+"""distrun's supervisor of a detached mpirun run (train --detach --max-restarts N): it runs on the
+head in place of mpirun, inside the head's unit of the attempt (launch.py), and starts mpirun
+again after a failure while restarts are left, with the restart rule the controller's follower
+uses (restartrule.py, composed in front of this file).
+
+``python3 -I supervise.py CONFIG``; standard library only, Python 3.9 or newer. CONFIG is a JSON
+file the runner wrote into the attempt's folder: ``argv`` (mpirun's command line, with its
+``--hostfile`` and ``-np``), ``hosts`` ([[name, slots], ...] in the plan's order), ``head``,
+``np`` (--np, or null: one rank per slot), ``max_restarts``, ``restart`` (distrun's restarts
+before this attempt), ``exclude_failed``, ``probe`` (the ssh command line mpirun's daemons log in
+with, to which a host and ``true`` are added), ``env`` ([[NAME, VALUE], ...] of mpirun's ``-x``
+whose value is the restart's: DISTRUN_RESTART), ``record`` (the record's file name), ``backoff_s``.
+
+What it decides from: mpirun's exit (its code or the signal that ended it) and its own probe of
+each host, an ssh login as the training user over the run's mesh whose forced command answers
+``true`` (mesh.py). A host that does not answer is lost; nothing else names a failed node, and it
+reads no file and no line of the job's, so a job cannot make it restart, stop or leave out a node
+by writing or printing anything. mpirun's own exit code says only that the attempt failed.
+
+Its record (``record``, in the attempt's folder) holds every try: when it started and ended, how
+it ended, the hosts it ran on, the hosts the next one leaves out and why; one line per event goes
+to stderr too (the launcher's log). The supervisor is the training user's process, as the job is:
+it makes itself undumpable (no process of that account may trace it or open its descriptors),
+but a job can still rewrite the record's file or kill the supervisor. What the controller trusts
+is the run's end as root's record of the unit says it (launch.py); the record says how it got there.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+if "restart_hosts" not in globals():  # run as a file (the controller's tests): the rule from beside it
+    _RULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restartrule.py")
+    with open(_RULE, encoding="utf-8") as _fh:
+        exec(compile(_fh.read(), _RULE, "exec"))  # the same one namespace as the composed source on a node
+
+PROBE_S = 10  # how long a host's probe may take before it counts as not answering
+RECORD_VERSION = 1
+
+
+def _undumpable() -> None:
+    """No process of the training user's (the job's) may ptrace this one or open its descriptors."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass
+
+
+def with_hosts(argv: list, hostfile: str, world_size: int) -> list:
+    """mpirun's command line on another hostfile and world size (its ``--hostfile`` and ``-np``)."""
+    out = list(argv)
+    for flag, value in (("--hostfile", hostfile), ("-np", str(int(world_size)))):
+        if flag not in out or out.index(flag) + 1 >= len(out):
+            raise ValueError(f"mpirun's command line has no {flag}")
+        out[out.index(flag) + 1] = value
+    return out
+
+
+def with_env(argv: list, env: dict) -> list:
+    """mpirun's ``-x NAME=VALUE`` for each name of env given env's value (the restart's)."""
+    out = list(argv)
+    for i in range(len(out) - 1):
+        if out[i] == "-x" and out[i + 1].split("=", 1)[0] in env:
+            name = out[i + 1].split("=", 1)[0]
+            out[i + 1] = f"{name}={env[name]}"
+    return out
+
+
+def hostfile_without(text: str, drop: "set | list") -> str:
+    """The hostfile's text without the lines of the hosts dropped (comments and order kept)."""
+    drop = set(drop)
+    return "".join(line for line in text.splitlines(True)
+                   if not (line.split() and not line.lstrip().startswith("#") and line.split()[0] in drop))
+
+
+def probe(command: list, hosts: list, timeout: float = PROBE_S) -> dict:
+    """host -> whether it answered an ssh login as the training user over the mesh, all at once."""
+    procs = {}
+    for host in hosts:
+        try:
+            procs[host] = subprocess.Popen([*command, host, "true"], stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            procs[host] = None
+    answered = {}
+    deadline = time.monotonic() + timeout
+    for host, proc in procs.items():
+        if proc is None:
+            answered[host] = False
+            continue
+        try:
+            answered[host] = proc.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            answered[host] = False
+    return answered
+
+
+def ended(returncode: int) -> dict:
+    """How a try ended: its exit code (128 + N for signal N, as a shell says it) and the signal."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name[3:]
+        except ValueError:
+            name = str(-returncode)
+        return {"rc": 128 - returncode, "signal": name}
+    return {"rc": returncode, "signal": None}
+
+
+class Supervisor:
+    """One detached attempt's tries of mpirun, the decisions between them and their record."""
+
+    def __init__(self, cfg: dict, folder: str) -> None:
+        self.cfg, self.folder = cfg, folder
+        self.hosts = [[str(n), int(s)] for n, s in cfg["hosts"]]
+        with_hosts(cfg["argv"], "", 0)  # its --hostfile and -np are there
+        # Read once, before any rank starts: a later try's hostfile is this text less the hosts left out.
+        with open(cfg["argv"][cfg["argv"].index("--hostfile") + 1], encoding="utf-8") as f:
+            self.hostfile = f.read()
+        self.tries: list = []
+        self.child: "subprocess.Popen | None" = None
+        self.stopped: "str | None" = None
+        self.record = {"version": RECORD_VERSION, "reported_by": "the supervisor on the head", "head": cfg["head"],
+                       "max_restarts": int(cfg["max_restarts"]), "exclude_failed": bool(cfg["exclude_failed"]),
+                       "tries": self.tries, "state": "running", "reason": ""}
+
+    def say(self, line: str) -> None:
+        print(f"distrun supervisor: {line}", file=sys.stderr, flush=True)
+
+    def save(self) -> None:
+        path = os.path.join(self.folder, self.cfg["record"])
+        tmp = f"{path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.record, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+    def on_signal(self, signum: int, _frame: object) -> None:
+        """A stop of the unit: mpirun gets it too, and no try follows."""
+        self.stopped = signal.Signals(signum).name[3:]
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def start(self, k: int, argv: list) -> int:
+        restart = int(self.cfg.get("restart", 0)) + k
+        env = {name: str(restart) if name == "DISTRUN_RESTART" else value for name, value in self.cfg.get("env", [])}
+        argv = with_env(argv, env)
+        self.tries.append({"try": k, "restart": restart, "hosts": [n for n, _ in self.hosts], "started": time.time(),
+                           "ended": None, "rc": None, "signal": None, "excluded": [], "lost": [], "decision": ""})
+        self.save()
+        self.say(f"try {k} (DISTRUN_RESTART {restart}) on {', '.join(n for n, _ in self.hosts)}")
+        self.child = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+        while True:
+            try:
+                rc = self.child.wait()
+                break
+            except InterruptedError:
+                continue
+        self.tries[-1].update(ended=time.time(), **ended(rc))
+        self.save()
+        return rc
+
+    def decide(self, k: int) -> "tuple[bool, str, list]":
+        """After try k failed: whether another starts, why, and the hosts it leaves out."""
+        if self.stopped:
+            return False, f"stopped by signal {self.stopped}", []
+        if k >= int(self.cfg["max_restarts"]):
+            return False, f"no restarts left ({self.cfg['max_restarts']} used)", []
+        others = [n for n, _ in self.hosts if n != self.cfg["head"]]
+        answered = probe(list(self.cfg["probe"]), others) if self.cfg.get("probe") else {h: True for h in others}
+        lost = sorted(h for h, ok in answered.items() if not ok)
+        self.tries[-1]["lost"] = lost
+        world = next_world_size(self.hosts, self.cfg.get("np"))  # noqa: F821 - restartrule.py, in front of this file
+        said = restart_hosts(self.hosts, [n for n, _ in self.hosts], self.cfg["head"],  # noqa: F821
+                             self.cfg.get("np"), world, None, lost, bool(self.cfg["exclude_failed"]))
+        if said["refused"]:
+            return False, said["refused"], []
+        why = (f"{', '.join(lost)} did not answer: restart without it" if said["exclude"]
+               else "every host answered: restart on the same hosts")
+        return True, why, list(said["exclude"])
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.on_signal)
+        argv, k = list(self.cfg["argv"]), 0
+        while True:
+            rc = self.start(k, argv)
+            if rc == 0:
+                self.tries[-1]["decision"] = "the job ended 0"
+                self.record.update(state="succeeded", reason="")
+                self.save()
+                self.say(f"try {k} ended 0")
+                return 0
+            again, why, drop = self.decide(k)
+            self.tries[-1].update(decision=why, excluded=drop)
+            code = self.tries[-1]["rc"]
+            self.say(f"try {k} ended with exit {code}" + (f" (signal {self.tries[-1]['signal']})"
+                                                          if self.tries[-1]["signal"] else "") + f": {why}")
+            if not again:
+                self.record.update(state="stopped" if self.stopped else "failed", reason=why)
+                self.save()
+                return code
+            if drop:
+                self.hosts = [[n, s] for n, s in self.hosts if n not in drop]
+                argv = self.without(argv, drop, k + 1)
+            self.save()
+            time.sleep(float(self.cfg.get("backoff_s", 1)) * (k + 1))
+            if self.stopped:
+                self.record.update(state="stopped", reason=f"stopped by signal {self.stopped}")
+                self.save()
+                return code
+            k += 1
+
+    def without(self, argv: list, drop: list, k: int) -> list:
+        """mpirun's command line for try k, on a hostfile of its own without the hosts dropped."""
+        self.hostfile = text = hostfile_without(self.hostfile, drop)
+        path = os.path.join(self.folder, f"hostfile-{int(k)}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return with_hosts(argv, path, next_world_size(self.hosts, self.cfg.get("np")))  # noqa: F821
+
+
+def main(argv: list) -> int:
+    if len(argv) != 1:
+        print("supervise: give the config file", file=sys.stderr)
+        return 2
+    path = os.path.abspath(argv[0])
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+        supervisor = Supervisor(cfg, os.path.dirname(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"supervise: {path}: {e}", file=sys.stderr)
+        return 2
+    _undumpable()
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
