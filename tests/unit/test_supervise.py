@@ -68,7 +68,7 @@ def _setup(tmp_path: Path, *, fail: tuple[int, ...] = (0,), down: tuple[str, ...
                     "-x", "DISTRUN_RESTART=0", "-x", "OTHER=1", "prog"],
            "hosts": hosts, "head": hosts[0][0], "np": np, "max_restarts": max_restarts, "restart": 0,
            "exclude_failed": exclude_failed, "probe": [str(tmp_path / "ssh")], "env": [["DISTRUN_RESTART", "0"]],
-           "record": "supervisor.json", "backoff_s": 0.01}
+           "record": "supervisor.json", "backoff_s": 0.01, "watch_s": 0.2}
     (tmp_path / "supervise.json").write_text(json.dumps(cfg))
     return tmp_path / "supervise.json"
 
@@ -153,10 +153,26 @@ def test_a_stopped_supervisor_stops_its_mpirun_and_starts_no_other_try(tmp_path)
         time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=20) == -signal.SIGTERM  # ended by the signal: the unit's record says it was stopped
     record = json.loads((tmp_path / "supervisor.json").read_text())
     assert record["state"] == "stopped" and record["reason"] == "stopped by signal TERM"
     assert record["tries"][0]["signal"] == "TERM" and len(_tries(tmp_path)) == 1
+
+
+def test_a_node_lost_mid_try_ends_the_try_and_the_next_runs_without_it(tmp_path):
+    """mpirun alone may not notice a node that vanished: the supervisor's own probe does, stops
+    the try (mpirun's process group) and starts the next without that node."""
+    config = _setup(tmp_path, fail=(), down=("n3",))
+    (tmp_path / "hang-0").write_text("")
+    started = time.monotonic()
+    ran = _run(config)
+    assert ran.returncode == 0, ran.stderr
+    assert time.monotonic() - started < 30  # not the 60 s the hung try would take
+    record = json.loads((tmp_path / "supervisor.json").read_text())
+    first, last = record["tries"]
+    assert (first["signal"], first["lost"], first["excluded"]) == ("TERM", ["n3"], ["n3"])
+    assert last["hosts"] == ["n1", "n2"] and last["rc"] == 0
+    assert "n3 stopped answering: stopping this try" in ran.stderr
 
 
 @pytest.mark.parametrize(("workers", "np", "lost", "exclude_failed"), [

@@ -38,6 +38,9 @@ if "restart_hosts" not in globals():  # run as a file (the controller's tests): 
         exec(compile(_fh.read(), _RULE, "exec"))  # the same one namespace as the composed source on a node
 
 PROBE_S = 10  # how long a host's probe may take before it counts as not answering
+WATCH_S = 5.0  # while mpirun runs, how often the other hosts are probed
+WATCH_MISSES = 2  # a host that misses this many probes in a row is lost: mpirun is stopped
+STOP_S = 10  # what mpirun's process group gets between TERM and KILL
 RECORD_VERSION = 1
 
 
@@ -102,6 +105,22 @@ def probe(command: list, hosts: list, timeout: float = PROBE_S) -> dict:
     return answered
 
 
+def cert_end(cert: str) -> "float | None":
+    """When the attempt's ssh certificate stops opening the hosts (epoch seconds; None: unknown)."""
+    try:
+        said = subprocess.run(["ssh-keygen", "-L", "-f", cert], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in said.stdout.splitlines():
+        words = line.split()
+        if words[:1] == ["Valid:"] and "to" in words:
+            try:
+                return time.mktime(time.strptime(words[words.index("to") + 1], "%Y-%m-%dT%H:%M:%S"))
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def ended(returncode: int) -> dict:
     """How a try ended: its exit code (128 + N for signal N, as a shell says it) and the signal."""
     if returncode < 0:
@@ -145,7 +164,10 @@ class Supervisor:
         """A stop of the unit: mpirun gets it too, and no try follows."""
         self.stopped = signal.Signals(signum).name[3:]
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
+            try:
+                os.killpg(self.child.pid, signum)
+            except OSError:
+                pass
 
     def start(self, k: int, argv: list) -> int:
         restart = int(self.cfg.get("restart", 0)) + k
@@ -155,16 +177,49 @@ class Supervisor:
                            "ended": None, "rc": None, "signal": None, "excluded": [], "lost": [], "decision": ""})
         self.save()
         self.say(f"try {k} (DISTRUN_RESTART {restart}) on {', '.join(n for n, _ in self.hosts)}")
-        self.child = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
-        while True:
-            try:
-                rc = self.child.wait()
-                break
-            except InterruptedError:
-                continue
+        # mpirun leads a process group of its own: a stop reaches its local ranks too.
+        self.child = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+        rc = self.watch()
         self.tries[-1].update(ended=time.time(), **ended(rc))
         self.save()
         return rc
+
+    def watch(self) -> int:
+        """Wait for mpirun's end, probing the other hosts meanwhile: a host lost mid-try (it
+        misses WATCH_MISSES probes in a row) ends the try, which mpirun alone may not notice for
+        minutes (a node that vanished resets none of its connections)."""
+        assert self.child is not None
+        others = [n for n, _ in self.hosts if n != self.cfg["head"]] if self.cfg.get("probe") else []
+        misses = {h: 0 for h in others}
+        while True:
+            try:
+                return self.child.wait(timeout=float(self.cfg.get("watch_s", WATCH_S)))
+            except subprocess.TimeoutExpired:
+                pass
+            if not others or self.stopped:
+                continue
+            answered = probe(list(self.cfg["probe"]), others)
+            for host, ok in answered.items():
+                misses[host] = 0 if ok else misses[host] + 1
+            gone = sorted(h for h, n in misses.items() if n >= WATCH_MISSES)
+            if gone and self.child.poll() is None:
+                self.say(f"{', '.join(gone)} stopped answering: stopping this try")
+                self.tries[-1]["lost"] = gone
+                self.stop_child()
+
+    def stop_child(self) -> None:
+        """TERM to mpirun's process group, KILL after STOP_S."""
+        assert self.child is not None
+        for sig, wait in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, None)):
+            try:
+                os.killpg(self.child.pid, sig)
+            except OSError:
+                return
+            try:
+                self.child.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
 
     def decide(self, k: int) -> "tuple[bool, str, list]":
         """After try k failed: whether another starts, why, and the hosts it leaves out."""
@@ -172,9 +227,14 @@ class Supervisor:
             return False, f"stopped by signal {self.stopped}", []
         if k >= int(self.cfg["max_restarts"]):
             return False, f"no restarts left ({self.cfg['max_restarts']} used)", []
+        until = cert_end(self.cfg["cert"]) if self.cfg.get("cert") else None
+        if until is not None and until < time.time() + 60:
+            return False, ("the attempt's ssh certificate, with which mpirun's daemons log in, expired at "
+                           f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(until))}: a restart could not reach "
+                           "the other hosts (DISTRUN_RUN_CERT_MINUTES sets how long it lasts)"), []
         others = [n for n, _ in self.hosts if n != self.cfg["head"]]
         answered = probe(list(self.cfg["probe"]), others) if self.cfg.get("probe") else {h: True for h in others}
-        lost = sorted(h for h, ok in answered.items() if not ok)
+        lost = sorted({*(h for h, ok in answered.items() if not ok), *self.tries[-1]["lost"]})
         self.tries[-1]["lost"] = lost
         world = next_world_size(self.hosts, self.cfg.get("np"))  # noqa: F821 - restartrule.py, in front of this file
         said = restart_hosts(self.hosts, [n for n, _ in self.hosts], self.cfg["head"],  # noqa: F821
@@ -185,7 +245,28 @@ class Supervisor:
                else "every host answered: restart on the same hosts")
         return True, why, list(said["exclude"])
 
+    def release(self) -> None:
+        """The other hosts' relays wait for the next try's daemons: none comes (relay.py's DONE)."""
+        if self.stopped or not self.cfg.get("release"):
+            return
+        lost = set(self.tries[-1]["lost"]) if self.tries else set()
+        procs = [subprocess.Popen([*self.cfg["probe"], host, *self.cfg["release"]], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for host, _ in self.hosts if host != self.cfg["head"] and host not in lost]
+        for proc in procs:
+            try:
+                proc.wait(timeout=PROBE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
     def run(self) -> int:
+        try:
+            return self.tries_until_end()
+        finally:
+            self.release()
+
+    def tries_until_end(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
         argv, k = list(self.cfg["argv"]), 0
@@ -240,7 +321,12 @@ def main(argv: list) -> int:
         print(f"supervise: {path}: {e}", file=sys.stderr)
         return 2
     _undumpable()
-    return supervisor.run()
+    code = supervisor.run()
+    if supervisor.stopped:  # ended by the signal, as root's record of the unit must say (a stop, not an exit)
+        sig = signal.Signals[f"SIG{supervisor.stopped}"]
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return code
 
 
 if __name__ == "__main__":

@@ -111,11 +111,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
                                "--exclude-failed")
     if detach and max_restarts:
-        L.check_detached_restarts(launcher)
-        if exclude_failed:
-            raise click.UsageError("--detach --max-restarts --exclude-failed: a detached run that goes on without a "
-                                   "lost node is not yet followed right by 'status' and 'attach'; drop --exclude-failed "
-                                   "(torchrun restarts the run on all its nodes) or drop --detach")
+        L.check_detached_restarts(launcher, exclude_failed)
     # run.yml's ansible-playbook starts before the rest of the runner is even imported (it takes
     # a third of a second to import Ansible); train.run_job gives it its arguments or stops it.
     from distrun.transport.early_playbook import EarlyPlaybook
