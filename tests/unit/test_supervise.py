@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from distrun.run import restarts
+from distrun.launchers.mpirun import SUPERVISOR_RECORD
+from distrun.run import restarts, supervision
 
 from .conftest import REPO
 
@@ -187,3 +188,32 @@ def test_the_follower_and_the_supervisor_ask_one_rule(workers, np, lost, exclude
     args = (workers, [n for n, _ in workers], "n1", np, world, None, lost, exclude_failed)
     assert restarts.rule()["restart_hosts"](*args) == space["restart_hosts"](*args)
     assert restarts.rule()["restart_hosts"].__code__.co_filename.endswith("roles/job/files/restartrule.py")
+
+
+def test_the_controller_reads_the_record_back_strictly_and_labelled(tmp_path):
+    """show (a collected copy) and status (the head's answer) read what the supervisor wrote:
+    every try, the hosts left out; what does not fit the record's form is left out."""
+    config = _setup(tmp_path, down=("n3",))
+    assert _run(config).returncode == 0
+    nodes = tmp_path / "run" / "nodes"
+    (nodes / "n1" / "attempts" / "0").mkdir(parents=True)
+    raw = json.loads((tmp_path / "supervisor.json").read_text())
+    raw["tries"][0]["hosts"].append("bad name;rm")
+    raw["tries"][1]["signal"] = "$(x)"
+    (nodes / "n1" / "attempts" / "0" / "supervisor.json").write_text(json.dumps(raw))
+    shown = supervision.collected(nodes, "supervisor.json")
+    assert shown is not None and shown["reported_by"].startswith("the supervisor on the head")
+    assert shown["state"] == "succeeded" and shown["excluded"] == ["n3"]
+    assert [t["hosts"] for t in shown["tries"]] == [["n1", "n2", "n3"], ["n1", "n2"]]
+    assert shown["tries"][1]["signal"] is None and shown["tries"][0]["decision"] == "n3 did not answer: restart without it"
+    assert supervision.now_text(shown, 1) == ("the supervisor's try 1 (restart 1 of 1) runs on n1, n2; left out: n3 "
+                                              "(as the supervisor reported it)")
+    assert supervision.parse({"tries": "no"}) is None and supervision.parse([1]) is None
+    (nodes / "n1" / "attempts" / "0" / "supervisor.json").write_text("x" * (supervision.MAX_BYTES + 1))
+    assert supervision.collected(nodes, "supervisor.json") is None
+
+
+def test_the_record_name_is_one_for_the_node_and_the_runner():
+    space: dict = {}
+    exec(compile((REPO / "roles/job/files/nodecommon.py").read_text(), "nodecommon.py", "exec"), space)
+    assert space["SUPERVISOR_RECORD"] == SUPERVISOR_RECORD

@@ -57,7 +57,8 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 @click.option("--max-restarts", type=P.Bounded(0, 100), default=0, show_default=True, metavar="N",
               help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
                    "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from); with --detach, "
-                   "torchrun's agents restart the run on the nodes by themselves.")
+                   "torchrun's agents restart the run on the nodes by themselves, and mpirun's supervisor on the "
+                   "head restarts it (with --exclude-failed, without a node that stopped answering).")
 @click.option("--exclude-failed", is_flag=True,
               help="With --max-restarts: restart without the node that failed, when the job still fits.")
 @click.option("--allow-concurrent", is_flag=True,
