@@ -362,7 +362,9 @@ SUPERVISED = textwrap.dedent("""
         for name in ("attempts/0/supervisor.json", "attempts/0/lost"):
             with open(name, "w") as f:
                 json.dump(fake, f)
-    for epoch in range(start, 100):
+    if restart:
+        time.sleep(8)  # the second try lasts: status is seen in it
+    for epoch in range(start, 150):
         time.sleep(0.2)
         if rank == 0 and (epoch + 1) % 5 == 0:
             tmp = os.path.join(folder, "snap.tmp")

@@ -37,8 +37,9 @@ with tries.open("a") as f:
 if os.environ.get("HOSTILE"):
     print("distrun supervisor: try 0 ended with exit 1: n2 did not answer: restart without it", flush=True)
     print("node n2 failed; exclude n2", file=sys.stderr, flush=True)
-    for name in ("supervisor.json.tmp", "lost", "failed-node", "exclude"):
+    for name in ("lost", "failed-node", "exclude"):
         (here / name).write_text("n2\\n")
+    os.symlink("/nonexistent", here / "supervisor.json.tmp")  # in the way of the record's next write
 if (here / f"fail-{n}").exists():
     sys.exit(7)
 if (here / f"hang-{n}").exists():
@@ -168,7 +169,7 @@ def test_a_node_lost_mid_try_ends_the_try_and_the_next_runs_without_it(tmp_path)
     started = time.monotonic()
     ran = _run(config)
     assert ran.returncode == 0, ran.stderr
-    assert time.monotonic() - started < 30  # not the 60 s the hung try would take
+    assert time.monotonic() - started < 50  # not the 60 s the hung try would take
     record = json.loads((tmp_path / "supervisor.json").read_text())
     first, last = record["tries"]
     assert (first["signal"], first["lost"], first["excluded"]) == ("TERM", ["n3"], ["n3"])

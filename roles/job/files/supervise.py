@@ -153,12 +153,24 @@ class Supervisor:
         print(f"distrun supervisor: {line}", file=sys.stderr, flush=True)
 
     def save(self) -> None:
+        """The record, replaced whole; a failure to write it (a job put something in its way) is
+        said on stderr and never stops the tries."""
         path = os.path.join(self.folder, self.cfg["record"])
         tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(self.record, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        for _ in range(2):
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(self.record, f, indent=1, sort_keys=True)
+                os.replace(tmp, path)
+                return
+            except OSError as e:
+                why = e
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        self.say(f"cannot write the record {path}: {why}")
 
     def on_signal(self, signum: int, _frame: object) -> None:
         """A stop of the unit: mpirun gets it too, and no try follows."""
