@@ -18,6 +18,7 @@ import pytest
 
 from distrun.launchers.mpirun import SUPERVISOR_RECORD
 from distrun.run import restarts, supervision
+from distrun.ui import records
 
 from .conftest import REPO
 
@@ -56,7 +57,8 @@ exit 0
 
 
 def _setup(tmp_path: Path, *, fail: tuple[int, ...] = (0,), down: tuple[str, ...] = (), exclude_failed: bool = True,
-           max_restarts: int = 1, np: int | None = None, hosts: list[list[Any]] | None = None) -> Path:
+           max_restarts: int = 1, np: int | None = None, hosts: list[list[Any]] | None = None,
+           watch_s: float = 60) -> Path:
     for name, text in (("mpirun", FAKE_MPIRUN), ("ssh", FAKE_SSH)):
         (tmp_path / name).write_text(text)
         (tmp_path / name).chmod(0o755)
@@ -70,7 +72,7 @@ def _setup(tmp_path: Path, *, fail: tuple[int, ...] = (0,), down: tuple[str, ...
                     "-x", "DISTRUN_RESTART=0", "-x", "OTHER=1", "prog"],
            "hosts": hosts, "head": hosts[0][0], "np": np, "max_restarts": max_restarts, "restart": 0,
            "exclude_failed": exclude_failed, "probe": [str(tmp_path / "ssh")], "env": [["DISTRUN_RESTART", "0"]],
-           "record": "supervisor.json", "backoff_s": 0.01, "watch_s": 0.2}
+           "record": "supervisor.json", "backoff_s": 0.01, "watch_s": watch_s}
     (tmp_path / "supervise.json").write_text(json.dumps(cfg))
     return tmp_path / "supervise.json"
 
@@ -164,7 +166,7 @@ def test_a_stopped_supervisor_stops_its_mpirun_and_starts_no_other_try(tmp_path)
 def test_a_node_lost_mid_try_ends_the_try_and_the_next_runs_without_it(tmp_path):
     """mpirun alone may not notice a node that vanished: the supervisor's own probe does, stops
     the try (mpirun's process group) and starts the next without that node."""
-    config = _setup(tmp_path, fail=(), down=("n3",))
+    config = _setup(tmp_path, fail=(), down=("n3",), watch_s=0.2)
     (tmp_path / "hang-0").write_text("")
     started = time.monotonic()
     ran = _run(config)
@@ -209,6 +211,10 @@ def test_the_controller_reads_the_record_back_strictly_and_labelled(tmp_path):
     assert shown["tries"][1]["signal"] is None and shown["tries"][0]["decision"] == "n3 did not answer: restart without it"
     assert supervision.now_text(shown, 1) == ("the supervisor's try 1 (restart 1 of 1) runs on n1, n2; left out: n3 "
                                               "(as the supervisor reported it)")
+    text = "\n".join(records._supervisor_lines(shown))
+    assert text.startswith("try 0:      on n1, n2, n3: exit 7; n3 did not answer: restart without it\n"
+                           "try 1:      on n1, n2: exit 0; the job ended 0\n"
+                           "            (as the supervisor on the head reported them: succeeded)"), text
     assert supervision.parse({"tries": "no"}) is None and supervision.parse([1]) is None
     (nodes / "n1" / "attempts" / "0" / "supervisor.json").write_text("x" * (supervision.MAX_BYTES + 1))
     assert supervision.collected(nodes, "supervisor.json") is None
