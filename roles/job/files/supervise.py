@@ -1,7 +1,7 @@
 """distrun's supervisor of a detached mpirun run (train --detach --max-restarts N): it runs on the
 head in place of mpirun, inside the head's unit of the attempt (launch.py), and starts mpirun
 again after a failure while restarts are left, with the restart rule the controller's follower
-uses (restartrule.py, composed in front of this file).
+uses (restartrule.py) and its tries' parts (tries.py), both composed in front of this file.
 
 ``python3 -I supervise.py CONFIG``; standard library only, Python 3.9 or newer. CONFIG is a JSON
 file the runner wrote into the attempt's folder: ``argv`` (mpirun's command line, with its
@@ -32,12 +32,12 @@ import subprocess
 import sys
 import time
 
-if "restart_hosts" not in globals():  # run as a file (the controller's tests): the rule from beside it
-    _RULE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restartrule.py")
-    with open(_RULE, encoding="utf-8") as _fh:
-        exec(compile(_fh.read(), _RULE, "exec"))  # the same one namespace as the composed source on a node
+if "restart_hosts" not in globals():  # run as a file (the controller's tests): its parts from beside it
+    for _part in ("restartrule.py", "tries.py"):
+        _PART = os.path.join(os.path.dirname(os.path.abspath(__file__)), _part)
+        with open(_PART, encoding="utf-8") as _fh:
+            exec(compile(_fh.read(), _PART, "exec"))  # the same one namespace as the composed source on a node
 
-PROBE_S = 10  # how long a host's probe may take before it counts as not answering
 WATCH_S = 5.0  # while mpirun runs, how often the other hosts are probed
 WATCH_MISSES = 2  # a host that misses this many probes in a row is lost: mpirun is stopped
 STOP_S = 10  # what mpirun's process group gets between TERM and KILL
@@ -52,84 +52,6 @@ def _undumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     except (OSError, AttributeError):
         pass
-
-
-def with_hosts(argv: list, hostfile: str, world_size: int) -> list:
-    """mpirun's command line on another hostfile and world size (its ``--hostfile`` and ``-np``)."""
-    out = list(argv)
-    for flag, value in (("--hostfile", hostfile), ("-np", str(int(world_size)))):
-        if flag not in out or out.index(flag) + 1 >= len(out):
-            raise ValueError(f"mpirun's command line has no {flag}")
-        out[out.index(flag) + 1] = value
-    return out
-
-
-def with_env(argv: list, env: dict) -> list:
-    """mpirun's ``-x NAME=VALUE`` for each name of env given env's value (the restart's)."""
-    out = list(argv)
-    for i in range(len(out) - 1):
-        if out[i] == "-x" and out[i + 1].split("=", 1)[0] in env:
-            name = out[i + 1].split("=", 1)[0]
-            out[i + 1] = f"{name}={env[name]}"
-    return out
-
-
-def hostfile_without(text: str, drop: "set | list") -> str:
-    """The hostfile's text without the lines of the hosts dropped (comments and order kept)."""
-    drop = set(drop)
-    return "".join(line for line in text.splitlines(True)
-                   if not (line.split() and not line.lstrip().startswith("#") and line.split()[0] in drop))
-
-
-def probe(command: list, hosts: list, timeout: float = PROBE_S) -> dict:
-    """host -> whether it answered an ssh login as the training user over the mesh, all at once."""
-    procs = {}
-    for host in hosts:
-        try:
-            procs[host] = subprocess.Popen([*command, host, "true"], stdin=subprocess.DEVNULL,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError:
-            procs[host] = None
-    answered = {}
-    deadline = time.monotonic() + timeout
-    for host, proc in procs.items():
-        if proc is None:
-            answered[host] = False
-            continue
-        try:
-            answered[host] = proc.wait(timeout=max(0.1, deadline - time.monotonic())) == 0
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            answered[host] = False
-    return answered
-
-
-def cert_end(cert: str) -> "float | None":
-    """When the attempt's ssh certificate stops opening the hosts (epoch seconds; None: unknown)."""
-    try:
-        said = subprocess.run(["ssh-keygen", "-L", "-f", cert], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in said.stdout.splitlines():
-        words = line.split()
-        if words[:1] == ["Valid:"] and "to" in words:
-            try:
-                return time.mktime(time.strptime(words[words.index("to") + 1], "%Y-%m-%dT%H:%M:%S"))
-            except (IndexError, ValueError):
-                return None
-    return None
-
-
-def ended(returncode: int) -> dict:
-    """How a try ended: its exit code (128 + N for signal N, as a shell says it) and the signal."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name[3:]
-        except ValueError:
-            name = str(-returncode)
-        return {"rc": 128 - returncode, "signal": name}
-    return {"rc": returncode, "signal": None}
 
 
 class Supervisor:

@@ -21,7 +21,7 @@ RANKS = "ranks"  # in the attempt's folder: mpirun's --output-filename, one fold
 # (role job's files/supervise.py behind the restart rule), its config, its record of every try,
 # and each later try's hostfile.
 SUPERVISOR, SUPERVISOR_CONFIG, SUPERVISOR_RECORD = "supervise.py", "supervise.json", "supervisor.json"
-SUPERVISOR_PARTS = ("restartrule", "supervise")
+SUPERVISOR_PARTS = ("restartrule", "tries", "supervise")
 PROBE_CONNECT_S = 5  # the supervisor's ssh probe of a host: how long it tries to connect
 
 
