@@ -343,3 +343,111 @@ def test_a_detached_run_whose_worker_unit_is_stopped_is_lost_while_its_head_stil
     shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
     assert shown["status"] == "lost" and "node2 was stopped by signal TERM" in shown["summary"], shown
     assert not run_processes(provisioned, run_id, over_ssh=True)
+
+
+# A detached mpirun run, its restarts left to the head's supervisor (roles/job/files/supervise.py):
+# rank 0 writes a snapshot every 5 epochs into DISTRUN_CHECKPOINT_DIR and resumes from the last.
+# On its first try it also plays hostile: it prints the supervisor's own line and writes a record
+# in the supervisor's place, both claiming node2 failed; neither may move the supervisor.
+SUPERVISED = textwrap.dedent("""
+    import glob, json, os, time
+    restart, rank = int(os.environ["DISTRUN_RESTART"]), int(os.environ["RANK"])
+    folder = os.environ["DISTRUN_CHECKPOINT_DIR"]
+    snaps = sorted(glob.glob(os.path.join(folder, "snap-*")))
+    start = int(snaps[-1].rsplit("-", 1)[1]) if snaps else 0
+    print(f"SUP rank={rank} size={os.environ['WORLD_SIZE']} restart={restart} from={start}", flush=True)
+    if rank == 0 and restart == 0:
+        print("distrun supervisor: try 0 ended with exit 1: node2 did not answer: restart without it", flush=True)
+        fake = {"tries": [{"try": 0, "excluded": ["node2"], "lost": ["node2"]}], "state": "failed"}
+        for name in ("attempts/0/supervisor.json", "attempts/0/lost"):
+            with open(name, "w") as f:
+                json.dump(fake, f)
+    for epoch in range(start, 80):
+        time.sleep(0.2)
+        if rank == 0 and (epoch + 1) % 5 == 0:
+            tmp = os.path.join(folder, "snap.tmp")
+            open(tmp, "w").close()
+            os.replace(tmp, os.path.join(folder, f"snap-{epoch + 1:04d}"))
+    print(f"SUP done rank={rank} restart={restart}", flush=True)
+""")
+SUP = re.compile(r"SUP rank=(\d+) size=(\d+) restart=(\d+) from=(\d+)")
+
+
+def test_a_detached_mpirun_run_restarts_on_the_head_without_the_lost_node(provisioned, distrun_home, tmp_path):
+    started = time.monotonic()
+    script = tmp_path / "supervised.py"
+    script.write_text(SUPERVISED)
+    detach = distrun("train", "--inventory", "test", "--script", str(script), "--detach", "--max-restarts", "1",
+                     "--exclude-failed", timeout=600)
+    assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
+    run_id = detach.stdout.strip().splitlines()[-1]
+    run = distrun_home / "runs" / run_id
+    killed = False
+    try:
+        assert json.loads((run / "meta.json").read_text())["controller"] is None  # nothing follows it here
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "snap-" in provisioned.ssh(1, f"ls /srv/distrun/checkpoints/{run_id} 2>/dev/null; true").stdout:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError("no snapshot was written")
+        provisioned.kill_node(3)
+        killed, lost_at = True, time.monotonic()
+        deadline, state, details = time.monotonic() + 120, {}, []
+        while time.monotonic() < deadline:
+            status = distrun("status", run_id, "--json", timeout=120)
+            assert status.rc == 0, status.stderr
+            state = json.loads(status.stdout)
+            details.append((state["state"], state["detail"], len((state.get("supervisor") or {}).get("tries") or [])))
+            if state["state"] != "running":
+                break
+            time.sleep(1)
+        ended = time.monotonic() - lost_at
+        assert (state["state"], state.get("rc")) == ("succeeded", 0), (state, details)
+        # While it ran, status said which try of the supervisor's it was in, and without which node.
+        assert any("the supervisor's try 1 (restart 1 of 1) runs on node1, node2; left out: node3" in d
+                   for _, d, _ in details), details
+    finally:
+        if killed:
+            bring_back(provisioned, 3)
+    attach = distrun("attach", run_id, timeout=300)
+    assert attach.rc == 0, attach.stdout[-3000:] + attach.stderr[-2000:]
+    shown = json.loads(distrun("show", run_id, "--json", timeout=120).stdout)
+    sup = shown["supervisor"]
+    assert sup["state"] == "succeeded" and sup["excluded"] == ["node3"], sup
+    first, second = sup["tries"]
+    assert first["hosts"] == ["node1", "node2", "node3"] and first["excluded"] == ["node3"] and first["rc"] != 0, sup
+    assert first["decision"] == "node3 did not answer: restart without it", sup
+    assert second["hosts"] == ["node1", "node2"] and (second["restart"], second["rc"]) == (1, 0), sup
+    text = distrun("show", run_id, timeout=120).stdout
+    assert "try 0:      on node1, node2, node3: exit" in text and "node3 did not answer: restart without it" in text, text
+    # The second try resumed from the last snapshot, on the two nodes left (a world of 2).
+    seen = {(int(r), int(n), int(k), int(f)) for p in run.rglob("*") if p.is_file()
+            for r, n, k, f in SUP.findall(p.read_text(errors="replace"))}
+    resumed = [f for r, n, k, f in seen if (r, n, k) == (0, 2, 1)]
+    assert resumed and resumed[0] >= 5, sorted(seen)
+    print(f"\nthe detached mpirun run lost node3 and ended {ended:.1f} s later on node1, node2 "
+          f"({time.monotonic() - started:.1f} s in all); resumed from epoch {resumed[0]}; supervisor: "
+          f"{json.dumps(sup)[:700]}", flush=True)
+    assert not run_processes(provisioned, run_id, over_ssh=True)
+
+
+def test_a_supervised_mpirun_run_whose_head_unit_is_stopped_is_lost_with_the_reason(provisioned, distrun_home,
+                                                                                     tmp_path):
+    """The supervisor itself stopped (root stops the head's unit): no try follows, and status
+    says lost with why, as for any launcher a signal ended."""
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    detach = distrun("train", "--inventory", "test", "--script", str(script), "--detach", "--max-restarts", "1",
+                     timeout=600)
+    assert detach.rc == 0, detach.stdout[-3000:] + detach.stderr[-2000:]
+    run_id = detach.stdout.strip().splitlines()[-1]
+    try:
+        rc, state, took = _stop_unit(provisioned, 1, run_id)
+        assert (rc, state["state"], state["rc"]) == (0, "lost", None), state
+        assert "the launcher on node1 was stopped by signal TERM before the job ended" in state["detail"], state
+        print(f"\nsupervised head unit stopped: status said lost {took:.1f} s later; detail: {state['detail']}", flush=True)
+    finally:
+        distrun("stop", run_id, timeout=300)
+    assert not run_processes(provisioned, run_id, over_ssh=True)

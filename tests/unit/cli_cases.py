@@ -167,15 +167,15 @@ add("--use-gdc with --workdir", lambda t: [*D, "--workdir", str(t), "--use-gdc",
 add("--detach with --dry-run", fixed([*D, "--detach"]), ("--detach and --dry-run", "drop one of them"))
 add("--detach with --dry-run and --json", fixed([*D, "--json", "--detach"]), ("--detach and --dry-run", "drop one of them"))
 add("--exclude-failed without --max-restarts", fixed([*T, "--exclude-failed"]), ("--exclude-failed only goes with --max-restarts",))
-add("--detach with --max-restarts", fixed([*T, "--detach", "--max-restarts", "2"]),
-    ("--detach and --max-restarts: --launcher mpirun restarts a run only while distrun follows it",
-     "use --launcher torchrun (it restarts a detached run on the nodes by itself)", "drop --detach"))
-add("--detach with --max-restarts and --exclude-failed",
+add("--detach with --max-restarts", fixed([*T, "--launcher", "ssh", "--detach", "--max-restarts", "2"]),
+    ("--detach and --max-restarts: --launcher ssh restarts a run only while distrun follows it",
+     "use --launcher mpirun or --launcher torchrun (it restarts a detached run on the nodes by itself)", "drop --detach"))
+add("--detach with --max-restarts and --exclude-failed under torchrun",
     fixed([*T, "--launcher", "torchrun", "--detach", "--max-restarts", "1", "--exclude-failed"]),
-    ("--detach --max-restarts --exclude-failed: a detached run that goes on without a lost node", "drop --exclude-failed",
-     "or drop --detach"))
+    ("--detach --max-restarts --exclude-failed: --launcher torchrun restarts a detached run on all its nodes only",
+     "use --launcher mpirun", "drop --exclude-failed", "or drop --detach"))
 add("--detach with --max-restarts under Slurm", fixed([*T, "--launcher", "slurm", "--detach", "--max-restarts", "1"]),
-    ("--launcher slurm restarts a run only while distrun follows it", "use --launcher torchrun"))
+    ("--launcher slurm restarts a run only while distrun follows it", "use --launcher mpirun or --launcher torchrun"))
 add("--prepare without --workdir", fixed([*D, "--prepare", "make"]), ("--prepare runs in your project folder", "--workdir DIR"))
 add("--script and --workdir", lambda t: [*D, "--workdir", str(t), "--script", write(t, "train.py", ""), "--", "python"],
     ("--script and --workdir", "give one"))

@@ -95,7 +95,7 @@ def test_the_unit_record_is_the_exit_code_whatever_the_job_wrote(attempt, record
     assert nodeprog.answer(out.stdout, "follow") == {"verb": "follow", "exit": code}
     # The signal root's record names (a stop of the unit): the launcher wrote no end of its own.
     assert json.loads(call("state", cfg).stdout) == {"verb": "state", "dir": True, "launcher": "exited", "rc": code,
-                                                      "signal": signal, "procs": 0, "started": []}
+                                                      "signal": signal, "procs": 0, "started": [], "supervisor": None}
 
 
 def test_a_record_not_written_by_root_is_not_an_end(attempt, tmp_path):

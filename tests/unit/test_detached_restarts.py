@@ -100,3 +100,23 @@ def test_distrun_restart_counts_distruns_restart_and_torchruns_in_place(tmp_path
     mpirun = plan_for(_cluster(), run_id="R", launcher="mpirun", workload="gcn", max_restarts=3, restart=1)
     assert "starts-" not in render_rank_wrapper(mpirun)
     assert _start(tmp_path, mpirun, "n1", 0, "2") == "1"  # restarted by distrun only
+
+
+def test_mpirun_declares_that_distruns_supervisor_restarts_its_detached_runs():
+    assert [name for name, launcher in LAUNCHERS.items() if launcher.supervised] == ["mpirun"]
+
+
+@pytest.mark.parametrize(("policy", "said"), [
+    ({"detach": True, "max_restarts": 2, "exclude_failed": True}, (True, True, False)),
+    ({"detach": True, "max_restarts": 1, "np": 4, "exclude_failed": True}, (True, True, True)),  # --np: its ranks must fit
+    ({"detach": True, "max_restarts": 1}, (True, False, False)),
+    ({"max_restarts": 1, "exclude_failed": True}, (False, False, False)),  # followed: the controller restarts it
+    ({"detach": True}, (False, False, False)),
+])
+def test_a_detached_mpirun_run_with_restarts_is_planned_for_the_supervisor(policy, said):
+    plan = plan_for(_cluster(), run_id="R", launcher="mpirun", workload="ddp", **policy)
+    assert (plan.attempt.supervised, plan.attempt.exclude_failed, plan.attempt.np_asked) == said
+    assert plan.attempt.min_nodes == 0  # torchrun's --nnodes MIN:MAX only
+    again = from_json(to_json(plan))
+    assert again.attempt == plan.attempt
+    assert ("supervised" in to_json(plan)) == said[0]  # a plan without a supervisor is the same file as before

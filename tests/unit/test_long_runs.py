@@ -629,7 +629,8 @@ def test_torchrun_restarts_its_workers_in_place_up_to_the_runs_budget():
 
 @pytest.mark.parametrize(("args", "said"), [
     (["--exclude-failed"], "--exclude-failed only goes with --max-restarts N"),
-    (["--detach", "--max-restarts", "1"], "--launcher mpirun restarts a run only while distrun follows it; use --launcher torchrun"),
+    (["--launcher", "ssh", "--detach", "--max-restarts", "1"],
+     "--launcher ssh restarts a run only while distrun follows it; use --launcher mpirun or --launcher torchrun"),
     (["--max-restarts", "-1"], "-1 is out of range; give a whole number from 0 to 100"),
 ])
 def test_restart_flags_that_do_not_go_together_are_refused(cli_env, args, said):

@@ -236,3 +236,45 @@ def test_setup_installs_the_relay_the_runner_names(tmp_path):
         written = tmp_path / "programs" / name
         assert written.read_text() == nodeprog.text(program)
         assert written.stat().st_mode & 0o7777 == 0o755 and written.stat().st_uid == 0
+
+
+def test_a_supervised_relay_serves_each_try_in_turn_and_ends_on_done(run_id):
+    """A detached mpirun run's supervisor starts the daemons again at each try: the relay takes
+    up to CALLERS callers, one after another, and the supervisor's --done ends it at once."""
+    server = relay("serve", run_id, "0", "20", "3", stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    try:
+        for code in (5, 0):
+            joined = subprocess.run([sys.executable, "-I", str(RELAY), "join", run_id, "0", "sh", "-c", f"exit {code}"],
+                                    capture_output=True, text=True, timeout=30)
+            assert joined.returncode == code, joined.stderr
+        assert server.poll() is None  # a third try may come
+        done = subprocess.run([sys.executable, "-I", str(RELAY), "join", run_id, "0", "--done"], capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert server.wait(timeout=10) == 0
+    finally:
+        server.kill()
+
+
+def test_a_detached_mpirun_run_with_restarts_runs_the_supervisor_on_the_head(make_plan):
+    """The head's launch script runs the supervisor (staged in the attempt's folder with its config:
+    mpirun's own command line, the hosts, the policy, the daemons' ssh for its probe); the other
+    hosts' relays take one caller per try."""
+    plan = make_plan(launcher="mpirun", hosts=3)
+    plan = replace(plan, attempt=replace(plan.attempt, max_restarts=2, supervised=True, exclude_failed=True))
+    scripts, files = launch_scripts(plan), plan_files(plan)
+    head = plan.placement.head.name
+    assert "python3 -I supervise.py supervise.json >" in scripts[head] and "bin/mpirun" not in scripts[head]
+    installed = nodeprog.installed("relay")
+    for host in plan.placement.hosts:
+        if host.name != head:
+            assert f"python3 -I {installed} serve {plan.run_id} 0 120 3 >" in scripts[host.name]
+    config = json.loads(files["attempts/0/supervise.json"])
+    assert config["argv"] == launcher_named("mpirun").command(replace(plan, attempt=replace(plan.attempt, supervised=False)),
+                                                              plan.placement.head)
+    assert (config["head"], config["max_restarts"], config["exclude_failed"], config["np"]) == (head, 2, True, None)
+    assert config["probe"][:5] == ["ssh", "-F", "/etc/ssh/ssh_config", "-o", "BatchMode=yes"]
+    assert config["release"] == ["python3", "-I", installed, "join", plan.run_id, "0", "--done"]
+    program = files["attempts/0/supervise.py"]
+    assert program.index("def restart_hosts(") < program.index("class Supervisor")  # the rule, in front

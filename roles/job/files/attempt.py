@@ -11,7 +11,8 @@ attempt's folder), ``script``, ``log`` and ``exit_file`` (names in it), ``user``
 
   follow  ({"log": true} also prints the launcher's log, each line as "| <line>") wait for the
           launcher's end: {"exit": rc} or {"error": why}
-  state   the attempt here now: {"dir", "launcher", "rc", "signal", "procs", "started"} (state's docstring)
+  state   the attempt here now: {"dir", "launcher", "rc", "signal", "procs", "started", "supervisor"}
+          (state's docstring; "supervisor": the head supervisor's record of its tries, or null)
 
 A launcher that launch.py started in a systemd unit ended as root's record for the unit says
 (``/run/distrun/<unit>.exit``, in a folder only root writes), never as a file in the run
@@ -249,6 +250,7 @@ def state(cfg: dict) -> dict:
     except OSError:
         names = []
     said["started"] = sorted({int(n[5:]) for n in names if n.startswith("rank-") and n[5:].isdigit()})
+    said["supervisor"] = small_json(os.path.join(cfg["dir"], SUPERVISOR_RECORD))  # the training user's file, as it is
     if contained:
         return said
     where = cfg["dir"]

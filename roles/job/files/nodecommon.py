@@ -38,6 +38,7 @@ LAUNCHER_STATES = ("running", "exited", "gone", "none")  # attempt.py's state of
 # The run directory's entries the node programs touch (the runner's transport/rundir.py names them too).
 ATTEMPTS = "attempts"  # the folder of attempt folders
 ENV_FILE = "env.sh"  # the user's --env values, 0600
+SUPERVISOR_RECORD = "supervisor.json"  # in an attempt's folder: the head supervisor's tries (supervise.py)
 
 
 class CallError(Exception):
@@ -108,6 +109,21 @@ def root_file(path: str) -> bytes | None:
         return os.read(fd, 4096)
     finally:
         os.close(fd)
+
+
+def small_json(path: str, limit: int = 64 << 10) -> "dict | None":
+    """A JSON object in a regular file of at most limit bytes (opened without following a link),
+    else None: a file of the training user's, said as it is, never trusted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            data = os.read(fd, limit + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        said = json.loads(data) if 0 < len(data) <= limit else None
+    except (OSError, ValueError):
+        return None
+    return said if isinstance(said, dict) else None
 
 
 def record_status(text: str) -> int | None:

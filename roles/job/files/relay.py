@@ -12,7 +12,10 @@ the session launch.py gives it). It listens on the abstract socket ``distrun-rel
 of the node, takes one caller of its own uid, starts the caller's command with the caller's
 standard input, output and error (passed over the socket), working folder and environment,
 answers how it ended, and exits 0 (a relay that served is not the launcher whose exit code
-counts: the head's is). No caller within WAIT_S seconds (default 120): it exits 0.
+counts: the head's is). No caller within WAIT_S seconds (default 120): it exits 0. With CALLERS
+(a detached mpirun run's supervisor, supervise.py, starts its daemons again at each try) it takes
+up to that many callers in turn, each within WAIT_S of the last one's end, and a caller whose
+whole command is ``--done`` (the supervisor's end) ends it at once.
 
 ``join RUN ATTEMPT COMMAND...``: Open MPI runs it on the node instead of its daemon (mpirun's
 launch agent), in the ssh session. It connects to the relay (retrying for JOIN_S seconds while
@@ -42,6 +45,7 @@ if "NODECOMMON" not in globals():  # run as a file beside nodecommon.py and mesh
 
 JOIN_S = 30.0  # how long a caller waits for the relay to listen
 WAIT_S = 120.0  # how long a relay waits for its caller
+DONE = "--done"  # a caller's whole command that ends a relay serving more than one (supervise.py's end)
 MAX_REQUEST = 1 << 20  # the command, its folder and its environment, as JSON
 _LEN = struct.Struct("!I")
 
@@ -79,21 +83,14 @@ def _wait_status(pid: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def serve_one(run: str, attempt: str, wait_s: float = WAIT_S) -> int:
-    """Take one caller, start its command as it asked, tell it how the command ended."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(address(run, attempt))
-    except OSError as e:
-        print(f"relay: cannot listen as {address(run, attempt)[1:]}: {e}", file=sys.stderr)
-        return 3
-    listener.listen(4)
-    deadline = time.monotonic() + wait_s
+def _accept(listener: socket.socket, deadline: float, wait_s: float):
+    """The next caller of the relay's own uid and its request (conn, argv, cwd, env, fds), or None
+    when nobody came by the deadline."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             print(f"relay: nobody came in {wait_s:.0f} s", file=sys.stderr)
-            return 0
+            return None
         listener.settimeout(left)
         try:
             conn, _ = listener.accept()
@@ -125,33 +122,60 @@ def serve_one(run: str, attempt: str, wait_s: float = WAIT_S) -> int:
             for fd in fds:
                 os.close(fd)
             continue
-        break
-    listener.close()
-    child = os.fork()
-    if child == 0:
-        try:
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-            for fd in fds:
-                if fd > 2:
-                    os.close(fd)
-            try:
-                os.chdir(cwd)
-            except OSError:
-                os.chdir("/")
-            os.execvpe(argv[0], argv, env)
-        except OSError as e:
-            os.write(2, f"relay: cannot start {argv[0]}: {e}\n".encode(errors="replace"))
-        os._exit(127)
-    for fd in fds:
-        os.close(fd)
-    code = _wait_status(child)
+        return conn, argv, cwd, env, fds
+
+
+def _answer(conn: socket.socket, code: int) -> None:
     try:
         conn.settimeout(5)
         conn.sendall(_LEN.pack(code & 0xFF))
     except OSError:
         pass  # the ssh session ended first: nobody to tell
     conn.close()
+
+
+def serve_callers(run: str, attempt: str, wait_s: float = WAIT_S, callers: int = 1) -> int:
+    """Take up to ``callers`` callers in turn, each within wait_s of the last one's end (the
+    first: of the start); start each one's command as it asked, tell it how the command ended.
+    More than one: a detached mpirun run's supervisor (supervise.py) starts its daemons again for
+    each try; a caller whose command is DONE alone ends the relay (the supervisor is done)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(address(run, attempt))
+    except OSError as e:
+        print(f"relay: cannot listen as {address(run, attempt)[1:]}: {e}", file=sys.stderr)
+        return 3
+    listener.listen(4)
+    for _ in range(max(1, int(callers))):
+        got = _accept(listener, time.monotonic() + wait_s, wait_s)
+        if got is None:
+            return 0
+        conn, argv, cwd, env, fds = got
+        if argv == [DONE]:
+            for fd in fds:
+                os.close(fd)
+            _answer(conn, 0)
+            return 0
+        child = os.fork()
+        if child == 0:
+            try:
+                listener.close()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                for fd in fds:
+                    if fd > 2:
+                        os.close(fd)
+                try:
+                    os.chdir(cwd)
+                except OSError:
+                    os.chdir("/")
+                os.execvpe(argv[0], argv, env)
+            except OSError as e:
+                os.write(2, f"relay: cannot start {argv[0]}: {e}\n".encode(errors="replace"))
+            os._exit(127)
+        for fd in fds:
+            os.close(fd)
+        _answer(conn, _wait_status(child))
     return 0
 
 
@@ -224,13 +248,13 @@ def main(argv: list) -> int:
         if argv[:1] == ["serve"]:
             run, attempt = _args(argv[1:])
             wait = float(argv[3]) if len(argv) > 3 else WAIT_S
-            return serve_one(run, attempt, wait)
+            return serve_callers(run, attempt, wait, int(argv[4]) if len(argv) > 4 else 1)
         if argv[:1] == ["join"]:
             run, attempt = _args(argv[1:])
             return join(run, attempt, argv[3:])
         if argv == ["mesh"]:
             return mesh()
-        raise CallError("relay: give serve RUN ATTEMPT [WAIT_S], join RUN ATTEMPT COMMAND... or mesh")
+        raise CallError("relay: give serve RUN ATTEMPT [WAIT_S [CALLERS]], join RUN ATTEMPT COMMAND... or mesh")
     except CallError as e:
         print(e, file=sys.stderr)
         return 2

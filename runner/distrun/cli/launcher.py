@@ -87,12 +87,22 @@ def check_launcher_args(launcher: str, words: tuple[str, ...]) -> None:
             raise UserError(f"--launcher-args '{option} {param}': distrun sets {launcher}'s {param} itself ({why}); drop it")
 
 
-def check_detached_restarts(name: str) -> None:
-    """train --detach --max-restarts: only a launcher that restarts a run by itself on the nodes
-    (Launcher.restarts_itself) takes both; the others restart while distrun follows the run."""
-    if LAUNCHERS[name].restarts_itself:
+def check_detached_restarts(name: str, exclude_failed: bool) -> None:
+    """train --detach --max-restarts [--exclude-failed]: a launcher that restarts a run by itself
+    on the nodes (Launcher.restarts_itself: torchrun's agents, on all the run's nodes) or that
+    distrun's supervisor restarts on the head (Launcher.supervised: mpirun, which may leave a lost
+    node out) takes it; the others restart only while distrun follows the run."""
+    launcher = LAUNCHERS[name]
+    if launcher.supervised:
         return
-    can = " or ".join(f"--launcher {n}" for n, launcher in LAUNCHERS.items() if launcher.restarts_itself)
+    if launcher.restarts_itself and not exclude_failed:
+        return
+    supervised = " or ".join(f"--launcher {n}" for n, one in LAUNCHERS.items() if one.supervised)
+    if launcher.restarts_itself:
+        raise click.UsageError(f"--detach --max-restarts --exclude-failed: --launcher {name} restarts a detached run on all "
+                               f"its nodes only; use {supervised} (distrun's supervisor on the head leaves a lost node "
+                               "out), drop --exclude-failed, or drop --detach")
+    can = " or ".join(f"--launcher {n}" for n, one in LAUNCHERS.items() if one.restarts_itself or one.supervised)
     instead = f"use {can} (it restarts a detached run on the nodes by itself), " if can else ""
     raise click.UsageError(f"--detach and --max-restarts: --launcher {name} restarts a run only while distrun follows it; "
                            f"{instead}drop --detach (keep the terminal in tmux or screen) or drop --max-restarts")

@@ -57,7 +57,8 @@ def gdc_options(fn):  # noqa: ANN001,ANN201
 @click.option("--max-restarts", type=P.Bounded(0, 100), default=0, show_default=True, metavar="N",
               help="When a rank fails or a node is lost, stop what is left and start the job again, up to N times "
                    "(ranks get DISTRUN_RESTART and DISTRUN_CHECKPOINT_DIR to resume from); with --detach, "
-                   "torchrun's agents restart the run on the nodes by themselves.")
+                   "torchrun's agents restart the run on the nodes by themselves, and mpirun's supervisor on the "
+                   "head restarts it (with --exclude-failed, without a node that stopped answering).")
 @click.option("--exclude-failed", is_flag=True,
               help="With --max-restarts: restart without the node that failed, when the job still fits.")
 @click.option("--allow-concurrent", is_flag=True,
@@ -114,11 +115,7 @@ def train(inventory: P.Inventory, launcher: str, np: int | None, workload: str, 
         raise click.UsageError("--exclude-failed only goes with --max-restarts N: distrun train ... --max-restarts 1 "
                                "--exclude-failed")
     if detach and max_restarts:
-        L.check_detached_restarts(launcher)
-        if exclude_failed:
-            raise click.UsageError("--detach --max-restarts --exclude-failed: a detached run that goes on without a "
-                                   "lost node is not yet followed right by 'status' and 'attach'; drop --exclude-failed "
-                                   "(torchrun restarts the run on all its nodes) or drop --detach")
+        L.check_detached_restarts(launcher, exclude_failed)
     # run.yml's ansible-playbook starts before the rest of the runner is even imported (it takes
     # a third of a second to import Ansible); train.run_job gives it its arguments or stops it.
     from distrun.transport.early_playbook import EarlyPlaybook

@@ -39,6 +39,10 @@ def fill(hosts: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
     return out
 
 
+# How long a relay waits for each caller (relay.py's WAIT_S, given where the caller count follows it).
+RELAY_WAIT_S = 120
+
+
 class Launcher(ABC):
     """One way to start a plan's ranks (mpirun, torchrun, Slurm)."""
 
@@ -96,6 +100,11 @@ class Launcher(ABC):
     # --detach --max-restarts N' may use it (torchrun's elastic agents); the others restart only
     # while the controller follows the run (run/restarts.py).
     restarts_itself: bool = False
+    # A detached run with restarts (train --detach --max-restarts N) is restarted on the head by
+    # distrun's supervisor (role job's files/supervise.py) in place of the launcher's own command,
+    # inside the head's unit, with the follower's rule (restartrule.py); the relays of the other
+    # hosts then serve one caller per try (mpirun).
+    supervised: bool = False
     # It restarts every rank in place within an attempt (torchrun's agents, --max-restarts): the
     # rank wrapper counts a node's starts of each local rank into DISTRUN_RESTART, the same number
     # on every rank of a group (the launcher's own count need not be: torchrun's counts only the
@@ -181,7 +190,10 @@ class Launcher(ABC):
         """The argv the launch script on ``host`` runs: its launcher, or the relay."""
         if host.name in {h.name for h in self.launch_hosts(plan)}:
             return self.command(plan, host)
-        return nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "serve")
+        serve = nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "serve")
+        if plan.attempt.supervised:  # one caller per try of the supervisor, each within the relay's wait
+            return [*serve, str(RELAY_WAIT_S), str(int(plan.attempt.max_restarts) + 1)]
+        return serve
 
     def environment(self, plan: JobPlan, host: RankHost) -> list[tuple[str, str]]:
         """Variables of the launcher process. DISTRUN_RUN_ID tags it (and every child) for 'distrun stop'."""

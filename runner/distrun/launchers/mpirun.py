@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,12 @@ if TYPE_CHECKING:
 # LD_LIBRARY_PATH for remote daemons; forwarding an unset one only makes mpirun warn.
 _FORWARD = ("PATH",)
 RANKS = "ranks"  # in the attempt's folder: mpirun's --output-filename, one folder per rank
+# In the attempt's folder of a supervised run (train --detach --max-restarts N): the supervisor
+# (role job's files/supervise.py behind the restart rule), its config, its record of every try,
+# and each later try's hostfile.
+SUPERVISOR, SUPERVISOR_CONFIG, SUPERVISOR_RECORD = "supervise.py", "supervise.json", "supervisor.json"
+SUPERVISOR_PARTS = ("restartrule", "tries", "supervise")
+PROBE_CONNECT_S = 5  # the supervisor's ssh probe of a host: how long it tries to connect
 
 
 def mpirun_argv(plan: JobPlan) -> list[str]:
@@ -63,6 +70,20 @@ def mpirun_argv(plan: JobPlan) -> list[str]:
     return argv
 
 
+def supervisor_config(plan: JobPlan) -> dict[str, Any]:
+    """What the head's supervisor is given (supervise.py's docstring): mpirun's command line, the
+    hosts, the restart policy, and the ssh command line of the daemons' logins for its probe."""
+    key = rundir.mesh_key(plan)
+    probe = [*remote.run_ssh(key), "-o", f"ConnectTimeout={PROBE_CONNECT_S}"] if relay_hosts(plan) else []
+    return {"argv": mpirun_argv(plan), "hosts": [[h.name, h.slots] for h in plan.placement.hosts],
+            "head": plan.placement.head.name, "np": plan.placement.world_size if plan.attempt.np_asked else None,
+            "max_restarts": plan.attempt.max_restarts, "restart": plan.attempt.restart,
+            "exclude_failed": plan.attempt.exclude_failed, "probe": probe,
+            "release": [*nodeprog.relay_argv(plan.run_id, plan.attempt.restart, "join"), "--done"] if probe else [],
+            "cert": f"{key}-cert.pub" if probe else "", "env": [["DISTRUN_RESTART", str(plan.attempt.restart)]],
+            "record": SUPERVISOR_RECORD, "backoff_s": 1}
+
+
 def relay_hosts(plan: JobPlan) -> list[RankHost]:
     """Every host but the head: mpirun's daemons there start over ssh."""
     return [h for h in plan.placement.hosts if h.name != plan.placement.head.name]
@@ -70,7 +91,7 @@ def relay_hosts(plan: JobPlan) -> list[RankHost]:
 
 class Mpirun(Launcher):
     name = "mpirun"
-    attempt_files = (RANKS,)
+    attempt_files = (RANKS, "supervise*.json", SUPERVISOR, SUPERVISOR_RECORD, "hostfile-*")
     rank_log_files = (f"{RANKS}/*/stdout",)
     summary = "Open MPI's mpirun on the head starts every rank over ssh (one MPI world)"
     owned_args = ("-np", "--np", "-n", "-c", "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-H",
@@ -87,6 +108,7 @@ class Mpirun(Launcher):
                       "LOCAL_WORLD_SIZE": ("OMPI_COMM_WORLD_LOCAL_SIZE",)}
     env_prefixes = ("OMPI_", "PMIX_")
     failed_rank_patterns = (MPI_ABORT, MPI_PROCESS)
+    supervised = True
 
     def launch_hosts(self, plan: JobPlan) -> list[RankHost]:
         return [plan.placement.head]
@@ -103,10 +125,17 @@ class Mpirun(Launcher):
         return list(hosts)
 
     def command(self, plan: JobPlan, host: RankHost) -> list[str]:
+        if plan.attempt.supervised:  # the launch script runs in the attempt's folder
+            return ["python3", "-I", SUPERVISOR, SUPERVISOR_CONFIG]
         return mpirun_argv(plan)
 
     def files(self, plan: JobPlan) -> dict[str, str]:
-        return containers.files(plan, per_rank=self.container_per_rank, prefixes=self.env_prefixes)
+        files = containers.files(plan, per_rank=self.container_per_rank, prefixes=self.env_prefixes)
+        if plan.attempt.supervised:
+            program = "".join(nodeprog.part_path(name).read_text() for name in SUPERVISOR_PARTS)
+            files[rundir.in_attempt(plan, SUPERVISOR)] = program
+            files[rundir.in_attempt(plan, SUPERVISOR_CONFIG)] = json.dumps(supervisor_config(plan), indent=1) + "\n"
+        return files
 
     def needs(self, plan: JobPlan) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         mpi_bin = f"{plan.launch.mpi_prefix.rstrip('/')}/bin"

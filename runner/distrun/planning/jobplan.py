@@ -128,6 +128,11 @@ class AttemptInfo:
     # as this many of the plan's hosts, the rendezvous host among them, when a node is lost
     # (--exclude-failed: torchrun's --nnodes MIN:MAX); 0: on every host of the plan or not at all.
     min_nodes: int = 0
+    # A detached run restarted on the head by distrun's supervisor (Launcher.supervised), which
+    # leaves a lost node out with --exclude-failed while the job still fits (--np asked: its ranks).
+    supervised: bool = False
+    exclude_failed: bool = False
+    np_asked: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,9 +178,10 @@ class JobPlan:
 KEYS = ("run_id", "launcher", "hosts", "world_size", "user", "run_as_root", "mpi_prefix", "env_prefix",
         "shared_dir", "program", "env", "master_addr", "master_port", "cidr", "workload", "partition",
         "partition_dir", "launcher_options", "user_env_keys", "restart", "max_restarts", "workdir", "prepare",
-        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params", "min_nodes", "people")
+        "launcher_args", "login", "attempt_dirs", "container", "unit_limits", "openmpi_params", "min_nodes", "people",
+        "supervised", "exclude_failed", "np_asked")
 # Written only when set: a plan without them is the same file as before they existed.
-OPTIONAL = ("unit_limits", "openmpi_params", "min_nodes", "people")
+OPTIONAL = ("unit_limits", "openmpi_params", "min_nodes", "people", "supervised", "exclude_failed", "np_asked")
 _KEY_OF = {"argv": "program", "options": "launcher_options"}
 _PARTS: tuple[tuple[str, type], ...] = (("placement", Placement), ("program", Program), ("launch", Launch),
                                          ("attempt", AttemptInfo))

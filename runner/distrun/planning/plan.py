@@ -176,8 +176,18 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
             env_prefix=cluster.env_prefix, launcher_args=tuple(asked.args), options=options,
             container=container, unit_limits=limits.from_inventory(cluster.source, cluster.group_vars),
             openmpi_params=cluster.openmpi_params, people=cluster.has_people),
-        attempt=AttemptInfo(restart=restart, max_restarts=request.policy.max_restarts, min_nodes=min_nodes(request, len(hosts))),
+        attempt=AttemptInfo(restart=restart, max_restarts=request.policy.max_restarts, min_nodes=min_nodes(request, len(hosts)),
+                            **supervision(request)),
     )
+
+
+def supervision(request: JobRequest) -> dict[str, bool]:
+    """AttemptInfo's supervisor fields: a detached run with restarts whose launcher distrun's
+    supervisor restarts on the head (Launcher.supervised); none otherwise."""
+    policy = request.policy
+    if not (policy.detach and policy.max_restarts and launcher_named(request.launch.launcher).supervised):
+        return {}
+    return {"supervised": True, "exclude_failed": policy.exclude_failed, "np_asked": request.placement.np is not None}
 
 
 def min_nodes(request: JobRequest, hosts: int) -> int:

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from distrun.errors import UserError
 from distrun.inventory.cluster import Cluster, Node
 from distrun.launchers import LAUNCHERS, launcher_named
 from distrun.planning.jobplan import JobPlan, from_json
+from distrun.run import supervision
 from distrun.store.runs import RecordError, Run, RunStatus
 from distrun.transport import nodeprog, rundir
 from distrun.transport.nodeprog import LauncherState
@@ -46,6 +48,7 @@ class HostState:
     signal: str = ""  # the signal that ended the launcher, as root's record of its unit says ("" if none)
     procs: int = 0  # live processes of the run: in its unit there, else carrying its tag
     started: tuple[int, ...] = ()  # ranks whose wrapper ran here
+    supervisor: dict[str, Any] | None = None  # a detached mpirun run's supervisor's record (run/supervision.py)
 
     def text(self) -> str:
         if not self.reached:
@@ -121,6 +124,7 @@ def parse_probe(host: str, output: str) -> HostState:
     procs = said.get("procs")
     state.procs = procs if isinstance(procs, int) and not isinstance(procs, bool) and procs >= 0 else 0
     started = said.get("started")
+    state.supervisor = supervision.parse(said.get("supervisor"))
     state.started = tuple(sorted({r for r in started if isinstance(r, int) and not isinstance(r, bool) and r >= 0})) \
         if isinstance(started, list) else ()
     return state
@@ -184,7 +188,9 @@ def judge(plan: JobPlan, hosts: dict[str, HostState]) -> ClusterState:
         return state
     if running:
         state.reason = "; ".join([f"{h} unreachable: {hosts[h].error}" for h in unreached]
-                                 + ([f"{said_stop}, while the launchers on {', '.join(running)} run on"] if stopped else []))
+                                 + ([f"{said_stop}, while the launchers on {', '.join(running)} run on"] if stopped else [])
+                                 + list(filter(None, [supervision.now_text(hosts[launch[0]].supervisor,
+                                                                            plan.attempt.max_restarts)])))
         return state
     if unreached:
         state.state = UNREACHABLE

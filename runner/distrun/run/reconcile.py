@@ -54,6 +54,8 @@ class RunView:
             out["hosts"] = {h: {"reached": s.reached, "error": s.error, "run_dir": s.run_dir, "launcher": s.launcher,
                                 "rc": s.rc, "processes": s.procs, "started_ranks": list(s.started)}
                             for h, s in self.cluster.hosts.items()}
+            # A detached mpirun run's supervisor: the try it is in, as it reported it (run/supervision.py).
+            out["supervisor"] = next((s.supervisor for s in self.cluster.hosts.values() if s.supervisor), None)
         return out
 
 

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
+from typing import Any
 
 from distrun.inventory.cluster import Cluster
 from distrun.planning.jobplan import JobPlan
+from distrun.transport import nodeprog
+
+RULE = "restartrule"  # role job's files/restartrule.py: the rule, for the follower and the supervisor
 
 
 @dataclass(frozen=True)
@@ -31,28 +36,25 @@ class Decision:
         return not self.refused
 
 
+def rule() -> dict[str, Any]:
+    """The restart rule's namespace (role job's files/restartrule.py), the one home the head's
+    supervisor of a detached mpirun run carries too (supervise.py)."""
+    return dict(_rule())
+
+
+@cache
+def _rule() -> dict[str, Any]:
+    path = nodeprog.part_path(RULE)
+    space: dict[str, Any] = {"__name__": "distrun_restartrule"}
+    exec(compile(path.read_text(), str(path), "exec"), space)  # noqa: S102 - the project's own file
+    return space
+
+
 def decide(cluster: Cluster, plan: JobPlan, np: int | None, *, failed: str | None, lost: Iterable[str],
            exclude_failed: bool) -> Decision:
-    """The next attempt's hosts after a failure. A lost node is left out when the user allowed it
-    (--exclude-failed), a failed node too when the job still fits without it; the head, which
-    starts the job, is never left out."""
-    lost = set(lost)
-    head = cluster.head.name
-    if head in lost:
-        return Decision(refused=f"the head node {head} is lost; a run cannot go on without it")
-    if lost and not exclude_failed:
-        return Decision(refused=f"{', '.join(sorted(lost))} cannot be reached; restart with --exclude-failed "
-                                "to go on without it, or bring it back and run the job again")
-    used = {h.name for h in plan.placement.hosts}
-    drop = set(lost)
-    if exclude_failed and failed and failed != head and failed in used:
-        drop.add(failed)
-    left = [n for n in cluster.workers if n.name not in drop]
-    slots = sum(n.slots for n in left)
-    need = plan.placement.world_size if np is not None else 1
-    if slots >= need and left:
-        return Decision(frozenset(drop))
-    if drop - lost and slots + sum(n.slots for n in cluster.workers if n.name in drop - lost) >= need:
-        return Decision(frozenset(lost))  # the failed node is reachable: the job fits only with it
-    shown = ", ".join(sorted(drop))
-    return Decision(refused=f"--np {np} needs {need} slots; without {shown} only {slots} are left")
+    """The next attempt's hosts after a failure, by the restart rule (restartrule.py): a lost node
+    is left out when the user allowed it (--exclude-failed), a failed node too when the job still
+    fits without it; the head, which starts the job, is never left out."""
+    said = _rule()["restart_hosts"]([(n.name, n.slots) for n in cluster.workers], [h.name for h in plan.placement.hosts],
+                                    cluster.head.name, np, plan.placement.world_size, failed, list(lost), exclude_failed)
+    return Decision(frozenset(said["exclude"]), said["refused"])

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from distrun.launchers.mpirun import SUPERVISOR_RECORD
 from distrun.planning import containers
+from distrun.run import supervision
 from distrun.run.collect_rules import LEFT_FILE
 from distrun.run.diagnosis import rank_logs
 from distrun.run.starts import collected
@@ -88,6 +90,8 @@ def detail(run: Run) -> dict[str, Any]:
     # A launcher that restarts in place: each node's starts, as the job's wrappers counted them.
     starts = collected(nodes)
     out["starts"] = starts.as_dict() if starts is not None else None
+    # A detached mpirun run's supervisor on the head: its tries, as it reported them.
+    out["supervisor"] = supervision.collected(nodes, SUPERVISOR_RECORD)
     ansible = run.dir / "ansible"
     out["logs"] = {
         "launcher": str(launcher_log) if launcher_log.is_file() else None,

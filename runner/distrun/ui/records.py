@@ -65,6 +65,7 @@ def show_lines(d: dict[str, Any]) -> list[str]:
         spans = ", ".join(f"{p['name']} {p['s']:.1f}s" for p in timings.get("phases", []))
         lines.append(f"timings:    {spans} (total {timings.get('total_s', 0):.1f}s)")
     lines += _starts_lines(d.get("starts"))
+    lines += _supervisor_lines(d.get("supervisor"))
     commands = d["commands"]
     if commands["partition"]:
         lines.append(f"partition:  {shlex.join(commands['partition'])}")
@@ -79,6 +80,19 @@ def show_lines(d: dict[str, Any]) -> list[str]:
         lines.append(f"rank {rank} log: {path}")
     if logs["ansible"]:
         lines.append(f"ansible:    {logs['ansible']}")
+    return lines
+
+
+def _supervisor_lines(record: dict[str, Any] | None) -> list[str]:
+    """A detached mpirun run's tries on the head, labelled as the supervisor's report (run/supervision.py)."""
+    if not record or not record["tries"]:
+        return []
+    lines = []
+    for t in record["tries"]:
+        end = "running" if t["ended"] is None else (f"stopped by signal {t['signal']}" if t["signal"] else f"exit {t['rc']}")
+        lines.append(f"try {t['try']}:      on {', '.join(t['hosts'])}: {end}" + (f"; {t['decision']}" if t["decision"] else ""))
+    lines.append(f"            (as the supervisor on the head reported them: {record['state']}"
+                 + (f", {record['reason']})" if record["reason"] else ")"))
     return lines
 
 
