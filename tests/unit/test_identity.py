@@ -114,7 +114,7 @@ def test_every_playbook_of_a_person_runs_as_them_without_become(write_inventory,
     ansible_bridge.run_playbook(playbook, inv, tmp_path, extravars={"ansible_become": True, "distrun_user": "distrun", "x": 1})
     got = seen["extravars"]
     assert got["ansible_become"] is False and got["ansible_user"] == "alice" and got["ansible_ssh_private_key_file"] == ""
-    assert got["distrun_user"] == "alice" and got["distrun_shared_dir"] == "/srv/shared/people/alice" and got["x"] == 1
+    assert got["preflight_check_ssh_mesh"] is False and got["distrun_user"] == "alice" and got["distrun_shared_dir"] == "/srv/shared/people/alice" and got["x"] == 1
     # Setup is an admin's: the inventory's own login and become.
     assert identity.playbook_vars(inv, "setup.yml") == {}
 

@@ -44,9 +44,11 @@ class Identity:
     def extravars(self) -> dict[str, Any]:
         """Ansible's extra vars for every playbook a person's verb runs: their login, their key
         (an empty one: ssh's own defaults), no become, the user and folder their run is theirs in."""
+        # No login between the nodes is checked: a person has no mesh key (mpirun is refused), and
+        # the launchers a person's run takes start on each host through the entry point.
         return {"ansible_user": self.name, "ansible_ssh_private_key_file": self.key or "",
                 "ansible_private_key_file": self.key or "", "ansible_become": False,
-                "distrun_user": self.name, "distrun_shared_dir": self.folder}
+                "distrun_user": self.name, "distrun_shared_dir": self.folder, "preflight_check_ssh_mesh": False}
 
 
 # The person each inventory's verbs act as in this process (as_person), by the inventory's path:
