@@ -5,6 +5,7 @@ way in and every process at the next setup, while their files stay."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -150,3 +151,64 @@ def _the_root_entry_point_acts_for_its_caller_alone(cluster) -> None:
     journal = cluster.exec(1, "journalctl -t distrun --no-pager -o cat -n 20", check=False).stdout
     assert "admin bob ran node scan as alice" in journal, journal[-2000:]
 
+
+
+PROGRAM = """import os, socket, time
+time.sleep(1)
+print(f"PERSON uid={os.getuid()} host={socket.gethostname()}", flush=True)
+"""
+
+
+@pytest.mark.phase(1)
+def test_a_person_drives_distrun_as_themself_and_their_run_runs_as_them(provisioned, tmp_path):
+    """Two controller accounts (a state folder each, DISTRUN_USER and a key of their own): alice's
+    run connects as alice and runs as uid 2101 on every node, in her own folder; status and logs
+    answer her; bob has no record of her run to stop; a name not in the list is refused in one line."""
+    cluster = provisioned
+    keys = _keys(tmp_path)
+    both = _inventory(tmp_path, keys, ("alice", "bob"), admins=("bob",))
+    made = distrun("setup", "--inventory", str(both), "--tags", "people,ssh_mesh")
+    try:
+        assert made.rc == 0, made.stdout[-4000:] + made.stderr[-2000:]
+        for k in (1, 2, 3):  # each person's own folder, theirs alone
+            owners = cluster.exec(k, "stat -c '%U %a' /srv/distrun/people/alice /srv/distrun/people/bob").stdout.split()
+            assert owners == ["alice", "700", "bob", "700"], (k, owners)
+
+        def env(name: str) -> dict[str, str]:
+            home = tmp_path / f"{name}-state"
+            return {"DISTRUN_HOME": str(home), "DISTRUN_USER": name, "DISTRUN_SSH_KEY": str(keys[name])}
+
+        program = tmp_path / "whoami.py"
+        program.write_text(PROGRAM)
+        ran = distrun("train", "--inventory", str(both), "--launcher", "torchrun", "--script", str(program),
+                      env_extra=env("alice"), timeout=600)
+        said = ran.stdout + ran.stderr
+        assert ran.rc == 0, said[-5000:]
+        (run,) = (tmp_path / "alice-state" / "runs").glob("*-train-*")
+        # What the ranks printed: followed live, and in the logs collected into the record.
+        text = said + "".join(f.read_text(errors="replace") for f in run.rglob("*") if f.is_file() and f.suffix in (".log", ""))
+        seen = {host: uid for uid, host in re.findall(r"PERSON uid=(\d+) host=(\S+)", text)}
+        assert seen == {f"node{k}": "2101" for k in (1, 2, 3)}, said[-5000:]
+        for k in (1, 2, 3):  # the run's folder is alice's, in her own folder
+            assert cluster.exec(k, f"stat -c %U /srv/distrun/people/alice/runs/{run.name}").stdout.strip() == "alice"
+            assert cluster.exec(k, f"test -e /srv/distrun/runs/{run.name}", check=False).returncode != 0
+
+        status = distrun("status", run.name, "--json", env_extra=env("alice"), timeout=120)
+        assert status.rc == 0 and json.loads(status.stdout)["state"] == "succeeded", status.stdout + status.stderr
+        logs = distrun("logs", run.name, env_extra=env("alice"), timeout=120)
+        assert logs.rc == 0 and "PERSON uid=2101" in logs.stdout, logs.stdout[-3000:] + logs.stderr
+
+        # bob, at a controller account of his own, has no record of alice's run to stop.
+        stop = distrun("stop", run.name, env_extra=env("bob"), timeout=120)
+        lines = [ln for ln in (stop.stdout + stop.stderr).splitlines() if ln.strip()]
+        assert stop.rc != 0 and len(lines) == 1, lines
+        assert f"run {run.name!r} not found in {tmp_path / 'bob-state' / 'runs'}" in lines[0], lines
+
+        # A name the list does not hold is refused in one line, before any connection.
+        carol = distrun("train", "--inventory", str(both), "--launcher", "torchrun", "--script", str(program),
+                        env_extra={**env("alice"), "DISTRUN_USER": "carol"}, timeout=120)
+        lines = [ln for ln in (carol.stdout + carol.stderr).splitlines() if ln.strip()]
+        assert carol.rc != 0 and len(lines) == 1 and "DISTRUN_USER=carol is not in distrun_users" in lines[0], lines
+    finally:
+        # The inventory without people again: the suite's other tests see the cluster as before.
+        assert distrun("setup", "--inventory", "test", "--tags", "people,ssh_mesh").rc == 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from distrun.inventory import identity
 from distrun.inventory.people import People, Person
 from distrun.run import attempt_shell, busy, certificate, collect, collect_rules, ending, liveness, staging
 from distrun.transport import nodeprog, remote
@@ -33,13 +34,14 @@ RUNNER = Path(remote.__file__).parents[1]
 
 
 def _people_cluster():
+    """The cluster as alice's verbs reach it (DISTRUN_USER=alice): her login, her runs."""
     c = cluster(dict(list(MIXED.items())[:3]))
-    return dataclasses.replace(c, people=People((Person("alice", 2001, (), False),)))
+    return identity.as_person(dataclasses.replace(c, people=People((Person("alice", 2001, (), False),))),
+                              {"DISTRUN_USER": "alice"})
 
 
 def _people_plan(c):
-    plan = plan_for(c, run_id="r1", launcher="mpirun")
-    return dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, people=c.has_people))
+    return plan_for(c, run_id="r1", launcher="torchrun")
 
 
 def _sent_as_root(command: str) -> list[str]:
@@ -52,7 +54,7 @@ def _sent_as_root(command: str) -> list[str]:
 def test_no_run_verb_of_a_person_sends_program_text_a_node_runs_as_root(monkeypatch, tmp_path):
     c = _people_cluster()
     plan = _people_plan(c)
-    assert plan.launch.people
+    assert plan.launch.people and plan.launch.user == "alice" and plan.run_dir.startswith("/srv/distrun/people/alice/")
     host = plan.placement.head.name
     sent: list[tuple[str, str]] = []
 

@@ -44,7 +44,7 @@ def test_people_are_read_with_their_keys_uids_and_admins(write_inventory, keys):
         f'      - {{name: alice, uid: 2001, ssh_keys: ["{keys["ed25519"]}", "{keys["rsa"]}"]}}\n'
         f'      - {{name: bob, ssh_keys: ["{keys["ecdsa"]}"]}}',
         "    distrun_admins: [alice]"))
-    cluster = load_cluster(inv)
+    cluster = load_cluster(inv, admin=True)  # as setup reads it
     assert cluster.people is not None
     assert cluster.people.names == ("alice", "bob")
     assert cluster.people.admins == ("alice",)

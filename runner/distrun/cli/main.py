@@ -56,7 +56,7 @@ def setup(inventory: P.Inventory, check_mode: bool, tags: str | None, limit: str
     from distrun.ui.console import PlaybookProgress, print_summary
 
     inv = inventory.path
-    cluster = load_cluster(inv)
+    cluster = load_cluster(inv, admin=True)
     refuse_setup(inv, cluster.site is not None)
     # Every group of the inventory (ansible-inventory's answer is kept: no second call to Ansible).
     groups = [g for g in read_inventory_json(inv) if not g.startswith("_")]

@@ -58,6 +58,8 @@ class Cluster:
     openmpi_params: tuple[tuple[str, str], ...] = ()
     # One account per person (distrun_users), or None: every run shares the training account.
     people: people_rules.People | None = None
+    # With people: the person this process acts as (inventory.identity.as_person), else None.
+    person: Any = None
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -236,8 +238,14 @@ def cluster_from_json(path: Path, data: Mapping[str, Any], fact_cache: Path | No
     )
 
 
-def load_cluster(path: Path, fact_cache: Path | None = None) -> Cluster:
-    return cluster_from_json(path, inventory_read.read_inventory_json(path), fact_cache)
+def load_cluster(path: Path, fact_cache: Path | None = None, *, admin: bool = False) -> Cluster:
+    """The inventory's cluster. With people (distrun_users) as the person this process acts as
+    (inventory.identity): every verb's but setup's and init's (``admin``), which act as the
+    inventory's own connection."""
+    from distrun.inventory import identity
+
+    cluster = cluster_from_json(path, inventory_read.read_inventory_json(path), fact_cache)
+    return cluster if admin else identity.as_person(cluster)
 
 
 def render_hostfile(cluster: Cluster) -> str:

@@ -157,7 +157,7 @@ def write_inventory(base_dir: Path, name: str, head_spec: str, workers_spec: str
     try:
         paths.write_text(files[0], hosts_yaml(shown, head, workers, addresses))
         paths.write_text(files[1], group_vars_yaml(admin_user))
-        load_cluster(target)  # what 'distrun setup' will read, read now
+        load_cluster(target, admin=True)  # what 'distrun setup' will read, read now
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from distrun.errors import PlanError
-from distrun.inventory import rules
+from distrun.inventory import identity, rules
 from distrun.inventory.cluster import Cluster
 from distrun.launchers import launcher_named
 from distrun.planning import containers, gpus, limits
@@ -70,6 +70,8 @@ def build_plan(cluster: Cluster, request: JobRequest, *, run_id: str, env: Mappi
     options = launcher_named(launcher).settings(cluster, asked.options)
     container = containers.pinned(containers.choose(cluster.source, cluster.group_vars, asked.image,
                                                     asked.container_runtime), cluster.source)
+    if cluster.has_people and (refused := identity.refusal(launcher, container is not None)):
+        raise PlanError(refused)
     extra_env = env or {}
     mpi_world = launcher_named(launcher).mpi_world
     asked_gpus = gpus.Asked(request.placement.gpus, dict(request.placement.gpu_ids))

@@ -17,8 +17,8 @@ from typing import Any
 
 from distrun import paths
 from distrun.errors import ExitCode
+from distrun.inventory import identity, rules
 from distrun.inventory import read as inventory_read
-from distrun.inventory import rules
 from distrun.inventory.cluster import Cluster, Node, cluster_from_json
 from distrun.planning import containers
 from distrun.planning.placement import gpu_slot_mismatches
@@ -132,7 +132,8 @@ def run_check(inventory: Path, label: str,
     # Read the inventory once (ansible-inventory takes a second or more): a stopped node must
     # be reported fast, and the second Cluster below only re-reads the fact cache.
     data = inventory_read.read_inventory_json(inventory)
-    cluster = cluster_from_json(inventory, data, paths.fact_cache_dir(inventory))
+    # With people: as the person this process acts as, refused before any connection if unlisted.
+    cluster = identity.as_person(cluster_from_json(inventory, data, paths.fact_cache_dir(inventory)))
     run = new_run("check", inventory)
     names = [n.name for n in cluster.nodes]
     extravars = {"preflight_full": True, **preflight_vars(label, run.dir), **image_vars(cluster)}
@@ -179,7 +180,7 @@ def run_check(inventory: Path, label: str,
             result = full(baseline)
     sshmesh.remember(inventory, result.fact(sshmesh.FACT))  # the logins' proof, when there were logins
     hosts = host_states(result, names)
-    cluster = cluster_from_json(inventory, data, cache)  # the facts the probes just reported: gpus
+    cluster = identity.as_person(cluster_from_json(inventory, data, cache))  # the facts the probes just reported: gpus
     reached = [n for n in cluster.nodes if hosts[n.name]["state"] != "unreachable"]
     health = gpu_health(result, reached)
     report = report_of(result, names, gpu_items(reached, label), health_items(health))

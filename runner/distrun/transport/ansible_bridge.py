@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from distrun import paths, terminating
+from distrun.inventory import identity
 from distrun.transport.ansible_start import ARGS_FROM
 from distrun.transport.playbook_events import EventReader, PlaybookEvent, PlaybookResult
 
@@ -221,8 +222,10 @@ def run_playbook(
         cmdline.append(shlex.quote(kwargs["playbook"]))
     # Without a cancel callback ansible-runner would install SIGINT/SIGTERM handlers of its own
     # and leave them in place; ours only set a flag while the playbook runs, and are restored after.
+    # A person's verb on a cluster with people: their login and folder, over everything else.
+    extravars = {**(extravars or {}), **identity.playbook_vars(inventory, playbook)}
     with FlagSignals() as signals:
-        runner = ansible_runner.run(**kwargs, extravars=dict(extravars or {}), limit=limit, tags=tags,
+        runner = ansible_runner.run(**kwargs, extravars=dict(extravars), limit=limit, tags=tags,
                                     skip_tags=skip_tags, cmdline=" ".join(cmdline) or None,
                                     cancel_callback=lambda: signals.raised, **({"forks": forks} if forks else {}))
     return playbook_result(playbook, runner, events, inventory, interrupted=signals.raised)

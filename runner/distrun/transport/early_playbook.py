@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from distrun import paths
+from distrun.inventory import identity
 from distrun.transport.ansible_bridge import FlagSignals, playbook_result, runner_kwargs, seed_facts
 from distrun.transport.ansible_start import ARGS_FROM, unix_address
 from distrun.transport.playbook_events import EventReader, PlaybookEvent, PlaybookResult
@@ -135,6 +136,8 @@ class EarlyPlaybook:
         if cached_facts:
             seed_facts(Path(self.runner.config.artifact_dir) / "fact_cache", self.inventory)
         self.events.on_event = on_event
+        # A person's verb on a cluster with people: their login and folder, over everything else.
+        extravars = {**(extravars or {}), **identity.playbook_vars(self.inventory, self.playbook)}
         late = _late_args(limit, extravars, tags, skip_tags)
         with FlagSignals() as signals:
             conn = None
