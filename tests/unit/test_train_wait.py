@@ -5,8 +5,8 @@ refusal; Ctrl-C while waiting leaves nothing claimed."""
 
 from __future__ import annotations
 
-import _thread
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -141,13 +141,17 @@ def test_a_whole_host_held_is_waited_for_by_name(host):
 def test_ctrl_c_while_waiting_leaves_nothing_claimed(host):
     cluster = gpu_cluster(host)
     first = busy.claim(cluster, [host], FIRST, {host: (0, 1)})
-    interrupt = threading.Timer(1.0, _thread.interrupt_main)
+    # Ctrl-C as the terminal sends it: a real SIGINT to this process, with Python's own handler
+    # (an earlier test in this process may have left another one in place).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     interrupt.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             pending.claim_waiting(cluster, [host], SECOND, {host: (0, 1)}, 60, lambda line: None)
     finally:
         interrupt.cancel()
+        signal.signal(signal.SIGINT, before)
         first.release()
     busy.claim(cluster, [host], THIRD).release()  # the whole host: the waiting run left no claim
 
