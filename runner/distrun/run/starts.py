@@ -10,9 +10,7 @@ process id, a name is the wrapper's), shown labelled as such and never used for 
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,19 +47,8 @@ class Starts:
 
 def _count(path: Path) -> int | None:
     """Starts in one file: its lines, each a process id; None when it is anything else."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
+    data = rundir.read_job_file(path, MAX_BYTES)
+    if data is None:
         return None
     lines = data.decode("ascii", errors="replace").splitlines()
     return len(lines) if lines and all(_PID.fullmatch(line) for line in lines) else None

@@ -11,9 +11,7 @@ record of the head's unit (run/liveness.py).
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -76,19 +74,8 @@ def now_text(record: dict[str, Any] | None, max_restarts: int) -> str:
 
 def read(path: Path) -> dict[str, Any] | None:
     """A record in a file (a collected copy), bounded; None where there is none or it is not one."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
+    data = rundir.read_job_file(path, MAX_BYTES)
+    if data is None:
         return None
     try:
         return parse(json.loads(data))

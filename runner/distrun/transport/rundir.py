@@ -19,6 +19,8 @@ Names that take a host are plain text around it, so a shell line may pass ``"$h"
 from __future__ import annotations
 
 import fnmatch
+import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,3 +140,22 @@ def collected_attempt(nodes_dir: Path) -> str:
         return ""
     numbers = [int(p.name) for p in nodes_dir.glob(f"*/{ATTEMPTS}/*") if p.is_dir() and p.name.isdigit()]
     return folder(max(numbers)) if numbers else ""
+
+
+def read_job_file(path: Path, max_bytes: int) -> bytes | None:
+    """A collected file the job could have written, read bounded: its bytes where it is a regular
+    file (opened without following a link, without waiting on a FIFO) of at most max_bytes; None
+    where it is missing, anything else, or larger."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, max_bytes + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= max_bytes else None
